@@ -1,0 +1,91 @@
+"""The library façade: the CLI and the HTTP service both call these functions and nothing deeper.
+
+Each function validates its input, delegates to one module, and returns a typed object.
+Heavy modules (torch, pulp, fastapi) are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from planner.errors import BadInputError
+from planner.schemas.model import ModelSpec
+from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest, Precision, SearchLimits
+from planner.schemas.topology import Topology
+
+DEFAULT_TOKENS_PER_STEP = 4 * 2**20  # ~4M tokens per optimizer step, as GPT-3 / Llama-3 class runs use
+DEFAULT_MODEL = "llama3-8b"
+DEFAULT_TOPOLOGY = "dgx-h100"
+
+ProgressFn = Callable[[int, int], None]
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A preset name, a HuggingFace config.json, or our own YAML/JSON model spec."""
+    from planner.models import load_model as _load
+
+    return _load(ref)
+
+
+def load_topology(ref: str, *, nodes: int | None = None, gpus: int | None = None) -> Topology:
+    """A preset name or a topology file, scaled to `nodes` nodes (or enough nodes for `gpus` GPUs)."""
+    from planner.topology import load_topology as _load
+
+    return _load(ref, nodes=nodes, gpus=gpus)
+
+
+def default_global_batch_size(seq_len: int) -> int:
+    """About 4M tokens per step, at least one sequence."""
+    return max(1, DEFAULT_TOKENS_PER_STEP // seq_len)
+
+
+def build_request(
+    *,
+    model: str | ModelSpec = DEFAULT_MODEL,
+    topology: str | Topology = DEFAULT_TOPOLOGY,
+    nodes: int | None = None,
+    gpus: int | None = None,
+    global_batch_size: int | None = None,
+    seq_len: int | None = None,
+    precision: Precision = "bf16",
+    profile: str | None = None,
+    search: SearchLimits | None = None,
+) -> PlanRequest:
+    """Resolve names into a self-contained PlanRequest (model and topology inline)."""
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    topo = topology if isinstance(topology, Topology) else load_topology(topology, nodes=nodes, gpus=gpus)
+    world = gpus if gpus is not None else topo.num_gpus
+    if world > topo.num_gpus:
+        raise BadInputError(
+            f"gpus={world} exceeds the {topo.num_gpus} GPUs of topology {topo.name!r} "
+            f"({topo.num_nodes} nodes x {topo.gpus_per_node}): pass --nodes {-(-world // topo.gpus_per_node)} or fewer --gpus"
+        )
+    length = seq_len if seq_len is not None else spec.seq_len
+    batch = global_batch_size if global_batch_size is not None else default_global_batch_size(length)
+    if profile is not None and not Path(profile).is_file():
+        raise BadInputError(f"profile={profile!r}: file not found: run `planner profile -o {profile}` or fix the path")
+    return PlanRequest(
+        model=spec,
+        topology=topo,
+        gpus=world,
+        global_batch_size=batch,
+        seq_len=length,
+        precision=precision,
+        profile=profile,
+        search=search,
+    )
+
+
+def estimate(request: PlanRequest, config: Configuration) -> LaunchPlan:
+    """Evaluate one fully given configuration; an infeasible one comes back with feasible=False and reasons."""
+    from planner.cost.estimate import estimate as _estimate
+
+    return _estimate(request, config)
+
+
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None) -> LaunchPlan:
+    """Search the whole plan space for the fastest configuration that fits."""
+    from planner.search.driver import plan as _plan
+
+    return _plan(request, progress=progress)

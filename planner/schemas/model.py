@@ -1,0 +1,120 @@
+"""Model specification: decoder-only transformers, dense and MoE (schema version 1).
+
+One spec describes the architecture only; training choices (batch, parallelism) live in the request.
+Parameter counting and loaders live in `planner.models`.
+"""
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from planner.schemas.base import Schema
+
+MODEL_SCHEMA_VERSION = "1"
+
+Activation = Literal["gelu", "relu", "swiglu", "geglu"]
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+
+
+class MoESpec(Schema):
+    """Mixture-of-experts FFN. Layers that are MoE: index >= first_k_dense and (index - first_k_dense) % moe_every == 0."""
+
+    num_experts: int = Field(gt=0, description="routed experts per MoE layer")
+    top_k: int = Field(gt=0, description="experts each token is routed to")
+    expert_ffn_hidden_size: int = Field(gt=0, description="FFN width of one routed expert")
+    num_shared_experts: int = Field(default=0, ge=0, description="always-active experts, each expert_ffn_hidden_size wide")
+    shared_expert_ffn_hidden_size: int | None = Field(
+        default=None, gt=0, description="total width of the shared experts when it differs from num_shared_experts * expert_ffn_hidden_size"
+    )
+    first_k_dense: int = Field(default=0, ge=0, description="leading layers that keep a dense FFN")
+    moe_every: int = Field(default=1, gt=0, description="every n-th layer after first_k_dense is MoE")
+    capacity_factor: float | None = Field(default=None, gt=0, description="expert capacity = capacity_factor * tokens * top_k / num_experts; None = dropless")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoESpec":
+        if self.top_k > self.num_experts:
+            raise ValueError(f"moe.top_k={self.top_k} exceeds moe.num_experts={self.num_experts}: choose top_k <= num_experts")
+        return self
+
+    @property
+    def shared_ffn_hidden_size(self) -> int:
+        if self.shared_expert_ffn_hidden_size is not None:
+            return self.shared_expert_ffn_hidden_size
+        return self.num_shared_experts * self.expert_ffn_hidden_size
+
+
+class MLASpec(Schema):
+    """DeepSeek multi-head latent attention (V2/V3): low-rank compressed Q and KV.
+
+    Counted exactly for parameters and FLOPs; activation memory is approximated as standard attention
+    with head_dim = qk_nope_head_dim + qk_rope_head_dim for Q/K and v_head_dim for V.
+    """
+
+    q_lora_rank: int | None = Field(default=None, gt=0, description="None: Q is a full projection")
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+
+class ModelSpec(Schema):
+    """A decoder-only transformer. Field names follow Megatron-LM's arguments where one exists."""
+
+    schema_version: Literal["1"] = MODEL_SCHEMA_VERSION
+    name: str = Field(min_length=1)
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    ffn_hidden_size: int = Field(gt=0, description="dense FFN width (per gated branch for swiglu/geglu)")
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0, description="GQA/MQA key-value heads; None = num_attention_heads")
+    head_dim: int | None = Field(default=None, gt=0, description="None = hidden_size // num_attention_heads")
+    vocab_size: int = Field(gt=0)
+    seq_len: int = Field(gt=0, description="training sequence length the model was built for (default of requests)")
+    activation: Activation = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["rope", "learned", "alibi"] = "rope"
+    tied_embeddings: bool = False
+    linear_bias: bool = Field(default=False, description="biases on QKV/out/FFN linears (GPT-2, BLOOM, OPT, NeoX)")
+    qkv_bias: bool = Field(default=False, description="bias on QKV only (Qwen2)")
+    qk_norm: bool = Field(default=False, description="RMSNorm on per-head q and k (Qwen3)")
+    embedding_norm: bool = Field(default=False, description="LayerNorm right after the embedding (BLOOM)")
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    source: str | None = Field(default=None, description="where the numbers come from")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        kv = self.kv_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_kv_heads={kv} must divide num_attention_heads={self.num_attention_heads}"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}: set head_dim"
+            )
+        if self.moe is not None and self.moe.first_k_dense > self.num_layers:
+            raise ValueError(f"moe.first_k_dense={self.moe.first_k_dense} exceeds num_layers={self.num_layers}")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_attention_heads
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` (0-based) has a routed-expert FFN."""
+        if self.moe is None or index < self.moe.first_k_dense:
+            return False
+        return (index - self.moe.first_k_dense) % self.moe.moe_every == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))

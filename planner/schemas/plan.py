@@ -1,0 +1,205 @@
+"""The LaunchPlan: the one file that `estimate` and `plan` write, `run`/`launch` execute, `export`
+translates, `check` recomputes and the service returns (schema version 1).
+
+Self-contained (the resolved model and topology are inside), deterministic (no wall-clock values;
+dicts serialised with sorted keys), explains itself (alternatives, pruned counts), executable (stages
+name the executor model's module FQNs: `tok_embeddings`, `layers.<i>`, `norm`, `output`).
+"""
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from planner.schemas.base import Schema
+from planner.schemas.model import ModelSpec
+from planner.schemas.topology import Topology
+
+PLAN_SCHEMA_VERSION = "1"
+
+Precision = Literal["bf16", "amp-bf16", "fp32", "fp8"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble"]
+RecomputeMode = Literal["none", "selective", "full"]
+TpOverlap = Literal["none", "domino"]
+AXES = ("pp", "dp", "cp", "tp")
+
+
+class SearchLimits(Schema):
+    """What the search may choose and how long it may take. Fixed fields narrow the space."""
+
+    time_limit_s: float = Field(default=60.0, gt=0)
+    top_k: int = Field(default=3, ge=0, description="alternatives to keep in the plan")
+    runnable: bool = Field(default=False, description="only configurations the executor can run")
+    max_microbatch_size: int = Field(default=16, gt=0)
+    schedules: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recompute_modes: tuple[RecomputeMode, ...] = ("none", "selective", "full")
+    tp_overlap: tuple[TpOverlap, ...] = ("none", "domino")
+
+
+class PlanRequest(Schema):
+    """What the user asked: a model on a cluster with a global batch. `estimate` adds a fixed configuration."""
+
+    model: ModelSpec
+    topology: Topology = Field(description="resolved and scaled: num_nodes is what the job uses")
+    gpus: int = Field(gt=0)
+    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
+    seq_len: int = Field(gt=0)
+    precision: Precision = "bf16"
+    profile: str | None = Field(default=None, description="measured profile file used for compute costs; None = analytic")
+    search: SearchLimits | None = None
+
+
+class Parallelism(Schema):
+    dp: int = Field(gt=0)
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    ep: int = Field(default=1, gt=0, description="expert parallel degree, carved out of dp*cp (MoE only)")
+    cp: int = Field(default=1, gt=0)
+    sp: bool = False
+    vpp: int = Field(default=1, gt=0, description="virtual stages per pipeline rank (interleaved schedule)")
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    tp_overlap: TpOverlap = "none"
+    axis_order: tuple[str, ...] = Field(default=AXES, description="outermost to innermost; tp innermost keeps TP inside a node")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Parallelism":
+        if sorted(self.axis_order) != sorted(AXES):
+            raise ValueError(f"axis_order={list(self.axis_order)} must be a permutation of {list(AXES)}")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+class Batch(Schema):
+    global_batch_size: int = Field(gt=0)
+    microbatch_size: int = Field(gt=0)
+    num_microbatches: int = Field(gt=0, description="per pipeline per step (gradient accumulation steps)")
+    seq_len: int = Field(gt=0)
+
+
+class Recompute(Schema):
+    mode: RecomputeMode = "none"
+    full_layers: int = Field(default=0, ge=0, description="decoder layers of this stage fully recomputed on top of `mode`")
+
+
+class StageMemory(Schema):
+    stage: int = Field(ge=0)
+    params_bytes: int = Field(ge=0)
+    grads_bytes: int = Field(ge=0)
+    optimizer_bytes: int = Field(ge=0)
+    activations_bytes: int = Field(ge=0)
+    other_bytes: int = Field(ge=0, description="logits buffer, communication buffers, workspace and fragmentation allowance")
+    peak_bytes: int = Field(ge=0)
+
+
+class StageTime(Schema):
+    forward_s: float = Field(ge=0, description="one micro-batch")
+    backward_s: float = Field(ge=0, description="one micro-batch, recompute included")
+    recompute_s: float = Field(default=0.0, ge=0)
+    tp_comm_s: float = Field(default=0.0, ge=0)
+
+
+class Stage(Schema):
+    stage: int = Field(ge=0, description="virtual stage index; pipeline rank = stage % pp")
+    layers: tuple[str, ...] = Field(description="module FQNs of the executor model, in order")
+    recompute: Recompute = Recompute()
+    memory: StageMemory | None = None
+    time: StageTime | None = None
+
+
+class RankEntry(Schema):
+    rank: int = Field(ge=0)
+    node: int = Field(ge=0)
+    local_rank: int = Field(ge=0)
+    coords: dict[str, int]
+
+
+class Breakdown(Schema):
+    compute_s: float = 0.0
+    recompute_s: float = 0.0
+    bubble_s: float = 0.0
+    tp_comm_exposed_s: float = 0.0
+    pp_comm_s: float = 0.0
+    dp_comm_exposed_s: float = 0.0
+    ep_comm_s: float = 0.0
+    cp_comm_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+class Prediction(Schema):
+    step_time_s: float = Field(ge=0)
+    tokens_per_s: float = Field(ge=0)
+    model_tflops_per_gpu: float = Field(ge=0, description="6*N*T convention plus attention (Megatron/PaLM MFU), no recompute")
+    hardware_tflops_per_gpu: float = Field(ge=0, description="counts recomputed FLOPs (HFU convention)")
+    mfu: float = Field(ge=0)
+    hfu: float = Field(ge=0)
+    breakdown: Breakdown
+
+
+class MemoryReport(Schema):
+    peak_bytes: int = Field(ge=0)
+    capacity_bytes: int = Field(ge=0)
+    fits: bool
+    per_stage: tuple[StageMemory, ...]
+
+
+class Alternative(Schema):
+    parallelism: Parallelism
+    batch: Batch
+    schedule: Schedule
+    recompute: RecomputeMode
+    step_time_s: float
+    peak_bytes: int
+    why_not: str
+
+
+class SolverStats(Schema):
+    """No wall-clock values here: the same request must give a byte-identical plan."""
+
+    configurations_considered: int = Field(default=0, ge=0)
+    configurations_evaluated: int = Field(default=0, ge=0)
+    ilp_calls: int = Field(default=0, ge=0)
+    dp_calls: int = Field(default=0, ge=0)
+    version: str = ""
+
+
+class ProcessGroup(Schema):
+    axis: str
+    size: int = Field(gt=0)
+    spans_nodes: bool
+    bandwidth_GBps: float = Field(ge=0)
+    latency_s: float = Field(ge=0)
+
+
+class LaunchPlan(Schema):
+    schema_version: Literal["1"] = PLAN_SCHEMA_VERSION
+    kind: Literal["estimate", "plan"]
+    request: PlanRequest
+    parallelism: Parallelism
+    batch: Batch
+    schedule: Schedule
+    stages: tuple[Stage, ...]
+    ranks: tuple[RankEntry, ...]
+    process_groups: tuple[ProcessGroup, ...] = ()
+    prediction: Prediction
+    memory: MemoryReport
+    feasible: bool = True
+    infeasible_reasons: tuple[str, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()
+    pruned: dict[str, int] = Field(default_factory=dict)
+    solver: SolverStats = SolverStats()
+    notes: tuple[str, ...] = ()
+
+
+class Configuration(Schema):
+    """One fully given configuration, as `planner estimate` takes it (Megatron-style flags)."""
+
+    parallelism: Parallelism
+    microbatch_size: int = Field(default=1, gt=0)
+    schedule: Schedule = "1f1b"
+    recompute: RecomputeMode = "none"
+    stage_layers: tuple[int, ...] | None = Field(
+        default=None, description="decoder layers per virtual stage (pp*vpp entries); None = balanced split"
+    )

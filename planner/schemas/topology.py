@@ -1,0 +1,69 @@
+"""Cluster topology: one device type, nodes of identical GPUs, an intra-node fabric and an inter-node fabric.
+
+Bandwidths are *achieved* per-GPU, per-direction bus bandwidths in GB/s (1e9 B/s) where a measurement is
+known (nccl-tests busbw, vendor application notes), with the source in `source`; latencies in seconds.
+A node is the domain of the intra-node fabric (for GB200 NVL72: the 72-GPU NVLink domain).
+"""
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from planner.schemas.base import Schema
+
+TOPOLOGY_SCHEMA_VERSION = "1"
+
+
+class DeviceSpec(Schema):
+    """One accelerator type. Peak rates are dense (no sparsity)."""
+
+    name: str
+    memory_bytes: int = Field(gt=0)
+    peak_bf16_tflops: float = Field(gt=0)
+    peak_fp16_tflops: float | None = Field(default=None, gt=0, description="None = peak_bf16_tflops")
+    peak_fp8_tflops: float | None = Field(default=None, gt=0, description="None = no fp8 tensor cores")
+    peak_fp32_tflops: float = Field(gt=0, description="non-tensor-core fp32 (or tf32 where frameworks use it)")
+    hbm_bandwidth_GBps: float = Field(gt=0)
+    reserved_memory_bytes: int = Field(default=0, ge=0, description="taken by the CUDA context/driver, unusable by tensors")
+
+
+class IntraNodeFabric(Schema):
+    kind: Literal["nvswitch", "nvlink_mesh", "pcie", "infinity_fabric", "loopback"]
+    bandwidth_GBps: float = Field(gt=0, description="achieved per-GPU per-direction bus bandwidth inside a node")
+    latency_s: float = Field(ge=0)
+
+
+class InterNodeFabric(Schema):
+    kind: Literal["infiniband", "roce", "efa", "ethernet", "omnipath", "none"]
+    nics_per_node: int = Field(ge=0)
+    nic_bandwidth_GBps: float = Field(ge=0, description="achieved per-NIC per-direction bandwidth")
+    latency_s: float = Field(ge=0)
+    topology: Literal["fat_tree", "rail_optimized", "none"] = "fat_tree"
+    oversubscription: float = Field(default=1.0, ge=1.0, description="core-to-edge oversubscription ratio; 1 = non-blocking")
+
+
+class Topology(Schema):
+    """A cluster of `num_nodes` identical nodes with `gpus_per_node` devices each."""
+
+    schema_version: Literal["1"] = TOPOLOGY_SCHEMA_VERSION
+    name: str
+    description: str = ""
+    source: str = Field(default="", description="where the bandwidth/latency numbers come from")
+    device: DeviceSpec
+    gpus_per_node: int = Field(gt=0)
+    num_nodes: int = Field(gt=0)
+    intra_node: IntraNodeFabric
+    inter_node: InterNodeFabric
+    comm_calibration: str | None = Field(default=None, description="path of a `planner profile comm` calibration file")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Topology":
+        if self.num_nodes > 1 and (self.inter_node.nics_per_node == 0 or self.inter_node.nic_bandwidth_GBps == 0):
+            raise ValueError(
+                f"topology {self.name!r} has num_nodes={self.num_nodes} but no inter-node NICs: set inter_node.nics_per_node and nic_bandwidth_GBps"
+            )
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
