@@ -1,0 +1,1 @@
+"""Model presets and importers producing a ModelSpec; parameter counting in planner.models.counting."""

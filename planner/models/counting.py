@@ -1,0 +1,173 @@
+"""Parameter counts of a ModelSpec: pure functions, exact for the architectures the schema describes.
+
+For a GPT-2/GPT-3 style model (LayerNorm, biases, 4h GeLU FFN, learned positions, tied embeddings) the
+total reduces to the closed form of Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
+on GPU Clusters Using Megatron-LM", Section 5.1, parameter count P):
+
+    P = 12*l*h^2 * (1 + 13/(12h) + (V + s)/(12*l*h))  =  12*l*h^2 + 13*l*h + (V + s)*h
+
+plus the final LayerNorm (2h), which the paper leaves out. Everything else (GQA/MQA, gated FFNs, RMSNorm,
+MoE, DeepSeek MLA, untied heads) is counted module by module, matching the HuggingFace implementations
+(modeling_llama, modeling_mixtral, modeling_deepseek_v3, modeling_gpt2, ...).
+"""
+
+from dataclasses import dataclass
+
+from planner.schemas.model import ModelSpec
+
+
+def norm_width_params(spec: ModelSpec, width: int) -> int:
+    """One normalisation over `width` features: RMSNorm has a scale (width), LayerNorm a scale and a bias (2*width)."""
+    return width if spec.norm == "rmsnorm" else 2 * width
+
+
+def norm_params(spec: ModelSpec) -> int:
+    """One norm over the hidden size: h for RMSNorm, 2h for LayerNorm."""
+    return norm_width_params(spec, spec.hidden_size)
+
+
+def embedding_params(spec: ModelSpec) -> int:
+    """Token embedding V*h, plus a learned position table s*h (GPT-2/3, OPT), plus BLOOM's embedding LayerNorm.
+
+    RoPE and ALiBi have no parameters. OPT's two offset rows (2050 positions for s=2048) are not counted:
+    2h parameters, below 1e-7 of the model.
+    """
+    h = spec.hidden_size
+    params = spec.vocab_size * h
+    if spec.position == "learned":
+        params += spec.seq_len * h
+    if spec.embedding_norm:
+        params += norm_params(spec)
+    return params
+
+
+def _mla_params(spec: ModelSpec) -> int:
+    """DeepSeek-V2/V3 multi-head latent attention (DeepSeek-V2 paper, Section 2.1.2, eqs. 9-19).
+
+    Q: h -> q_lora (W_DQ), RMSNorm(q_lora), q_lora -> a*(d_nope + d_rope) (W_UQ and W_QR), or a full h -> a*(d_nope+d_rope).
+    KV: h -> kv_lora + d_rope (W_DKV and the shared W_KR), RMSNorm(kv_lora), kv_lora -> a*(d_nope + d_v) (W_UK, W_UV).
+    Out: a*d_v -> h. Biases only when linear_bias (DeepSeek has none).
+    """
+    mla = spec.mla
+    assert mla is not None
+    h, a = spec.hidden_size, spec.num_attention_heads
+    q_out = a * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    kv_a_out = mla.kv_lora_rank + mla.qk_rope_head_dim
+    kv_b_out = a * (mla.qk_nope_head_dim + mla.v_head_dim)
+    o_in = a * mla.v_head_dim
+    if mla.q_lora_rank is None:
+        params = h * q_out
+        bias = q_out
+    else:
+        params = h * mla.q_lora_rank + norm_width_params(spec, mla.q_lora_rank) + mla.q_lora_rank * q_out
+        bias = mla.q_lora_rank + q_out
+    params += h * kv_a_out + norm_width_params(spec, mla.kv_lora_rank) + mla.kv_lora_rank * kv_b_out
+    params += o_in * h
+    if spec.linear_bias:
+        params += bias + kv_a_out + kv_b_out + h
+    return params
+
+
+def attention_params(spec: ModelSpec) -> int:
+    """Self-attention of one layer.
+
+    Standard: Q h*(a*d), K and V h*(kv*d) each (GQA/MQA when kv < a), O (a*d)*h; biases a*d + 2*kv*d (+ h for O)
+    when linear_bias, QKV biases only when qkv_bias (Qwen2); qk_norm adds one norm over d for q and one for k
+    (Qwen3: shared across heads). With spec.mla set, DeepSeek MLA is counted instead (see _mla_params).
+    """
+    if spec.mla is not None:
+        return _mla_params(spec)
+    h, d = spec.hidden_size, spec.dim_per_head
+    q_width, kv_width = spec.num_attention_heads * d, spec.kv_heads * d
+    params = h * q_width + 2 * h * kv_width + q_width * h
+    if spec.linear_bias:
+        params += q_width + 2 * kv_width + h
+    elif spec.qkv_bias:
+        params += q_width + 2 * kv_width
+    if spec.qk_norm:
+        params += 2 * norm_width_params(spec, d)
+    return params
+
+
+def mlp_params(spec: ModelSpec, ffn_hidden_size: int) -> int:
+    """One FFN of width f: gated (SwiGLU/GeGLU) has gate, up and down, 3*h*f; otherwise up and down, 2*h*f.
+
+    Biases (linear_bias): 2f + h gated, f + h otherwise.
+    """
+    h, f = spec.hidden_size, ffn_hidden_size
+    if spec.gated:
+        return 3 * h * f + ((2 * f + h) if spec.linear_bias else 0)
+    return 2 * h * f + ((f + h) if spec.linear_bias else 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEParams:
+    """Parameters of one MoE layer's FFN block: router (h*E), one routed expert, all shared experts together."""
+
+    router: int
+    per_expert: int
+    shared: int
+    num_experts: int
+    top_k: int
+
+    @property
+    def total(self) -> int:
+        """Router + every routed expert + shared experts."""
+        return self.router + self.num_experts * self.per_expert + self.shared
+
+    @property
+    def active(self) -> int:
+        """What one token touches: router + top_k routed experts + shared experts."""
+        return self.router + self.top_k * self.per_expert + self.shared
+
+
+def moe_params(spec: ModelSpec) -> MoEParams:
+    """Router h*E (no bias, as Mixtral/DeepSeek/Qwen-MoE), routed experts and shared experts as gated/plain FFNs.
+
+    DeepSeek-V3's per-expert score-correction bias (E values, a buffer in HF) is not counted.
+    """
+    moe = spec.moe
+    if moe is None:
+        raise ValueError(f"model {spec.name!r} has no moe section")
+    shared_width = moe.shared_ffn_hidden_size
+    return MoEParams(
+        router=spec.hidden_size * moe.num_experts,
+        per_expert=mlp_params(spec, moe.expert_ffn_hidden_size),
+        shared=mlp_params(spec, shared_width) if shared_width else 0,
+        num_experts=moe.num_experts,
+        top_k=moe.top_k,
+    )
+
+
+def decoder_layer_params(spec: ModelSpec, index: int) -> int:
+    """Decoder layer `index` (0-based): two norms, attention, and a dense FFN or an MoE block (all experts)."""
+    if not 0 <= index < spec.num_layers:
+        raise ValueError(f"layer index {index} out of range for num_layers={spec.num_layers}")
+    ffn = moe_params(spec).total if spec.is_moe_layer(index) else mlp_params(spec, spec.ffn_hidden_size)
+    return 2 * norm_params(spec) + attention_params(spec) + ffn
+
+
+def head_params(spec: ModelSpec) -> int:
+    """Final norm, plus the LM head V*h when it is not tied to the token embedding."""
+    params = norm_params(spec)
+    if not spec.tied_embeddings:
+        params += spec.vocab_size * spec.hidden_size
+    return params
+
+
+def total_params(spec: ModelSpec) -> int:
+    """Every trainable parameter: embedding + all decoder layers + head (tied weights counted once)."""
+    layers = sum(decoder_layer_params(spec, index) for index in range(spec.num_layers))
+    return embedding_params(spec) + layers + head_params(spec)
+
+
+def active_params(spec: ModelSpec) -> int:
+    """Parameters one token uses: the total minus the (num_experts - top_k) routed experts it skips per MoE layer.
+
+    Equals total_params for a dense model. Mixtral-8x7B: 12.9B of 46.7B; DeepSeek-V3: 37B of 671B.
+    """
+    if spec.moe is None:
+        return total_params(spec)
+    moe = moe_params(spec)
+    skipped = (moe.num_experts - moe.top_k) * moe.per_expert
+    return total_params(spec) - spec.num_moe_layers * skipped

@@ -1,0 +1,104 @@
+"""planner.models.counting against independent closed forms (no torch, no transformers)."""
+
+import pytest
+
+from planner.models import counting
+from planner.schemas.model import MLASpec, MoESpec, ModelSpec
+
+
+def _gpt(l: int, h: int, a: int, v: int, s: int, **extra) -> ModelSpec:
+    fields = dict(
+        name="gpt", num_layers=l, hidden_size=h, ffn_hidden_size=4 * h, num_attention_heads=a, vocab_size=v,
+        seq_len=s, activation="gelu", norm="layernorm", position="learned", tied_embeddings=True, linear_bias=True,
+    )
+    fields.update(extra)
+    return ModelSpec(**fields)
+
+
+@pytest.mark.parametrize(
+    "l,h,a,v,s",
+    [(12, 768, 12, 50257, 1024), (24, 1024, 16, 50257, 1024), (2, 64, 4, 100, 32), (96, 12288, 96, 50257, 2048)],
+)
+def test_gpt_style_matches_megatron_closed_form(l, h, a, v, s):
+    # Narayanan et al. 2021, Sec. 5.1: P = 12 l h^2 + 13 l h + (V + s) h, plus the final LayerNorm (2h).
+    expected = 12 * l * h * h + 13 * l * h + (v + s) * h + 2 * h
+    assert counting.total_params(_gpt(l, h, a, v, s)) == expected
+
+
+def test_gpt2_small_is_124m():
+    # HF gpt2: 124,439,808 parameters (sum of p.numel() over GPT2LMHeadModel, tied head counted once).
+    assert counting.total_params(_gpt(12, 768, 12, 50257, 1024)) == 124_439_808
+
+
+def test_llama_style_closed_form_with_gqa():
+    l, h, f, a, kv, v = 3, 256, 688, 8, 2, 1000
+    d = h // a
+    spec = ModelSpec(
+        name="llama", num_layers=l, hidden_size=h, ffn_hidden_size=f, num_attention_heads=a, num_kv_heads=kv,
+        vocab_size=v, seq_len=128, activation="swiglu", norm="rmsnorm",
+    )
+    per_layer = (2 * h * h + 2 * h * kv * d) + 3 * h * f + 2 * h
+    assert counting.attention_params(spec) == 2 * h * h + 2 * h * kv * d
+    assert counting.total_params(spec) == 2 * v * h + l * per_layer + h
+    assert counting.active_params(spec) == counting.total_params(spec)
+
+
+def test_tinyllama_exact_measured_count():
+    # h100_hf_tinyllama.jsonl: HF LlamaForCausalLM TinyLlama-1.1B shape has params=1,100,048,384.
+    spec = ModelSpec(
+        name="tinyllama", num_layers=22, hidden_size=2048, ffn_hidden_size=5632, num_attention_heads=32,
+        num_kv_heads=4, vocab_size=32000, seq_len=2048, activation="swiglu", norm="rmsnorm",
+    )
+    assert counting.total_params(spec) == 1_100_048_384
+
+
+def test_biases_qk_norm_and_embedding_norm():
+    base = dict(name="m", num_layers=1, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_kv_heads=2,
+                vocab_size=10, seq_len=16, activation="swiglu", norm="rmsnorm")
+    plain = ModelSpec(**base)
+    qkv = ModelSpec(**base, qkv_bias=True)
+    assert counting.attention_params(qkv) - counting.attention_params(plain) == 64 + 2 * 32
+    qk = ModelSpec(**base, qk_norm=True)
+    assert counting.attention_params(qk) - counting.attention_params(plain) == 2 * 16
+    biased = ModelSpec(**base, linear_bias=True)
+    assert counting.mlp_params(biased, 128) - counting.mlp_params(plain, 128) == 2 * 128 + 64
+    embn = ModelSpec(**{**base, "norm": "layernorm"}, embedding_norm=True)
+    assert counting.embedding_params(embn) == 10 * 64 + 2 * 64
+
+
+def test_moe_counts_all_experts_and_active_topk():
+    h, f, e, k, l = 64, 96, 8, 2, 4
+    spec = ModelSpec(
+        name="moe", num_layers=l, hidden_size=h, ffn_hidden_size=256, num_attention_heads=4, vocab_size=50,
+        seq_len=32, activation="swiglu", norm="rmsnorm",
+        moe=MoESpec(num_experts=e, top_k=k, expert_ffn_hidden_size=f, num_shared_experts=1, first_k_dense=1),
+    )
+    moe = counting.moe_params(spec)
+    assert (moe.router, moe.per_expert, moe.shared) == (h * e, 3 * h * f, 3 * h * f)
+    attn, norms = 4 * h * h, 2 * h
+    dense_layer = attn + norms + 3 * h * 256
+    moe_layer = attn + norms + h * e + e * 3 * h * f + 3 * h * f
+    assert counting.decoder_layer_params(spec, 0) == dense_layer
+    assert counting.decoder_layer_params(spec, 1) == moe_layer
+    total = 2 * 50 * h + dense_layer + 3 * moe_layer + h
+    assert counting.total_params(spec) == total
+    assert counting.active_params(spec) == total - 3 * (e - k) * 3 * h * f
+
+
+def test_mla_closed_form():
+    h, a = 128, 4
+    mla = MLASpec(q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    spec = ModelSpec(name="mla", num_layers=1, hidden_size=h, ffn_hidden_size=256, num_attention_heads=a,
+                     vocab_size=10, seq_len=16, activation="swiglu", norm="rmsnorm", mla=mla)
+    q = h * 48 + 48 + 48 * a * 24
+    kv = h * (32 + 8) + 32 + 32 * a * (16 + 16)
+    o = a * 16 * h
+    assert counting.attention_params(spec) == q + kv + o
+    no_qlora = spec.model_copy(update={"mla": mla.model_copy(update={"q_lora_rank": None})})
+    assert counting.attention_params(no_qlora) == h * a * 24 + kv + o
+
+
+def test_layer_index_out_of_range():
+    spec = _gpt(2, 64, 4, 100, 32)
+    with pytest.raises(ValueError, match="out of range"):
+        counting.decoder_layer_params(spec, 2)
