@@ -1,0 +1,110 @@
+"""LaunchPlan -> DeepSpeed config JSON (batch triple, zero_optimization, bf16, tensor_parallel).
+
+DeepSpeed's rules checked here (refused with its reason):
+- Batch: train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp, where
+  dp = world_size / (tp * pp) (deepspeed/runtime/config.py `_batch_assertion`).
+- ZeRO with pipeline parallelism: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+  (deepspeed/runtime/pipe/engine.py), so zero_optimization.stage <= 1 when pp > 1.
+- The pipeline engine runs one schedule (TrainSchedule, 1F1B-like), without virtual stages; GPipe is
+  exported as it (same bubble, less activation memory); interleaved, zero-bubble and 2BW are refused.
+- No ring context parallelism (DeepSpeed-Ulysses is a different, all-to-all sequence parallelism).
+Things the JSON cannot carry (the pipeline partition, expert-parallel size) are code-level in DeepSpeed
+(PipelineModule(partition_method=...), deepspeed.moe.layer.MoE(ep_size=...)) and come back as warnings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner.export.common import Export, base_recompute, check_exportable, rank_layer_counts, refuse
+from planner.schemas.plan import LaunchPlan
+
+TARGET = "deepspeed"
+
+
+def _check(plan: LaunchPlan, warnings: list[str]) -> None:
+    par = plan.parallelism
+    if par.pp > 1 and par.zero_stage >= 2:
+        raise refuse(
+            TARGET,
+            f"zero_stage={par.zero_stage} with pp={par.pp}: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism",
+            "re-plan with --zero 0 or 1, or --pp 1",
+        )
+    if par.cp > 1:
+        raise refuse(
+            TARGET,
+            f"cp={par.cp}: DeepSpeed has no ring context parallelism (Ulysses sequence parallelism is a different algorithm)",
+            "re-plan with --cp 1",
+        )
+    if par.pp > 1 and (par.vpp > 1 or plan.schedule in ("interleaved", "zero-bubble", "2bw")):
+        raise refuse(
+            TARGET,
+            f"schedule {plan.schedule!r} (vpp={par.vpp}): the DeepSpeed pipeline engine runs only its 1F1B TrainSchedule "
+            "without virtual stages",
+            "re-plan with --schedule 1f1b",
+        )
+    if par.pp > 1 and plan.schedule == "gpipe":
+        warnings.append("GPipe exported as DeepSpeed's 1F1B TrainSchedule: same bubble, less activation memory")
+    counts = rank_layer_counts(plan)
+    if par.pp > 1 and len(set(counts)) > 1:
+        warnings.append(
+            f"uneven stages {counts} (decoder layers per pipeline rank) cannot be given in the config: "
+            "DeepSpeed's PipelineModule partitions by partition_method ('parameters', 'uniform', 'type:...')"
+        )
+    if par.ep > 1:
+        warnings.append(f"expert parallelism is set in code: deepspeed.moe.layer.MoE(..., ep_size={par.ep})")
+    if par.sp:
+        warnings.append("Megatron-style sequence parallelism is a model-code option in Megatron-DeepSpeed (--sequence-parallel)")
+
+
+def _recompute(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any] | None:
+    mode = base_recompute(plan)
+    full = sum(stage.recompute.full_layers for stage in plan.stages)
+    if mode == "none" and not full:
+        return None
+    warnings.append(
+        f"activation checkpointing ({mode}, {full} layers fully recomputed) is applied in model code "
+        "(deepspeed.checkpointing.checkpoint / PipelineModule(activation_checkpoint_interval=...))"
+    )
+    return {"partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False}
+
+
+def build_config(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
+    """The DeepSpeed config dict; `warnings` collects what DeepSpeed approximates."""
+    par, batch = plan.parallelism, plan.batch
+    dp = plan.request.gpus // (par.tp * par.pp)
+    config: dict[str, Any] = {
+        "train_batch_size": batch.microbatch_size * batch.num_microbatches * dp,
+        "train_micro_batch_size_per_gpu": batch.microbatch_size,
+        "gradient_accumulation_steps": batch.num_microbatches,
+        "zero_optimization": {"stage": par.zero_stage, "overlap_comm": True, "contiguous_gradients": True},
+    }
+    precision = plan.request.precision
+    if precision in ("bf16", "amp-bf16", "fp8"):
+        config["bf16"] = {"enabled": True}
+    if precision == "fp8":
+        warnings.append("fp8 needs Transformer Engine layers in the model code; the config enables bf16 around them")
+    if par.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": par.tp}
+        warnings.append(f"tp={par.tp}: DeepSpeed AutoTP training (or Megatron-DeepSpeed's mpu) must build the TP groups")
+    checkpointing = _recompute(plan, warnings)
+    if checkpointing is not None:
+        config["activation_checkpointing"] = checkpointing
+    if config["train_batch_size"] != batch.global_batch_size:
+        raise refuse(
+            TARGET,
+            f"train_batch_size {config['train_batch_size']} != micro {batch.microbatch_size} x gas "
+            f"{batch.num_microbatches} x dp {dp} does not equal global_batch_size={batch.global_batch_size}",
+            "regenerate the plan",
+        )
+    return config
+
+
+def export_deepspeed(plan: LaunchPlan) -> Export:
+    """The DeepSpeed JSON config for this plan (pass it as `deepspeed.initialize(config=...)` / `--deepspeed_config`)."""
+    check_exportable(plan, TARGET)
+    warnings: list[str] = []
+    _check(plan, warnings)
+    config = build_config(plan, warnings)
+    return Export(target=TARGET, text=json.dumps(config, indent=2) + "\n", suffix=".json", warnings=tuple(warnings))

@@ -1,0 +1,249 @@
+"""LaunchPlan -> Megatron-LM `pretrain_gpt.py` arguments (a bash array in a script).
+
+Megatron's rules (megatron/training/arguments.py `validate_args`, checked here and refused with its reason):
+- world_size divisible by tp * pp * cp; dp = world_size / (tp * pp * cp).
+- global_batch_size divisible by micro_batch_size * dp (the micro-batch calculator).
+- num_attention_heads and num_query_groups divisible by tp.
+- MoE with tp > 1 needs --sequence-parallel ("When using MoE and tensor parallelism, sequence parallelism
+  must be used."); num_experts % expert_model_parallel_size == 0.
+- Interleaved schedule: pp > 2, or pp > 1 with --overlap-p2p-comm (added here when pp == 2);
+  num_microbatches divisible by pp.
+- Layer split: without a layout, num_layers divisible by pp (by pp * vpp per virtual stage); uneven
+  stages via --decoder-first/last-pipeline-num-layers when only the end stages differ (middle stages even),
+  otherwise --pipeline-model-parallel-layout ("E" embedding, "t" decoder layer, "L" loss; stages separated by
+  "|", ordered virtual stage by virtual stage, which is our stage index: stage = vpp_rank * pp + pp_rank).
+- Context parallelism splits the sequence into 2 * cp chunks for causal load balance: seq_len % (2*cp) == 0.
+- Recompute: one granularity for all layers: selective (core attention) or full with --recompute-method
+  uniform|block and --recompute-num-layers (block: the first N layers of each virtual stage).
+- Schedules: 1F1B and interleaved 1F1B only; GPipe maps to 1F1B (same bubble, less memory).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from planner.export.common import (
+    Export,
+    base_recompute,
+    check_exportable,
+    full_recompute_layers,
+    header_lines,
+    refuse,
+    stage_layer_counts,
+)
+from planner.schemas.model import ModelSpec
+from planner.schemas.plan import LaunchPlan
+
+TARGET = "megatron"
+
+
+def _check_divisibility(plan: LaunchPlan) -> None:
+    par, batch, spec = plan.parallelism, plan.batch, plan.request.model
+    world = plan.request.gpus
+    if world % (par.tp * par.pp * par.cp) or world // (par.tp * par.pp * par.cp) != par.dp:
+        raise refuse(TARGET, f"world size {world} is not tp*pp*cp*dp={par.tp}*{par.pp}*{par.cp}*{par.dp}", "regenerate the plan")
+    if batch.global_batch_size % (batch.microbatch_size * par.dp):
+        raise refuse(
+            TARGET,
+            f"global batch size {batch.global_batch_size} is not divisible by micro batch size {batch.microbatch_size} "
+            f"times data parallel size {par.dp}",
+            "choose a global batch that is a multiple of micro_batch_size*dp",
+        )
+    for name, value in (("num_attention_heads", spec.num_attention_heads), ("num_query_groups", spec.kv_heads)):
+        if value % par.tp:
+            raise refuse(TARGET, f"{name}={value} is not divisible by tensor model parallel size {par.tp}", "choose a tp that divides it")
+    if spec.moe is not None and par.tp > 1 and not par.sp:
+        raise refuse(TARGET, "When using MoE and tensor parallelism, sequence parallelism must be used", "re-plan with --sp")
+    if par.ep > 1 and (spec.moe is None or spec.moe.num_experts % par.ep):
+        experts = spec.moe.num_experts if spec.moe else 0
+        raise refuse(TARGET, f"num_experts={experts} is not a multiple of expert_model_parallel_size={par.ep}", "choose an ep that divides num_experts")
+    if par.cp > 1 and batch.seq_len % (2 * par.cp):
+        raise refuse(
+            TARGET,
+            f"seq_len={batch.seq_len} is not divisible by 2*cp={2 * par.cp} (context parallelism splits the sequence "
+            "into 2*cp chunks for causal load balance)",
+            "choose a seq_len or cp that divides",
+        )
+
+
+def _check_schedule(plan: LaunchPlan, warnings: list[str]) -> list[str]:
+    """Schedule flags; refuses what Megatron-LM does not implement."""
+    par, batch = plan.parallelism, plan.batch
+    if par.pp == 1:
+        return []
+    if plan.schedule in ("zero-bubble", "2bw"):
+        raise refuse(
+            TARGET,
+            f"schedule {plan.schedule!r}: Megatron-LM implements 1F1B and interleaved 1F1B pipelines only",
+            "re-plan with --schedule 1f1b or interleaved",
+        )
+    if plan.schedule == "gpipe":
+        warnings.append("GPipe exported as Megatron's 1F1B (same bubble, less activation memory)")
+    if par.vpp == 1:
+        return []
+    if batch.num_microbatches % par.pp:
+        raise refuse(
+            TARGET,
+            f"number of microbatches ({batch.num_microbatches}) is not divisible by pipeline-model-parallel-size "
+            f"({par.pp}) when using interleaved schedule",
+            f"choose a global batch that gives a multiple of {par.pp} micro-batches",
+        )
+    return ["--overlap-p2p-comm"] if par.pp == 2 else []
+
+
+def _layout_args(plan: LaunchPlan) -> list[str]:
+    """Stage split flags: even split, first/last uneven, or a full layout string."""
+    par, spec = plan.parallelism, plan.request.model
+    counts = stage_layer_counts(plan)
+    vpp_flag = ["--num-virtual-stages-per-pipeline-rank", str(par.vpp)] if par.vpp > 1 else []
+    if par.pp == 1:
+        return []
+    if len(set(counts)) == 1 and spec.num_layers % (par.pp * par.vpp) == 0:
+        return vpp_flag
+    middle = counts[1:-1]
+    if par.vpp == 1 and par.pp > 2 and len(set(middle)) == 1:
+        out = []
+        if counts[0] != middle[0]:
+            out += ["--decoder-first-pipeline-num-layers", str(counts[0])]
+        if counts[-1] != middle[0]:
+            out += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
+        return out
+    stages = []
+    for index, count in enumerate(counts):
+        text = ("E" if index == 0 else "") + (f"t*{count}" if count > 1 else "t" * count)
+        stages.append(text + ("L" if index == len(counts) - 1 else ""))
+    return ["--pipeline-model-parallel-layout", "|".join(stages)]
+
+
+def _recompute_args(plan: LaunchPlan) -> list[str]:
+    mode, full = base_recompute(plan), full_recompute_layers(plan)
+    counts = stage_layer_counts(plan)
+    if mode == "full" or (any(full) and all(f >= c for f, c in zip(full, counts))):
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if not any(full):
+        return ["--recompute-granularity", "selective"] if mode == "selective" else []
+    if mode == "selective":
+        raise refuse(
+            TARGET,
+            "Megatron takes one --recompute-granularity, and this plan fully recomputes some layers on top of selective recompute",
+            "re-plan with --recompute full or --recompute none",
+        )
+    if len(set(full)) > 1:
+        raise refuse(
+            TARGET,
+            f"--recompute-num-layers is one number for every virtual stage, and this plan recomputes {list(full)} layers per stage",
+            "re-plan with --recompute full or none",
+        )
+    return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(full[0])]
+
+
+def _model_args(spec: ModelSpec, seq_len: int, warnings: list[str]) -> list[str]:
+    args = ["--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
+            "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads),
+            "--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, spec.seq_len)),
+            "--vocab-size", str(spec.vocab_size)]
+    if spec.head_dim is not None:
+        args += ["--kv-channels", str(spec.head_dim)]
+    if spec.kv_heads != spec.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
+    if spec.activation == "swiglu":
+        args.append("--swiglu")
+    elif spec.activation != "gelu":
+        warnings.append(f"activation {spec.activation!r} has no Megatron flag: set it in your model provider")
+    if spec.norm == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    args += ["--position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute"]
+    if spec.position == "alibi":
+        warnings.append("ALiBi is not in Megatron-core: exported as learned absolute positions")
+    if not spec.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not spec.linear_bias:
+        args.append("--disable-bias-linear")
+    if spec.qkv_bias:
+        args.append("--add-qkv-bias")
+    if spec.qk_norm:
+        args.append("--qk-layernorm")
+    return args + _moe_mla_args(spec)
+
+
+def _moe_mla_args(spec: ModelSpec) -> list[str]:
+    args: list[str] = []
+    if spec.moe is not None:
+        moe = spec.moe
+        pattern = [1 if spec.is_moe_layer(i) else 0 for i in range(spec.num_layers)]
+        args += ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
+                 "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm",
+                 "--moe-token-dispatcher-type", "alltoall"]
+        if any(value == 0 for value in pattern):
+            args += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
+        if moe.shared_ffn_hidden_size:
+            args += ["--moe-shared-expert-intermediate-size", str(moe.shared_ffn_hidden_size)]
+        if moe.capacity_factor is not None:
+            args += ["--moe-expert-capacity-factor", str(moe.capacity_factor)]
+    if spec.mla is not None:
+        mla = spec.mla
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(mla.kv_lora_rank), "--qk-head-dim", str(mla.qk_nope_head_dim),
+                 "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim), "--v-head-dim", str(mla.v_head_dim)]
+        if mla.q_lora_rank is not None:
+            args += ["--q-lora-rank", str(mla.q_lora_rank)]
+    return args
+
+
+def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
+    par, batch = plan.parallelism, plan.batch
+    args = ["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp)]
+    if par.cp > 1:
+        args += ["--context-parallel-size", str(par.cp)]
+    if par.ep > 1:
+        args += ["--expert-model-parallel-size", str(par.ep)]
+    if par.sp and par.tp > 1:
+        args.append("--sequence-parallel")
+    elif par.sp:
+        warnings.append("sp with tp=1 is a no-op; Megatron turns --sequence-parallel off")
+    args += ["--micro-batch-size", str(batch.microbatch_size), "--global-batch-size", str(batch.global_batch_size)]
+    if par.zero_stage == 1:
+        args.append("--use-distributed-optimizer")
+    elif par.zero_stage in (2, 3):
+        strategy = "optim_grads" if par.zero_stage == 2 else "optim_grads_params"
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--ckpt-format", "fsdp_dtensor"]
+    if par.tp_overlap != "none":
+        warnings.append(f"tp_overlap={par.tp_overlap!r} (Domino) is not in Megatron-LM; the predicted step time assumes it")
+    return args
+
+
+def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
+    """(arguments, warnings) for `pretrain_gpt.py`; raises BadInputError for what Megatron cannot run."""
+    check_exportable(plan, TARGET)
+    warnings: list[str] = []
+    _check_divisibility(plan)
+    args = _parallel_args(plan, warnings) + _check_schedule(plan, warnings) + _layout_args(plan) + _recompute_args(plan)
+    precision = plan.request.precision
+    if precision in ("bf16", "amp-bf16", "fp8"):
+        args.append("--bf16")
+    if precision == "fp8":
+        args += ["--fp8-format", "hybrid"]
+    if precision == "amp-bf16":
+        warnings.append("amp-bf16 exported as Megatron --bf16 (bf16 params with fp32 main params in the optimizer)")
+    args += _model_args(plan.request.model, plan.batch.seq_len, warnings)
+    return args, warnings
+
+
+def export_megatron(plan: LaunchPlan) -> Export:
+    """A bash script defining PLANNER_MEGATRON_ARGS; add data/tokenizer/optimizer arguments of your own."""
+    args, warnings = megatron_arguments(plan)
+    lines = ["#!/usr/bin/env bash", *header_lines(plan, TARGET)]
+    lines += [
+        "# Usage: source this file, then",
+        '#   torchrun --nproc-per-node 8 ... pretrain_gpt.py "${PLANNER_MEGATRON_ARGS[@]}" <data, tokenizer, optimizer args>',
+    ]
+    if plan.parallelism.zero_stage < 2:
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron's TP/SP communication ordering")
+    lines.append("PLANNER_MEGATRON_ARGS=(")
+    index = 0
+    while index < len(args):
+        flag = args[index]
+        has_value = index + 1 < len(args) and not args[index + 1].startswith("--")
+        lines.append(f"  {flag} {shlex.quote(args[index + 1])}" if has_value else f"  {flag}")
+        index += 2 if has_value else 1
+    lines.append(")")
+    return Export(target=TARGET, text="\n".join(lines) + "\n", suffix=".sh", warnings=tuple(warnings))
