@@ -1,0 +1,185 @@
+"""Mixture-of-experts FFN with optional expert parallelism (EP): router, stacked experts, shared experts.
+
+Routing: softmax over experts, top-k, the k weights renormalised to sum to 1 (Mixtral, Jiang et al. 2024,
+sec. 2.1). Capacity (GShard, Lepikhin et al. 2020, sec. 2.2 / Switch, Fedus et al. 2021, eq. 3):
+capacity = ceil(capacity_factor * tokens * top_k / num_experts) per expert and per forward call on one rank
+(the "group" is the rank's local tokens); assignments past capacity, in token order, are dropped and
+COUNTED (`dropped_tokens`, `routed_tokens`). capacity_factor None = dropless.
+
+EP: experts are split contiguously over the ep group (rank r holds experts [r*E/ep, (r+1)*E/ep)); each
+rank routes its own tokens, sends each assignment to the rank owning its expert with
+`all_to_all_single` (uneven splits; the autograd version, so gradients flow back the same way), runs its
+local experts, and sends the results back (combine). Tokens counts are exchanged first with a plain
+all_to_all_single of the per-expert counts.
+
+Not done: expert tensor parallelism (experts are replicated over tp ranks in the executor; profiling
+shapes use the full expert width), grouped GEMM (a loop over local experts).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from planner.nn.model import FeedForward, activation_fn, check_divisible
+from planner.schemas.model import ModelSpec
+
+
+class Router(nn.Module):
+    """Linear gate -> softmax (fp32) -> top-k, renormalised. Also computes the Switch load-balancing loss
+    (Fedus et al. 2021, eq. 4: E * sum_e f_e * P_e), kept in `aux_loss` for whoever wants to add it."""
+
+    def __init__(self, dim: int, num_experts: int, top_k: int, *, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.top_k = top_k
+        self.gate = nn.Linear(dim, num_experts, bias=False, dtype=dtype)
+        self.aux_loss: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (tokens, dim) -> (weights (tokens, k) in x.dtype, expert ids (tokens, k))."""
+        probs = F.softmax(self.gate(x).float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        num_experts = probs.shape[-1]
+        fraction = torch.bincount(experts.reshape(-1), minlength=num_experts).float() / max(experts.numel(), 1)
+        self.aux_loss = num_experts * (fraction * probs.mean(dim=0)).sum()
+        return weights.to(x.dtype), experts
+
+
+class GroupedExperts(nn.Module):
+    """Routed experts as stacked weights: w1/w3 (E, hidden, dim), w2 (E, dim, hidden); E = local experts."""
+
+    def __init__(self, dim: int, hidden: int, num_experts: int, *, activation: str, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.activation = activation
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden, dim, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden, dtype=dtype))
+        gated = activation in ("swiglu", "geglu")
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden, dim, dtype=dtype)) if gated else None
+        for p in self.parameters():
+            nn.init.normal_(p, std=0.02)
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.w1.shape[0]
+
+    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """x: tokens grouped by local expert, `counts[e]` rows for expert e -> same shape, dim wide."""
+        act = activation_fn(self.activation)
+        outs = []
+        for e, chunk in enumerate(torch.split(x, counts, dim=0)):
+            h = act(chunk @ self.w1[e].t())
+            if self.w3 is not None:
+                h = h * (chunk @ self.w3[e].t())
+            outs.append(h @ self.w2[e].t())
+        return torch.cat(outs, dim=0) if outs else x.new_zeros(0, self.w2.shape[1])
+
+
+class MoE(nn.Module):
+    """Routed + shared experts for one decoder layer. Set `ep_group` (see `shard_experts`) for EP."""
+
+    def __init__(self, spec: ModelSpec, *, tp: int = 1, ep: int = 1, dtype: torch.dtype | None = None):
+        super().__init__()
+        moe = spec.moe
+        check_divisible("moe.num_experts", moe.num_experts, "ep", ep)
+        self.num_experts, self.top_k = moe.num_experts, moe.top_k
+        self.capacity_factor = moe.capacity_factor
+        self.router = Router(spec.hidden_size, moe.num_experts, moe.top_k, dtype=dtype)
+        self.experts = GroupedExperts(
+            spec.hidden_size, moe.expert_ffn_hidden_size, moe.num_experts // ep, activation=spec.activation, dtype=dtype
+        )
+        self.shared_experts = None
+        if moe.shared_ffn_hidden_size:
+            self.shared_experts = FeedForward(
+                spec.hidden_size, moe.shared_ffn_hidden_size, activation=spec.activation, bias=False, dtype=dtype
+            )
+        self.ep_group: dist.ProcessGroup | None = None
+        self.register_buffer("dropped_tokens", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.register_buffer("routed_tokens", torch.zeros((), dtype=torch.int64), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        weights, experts = self.router(x2)
+        token_idx, w, counts = self._assign(weights, experts)
+        y = self._run_experts(x2[token_idx], counts)
+        out = torch.zeros_like(x2).index_add(0, token_idx, y * w[:, None])
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x2)
+        return out.reshape(shape)
+
+    def capacity(self, num_tokens: int) -> int | None:
+        """Per-expert capacity for `num_tokens` local tokens (GShard sec. 2.2); None = dropless."""
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * num_tokens * self.top_k / self.num_experts)
+
+    def _assign(self, weights: torch.Tensor, experts: torch.Tensor):
+        """Sort (token, expert) assignments by expert, drop those past capacity (in token order) and count them.
+        Returns token indices, their combine weights and per-expert counts (global expert ids)."""
+        num_tokens, k = experts.shape
+        flat_expert = experts.reshape(-1)
+        order = torch.argsort(flat_expert, stable=True)
+        sorted_expert = flat_expert[order]
+        counts = torch.bincount(sorted_expert, minlength=self.num_experts)
+        cap = self.capacity(num_tokens)
+        dropped = counts.new_zeros(())
+        if cap is not None:
+            starts = torch.cumsum(counts, 0) - counts
+            keep = torch.arange(order.numel(), device=order.device) - starts[sorted_expert] < cap
+            dropped = (~keep).sum()
+            order = order[keep]
+            counts = counts.clamp(max=cap)
+        if _counting():
+            self.dropped_tokens += dropped
+            self.routed_tokens += flat_expert.numel()
+        return order // k, weights.reshape(-1)[order], counts
+
+    def _run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        if self.ep_group is None:
+            return self.experts(x, counts.tolist())
+        return _ep_dispatch_run_combine(self.experts, x, counts, self.ep_group)
+
+    def reset_counters(self) -> None:
+        self.dropped_tokens.zero_()
+        self.routed_tokens.zero_()
+
+
+def _counting() -> bool:
+    """False while autograd recomputes a checkpointed forward inside backward, so drops count once."""
+    return torch._C._current_graph_task_id() == -1
+
+
+def _ep_dispatch_run_combine(experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor, group) -> torch.Tensor:
+    """All-to-all dispatch of expert-sorted tokens, local experts, all-to-all combine (same order back)."""
+    from torch.distributed.nn.functional import all_to_all_single as a2a_autograd
+
+    ep = dist.get_world_size(group)
+    local = experts.num_local_experts
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts, group=group)
+    send_splits = counts.view(ep, local).sum(1).tolist()
+    recv_matrix = recv_counts.view(ep, local)  # [source rank, local expert]
+    recv_splits = recv_matrix.sum(1).tolist()
+    recv = a2a_autograd(x.new_empty(sum(recv_splits), x.shape[1]), x, recv_splits, send_splits, group=group)
+    labels = torch.arange(local, device=x.device).repeat(ep).repeat_interleave(recv_matrix.reshape(-1))
+    perm = torch.argsort(labels, stable=True)
+    y = experts(recv[perm], recv_matrix.sum(0).tolist())
+    y = y[torch.argsort(perm)]
+    return a2a_autograd(x.new_empty(x.shape[0], y.shape[1]), y, send_splits, recv_splits, group=group)
+
+
+def shard_experts(moe: MoE, ep_group) -> None:
+    """Keep only this rank's slice of the (fully initialised) stacked expert weights and enable EP dispatch."""
+    ep, rank = dist.get_world_size(ep_group), dist.get_rank(ep_group)
+    check_divisible("moe.num_experts", moe.num_experts, "ep", ep)
+    local = moe.num_experts // ep
+    for name in ("w1", "w2", "w3"):
+        param = getattr(moe.experts, name)
+        if param is not None:
+            setattr(moe.experts, name, nn.Parameter(param.detach()[rank * local:(rank + 1) * local].clone()))
+    moe.ep_group = ep_group
