@@ -1,8 +1,55 @@
 """Rendering for humans: rich tables. The only module that imports rich."""
 
+from rich import box
 from rich.console import Console
+from rich.table import Table
 
 
 def console(*, stderr: bool = False) -> Console:
     """A console for CLI output (stderr for errors and progress)."""
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+# --- planner models (list / show) ---------------------------------------------------------------
+
+
+def _billions(count: int | None) -> str:
+    if count is None:
+        return "-"
+    billions = count / 1e9
+    return f"{billions:,.1f}B" if billions >= 100 else f"{billions:,.2f}B"
+
+
+def models_table(rows: list[dict]) -> Table:
+    """`planner models list`: one row per model (rows from planner.models.summary.model_row)."""
+    table = Table(title="Model presets", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("name", no_wrap=True)
+    for header in ("params", "active", "layers", "hidden", "heads/kv", "experts/k", "seq_len"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        moe = f"{row['num_experts']}/{row['top_k']}" if row.get("num_experts") else "-"
+        table.add_row(
+            row["name"], _billions(row["total_params"]), _billions(row["active_params"]), str(row["num_layers"]),
+            str(row["hidden_size"]), f"{row['num_attention_heads']}/{row['num_kv_heads']}", moe, str(row["seq_len"]),
+        )
+    return table
+
+
+def model_detail_tables(report: dict) -> list[Table]:
+    """`planner models show`: the spec's fields and the parameter breakdown (from planner.models.summary.model_report)."""
+    spec, params = report["spec"], report["params"]
+    fields = Table(title=f"Model {spec['name']}", title_justify="left", show_header=False)
+    fields.add_column("field")
+    fields.add_column("value")
+    for key, value in spec.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v}" for k, v in value.items())
+        fields.add_row(key, "-" if value is None else str(value))
+    counts = Table(title="Parameters", title_justify="left")
+    counts.add_column("part", no_wrap=True)
+    counts.add_column("count", justify="right")
+    counts.add_column("billions", justify="right")
+    for key, value in params.items():
+        is_count = key not in ("dense_layers", "moe_layers")
+        counts.add_row(key, f"{value:,}", _billions(value) if is_count else "")
+    return [fields, counts]
