@@ -89,3 +89,40 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None) -> LaunchP
     from planner.search.driver import plan as _plan
 
     return _plan(request, progress=progress)
+
+
+def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:
+    """A LaunchPlan object, or one loaded (and validated) from a plan JSON file."""
+    if isinstance(plan, LaunchPlan):
+        return plan
+    from planner.io import load_file
+
+    return load_file(LaunchPlan, plan)
+
+
+def check(target: str | Path, *, tolerance: float = 0.02, allow_change: bool = False):
+    """Recompute every committed plan under `target` and compare (planner.check.CheckReport)."""
+    from planner.check import check_plans
+
+    return check_plans(target, tolerance=tolerance, allow_change=allow_change)
+
+
+def export(plan: LaunchPlan | str | Path, target: str):
+    """Translate a plan for torchtitan, megatron, deepspeed, torchrun or slurm (planner.export.Export)."""
+    from planner.export import export_plan
+
+    return export_plan(_plan_of(plan), target)
+
+
+def explain(plan: LaunchPlan | str | Path):
+    """A readable account of a plan (planner.explain.Explanation)."""
+    from planner.explain import explain as _explain
+
+    return _explain(_plan_of(plan))
+
+
+def schema(name: str | None = None) -> dict:
+    """JSON Schema of one file format (plan, model, topology, profile, request), or of all of them."""
+    from planner.export.schema import json_schema
+
+    return json_schema(name)

@@ -1,0 +1,89 @@
+"""`planner explain plan.json [--plot out.png] [--json]`: a readable account of a plan, and its pictures."""
+
+from pathlib import Path
+
+import typer
+
+from planner.cli.common import emit_text, guarded
+
+HELP = """Explain a plan: why these degrees, where time and memory go, what the runner-up was.
+
+Also what the search pruned. --plot draws the pipeline schedule, memory per stage and the candidates.
+
+Examples:
+
+  planner explain plan.json
+
+  planner explain plan.json --plot plan.png
+
+  planner explain plan.json --json
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("explain", help=HELP)(explain_command)
+
+
+@guarded
+def explain_command(
+    plan: Path = typer.Argument(..., help="A LaunchPlan JSON."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: schedule timeline, memory per stage, candidates."),
+    json_output: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
+) -> None:
+    from planner import api
+    from planner.io import canonical_json, load_file
+    from planner.schemas.plan import LaunchPlan
+
+    loaded = load_file(LaunchPlan, plan)
+    explanation = api.explain(loaded)
+    if plot is not None:
+        from planner.plot import plot_plan
+
+        plot_plan(loaded, plot)
+    if json_output:
+        emit_text(canonical_json(explanation.to_dict() | ({"plot": str(plot)} if plot else {})), None)
+        return
+    _render(explanation)
+    if plot is not None:
+        from planner.report import console
+
+        console().print(f"wrote {plot}", markup=False)
+
+
+def _table(title: str, columns: tuple[str, ...]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    return table
+
+
+def _render(ex) -> None:
+    from planner.report import console
+
+    out = console()
+    out.print(f"[bold]{ex.headline}[/]", highlight=False)
+    out.print("\n[bold]Why this configuration[/]")
+    for reason in ex.reasons:
+        out.print(f"  - {reason}", markup=False)
+    time = _table("Where the time goes (per step)", ("part", "seconds", "share"))
+    for part in ex.time:
+        time.add_row(part.part, f"{part.seconds:.4g}", f"{part.fraction:.1%}")
+    out.print(time)
+    memory = _table(f"Memory per pipeline rank (GiB, capacity {ex.capacity_gib:.1f})",
+                    ("rank", "weights", "grads", "optimizer", "activations", "other", "peak", "of capacity"))
+    for row in ex.memory:
+        memory.add_row(str(row.stage), *(f"{v:.2f}" for v in (row.params_gib, row.grads_gib, row.optimizer_gib,
+                       row.activations_gib, row.other_gib, row.peak_gib)), f"{row.capacity_fraction:.0%}")
+    out.print(memory)
+    if ex.runner_up is not None:
+        alts = _table("Runner-up and other candidates", ("configuration", "step s", "slower by", "peak GiB", "why not"))
+        for alt in ex.alternatives:
+            alts.add_row(f"{alt.degrees} {alt.schedule} {alt.recompute} mbs={alt.microbatch_size}", f"{alt.step_time_s:.4g}",
+                         f"{alt.slower_by:+.1%}", f"{alt.peak_gib:.1f}", alt.why_not)
+        out.print(alts)
+    if ex.pruned:
+        out.print("[bold]Pruned by the search[/]: " + ", ".join(f"{k}={v:,}" for k, v in ex.pruned.items()))
+    for note in ex.notes:
+        out.print(f"note: {note}", markup=False)

@@ -1,0 +1,42 @@
+"""`planner serve`: the optimizer service (HTTP JSON API with OpenAPI docs at /docs)."""
+
+from pathlib import Path
+
+import typer
+
+from planner.cli.common import guarded
+
+HELP = """Run the optimizer service (HTTP JSON API, OpenAPI docs at /docs).
+
+Routes: POST /v1/plan, POST /v1/estimate, GET /v1/plans/{id}, GET /v1/models, GET /v1/topologies,
+GET /healthz. Plans persist in SQLite (--db or $PLANNER_DB); set $PLANNER_TOKEN to require
+`Authorization: Bearer <token>`.
+
+Examples:
+
+  planner serve
+
+  PLANNER_TOKEN=secret planner serve --port 8080 --db /var/lib/planner/plans.sqlite
+
+  curl -s localhost:8000/v1/plan -H 'content-type: application/json' -d '{"model": "llama3-8b", "gpus": 64}'
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve", help=HELP)(serve_command)
+
+
+@guarded
+def serve_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    db: Path | None = typer.Option(None, "--db", help="SQLite file for requests and plans (default $PLANNER_DB or ./planner-service.sqlite)."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Solver worker processes."),
+    threads: bool = typer.Option(False, "--threads", help="Solve in threads instead of processes."),
+    max_gpus: int = typer.Option(16384, "--max-gpus", min=1, help="Search size limit: the most GPUs a request may ask for."),
+    max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", min=1024, help="Request size limit (413 above it)."),
+) -> None:
+    from planner.service import serve
+
+    serve(host=host, port=port, db_path=str(db) if db else None, workers=workers, use_processes=not threads,
+          max_gpus=max_gpus, max_body_bytes=max_body_bytes)
