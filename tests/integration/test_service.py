@@ -1,0 +1,161 @@
+"""The optimizer service against a real `planner serve` process on a free localhost port, over HTTP."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from planner import api
+from planner.io import canonical_json
+from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, SearchLimits
+
+TOKEN = "s3cret-token"
+SMALL = {"model": "llama3-8b", "topology": "dgx-h100", "gpus": 8, "global_batch_size": 64, "seq_len": 4096}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`planner serve` in a subprocess; stop() terminates it and waits."""
+
+    def __init__(self, db: Path, *, token: str | None = None, extra: tuple[str, ...] = ()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k != "PLANNER_TOKEN"} | {"PLANNER_DB": str(db)}
+        if token:
+            env["PLANNER_TOKEN"] = token
+        code = "from planner.cli import main; main()"
+        self.proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", str(self.port), "--workers", "2", *extra],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stdout.read().decode()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("server did not start in 60 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture()
+def server(tmp_path):
+    srv = Server(tmp_path / "plans.sqlite")
+    yield srv
+    srv.stop()
+
+
+def estimate_body(tp: int, pp: int, mbs: int) -> dict:
+    return SMALL | {"tp": tp, "pp": pp, "microbatch_size": mbs, "zero_stage": 1, "sp": tp > 1}
+
+
+def local_estimate(body: dict) -> str:
+    """The same estimate computed in this process: what the service must return byte for byte."""
+    request = api.build_request(model=body["model"], topology=body["topology"], gpus=body["gpus"], global_batch_size=body["global_batch_size"],
+                                seq_len=body["seq_len"], search=SearchLimits(time_limit_s=30.0, top_k=3))
+    par = Parallelism(dp=body["gpus"] // (body["tp"] * body["pp"]), tp=body["tp"], pp=body["pp"], sp=body["sp"], zero_stage=body["zero_stage"])
+    return canonical_json(api.estimate(request, Configuration(parallelism=par, microbatch_size=body["microbatch_size"])))
+
+
+def test_plan_returned_stored_and_fetched_by_id(server):
+    response = httpx.post(server.url + "/v1/plan", json=SMALL | {"time_limit_s": 60}, timeout=120)
+    assert response.status_code == 200, response.text
+    plan = LaunchPlan.model_validate_json(response.text)
+    assert plan.kind == "plan" and plan.feasible and plan.request.gpus == 8 and plan.parallelism.world_size == 8
+    assert response.headers["x-cache"] == "miss"
+    again = httpx.post(server.url + "/v1/plan", json=SMALL | {"time_limit_s": 60}, timeout=60)
+    assert again.headers["x-cache"] == "hit" and again.text == response.text
+    by_id = httpx.get(server.url + "/v1/plans/" + response.headers["x-plan-id"], timeout=10)
+    assert by_id.status_code == 200 and by_id.text == response.text
+    assert httpx.get(server.url + "/v1/plans/" + "0" * 64, timeout=10).status_code == 404
+    assert "llama3-8b" in httpx.get(server.url + "/v1/models", timeout=10).json()["models"]
+    assert httpx.get(server.url + "/v1/topologies", timeout=10).json()["topologies"]
+    assert httpx.get(server.url + "/openapi.json", timeout=10).json()["paths"]["/v1/plan"]["post"]
+
+
+def test_bad_input_is_422_with_the_field(server):
+    unknown = httpx.post(server.url + "/v1/plan", json=SMALL | {"gpu": 8}, timeout=10)
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"][-1] == "gpu"
+    negative = httpx.post(server.url + "/v1/estimate", json=estimate_body(1, 1, 1) | {"tp": 0}, timeout=10)
+    assert negative.status_code == 422 and negative.json()["detail"][0]["loc"][-1] == "tp"
+    heads = httpx.post(server.url + "/v1/estimate", json=estimate_body(1, 1, 1) | {"tp": 3, "gpus": 6}, timeout=60)
+    assert heads.status_code == 422 and "tp=3" in heads.json()["detail"]
+    path = httpx.post(server.url + "/v1/plan", json=SMALL | {"model": "/etc/passwd"}, timeout=10)
+    assert path.status_code == 422 and "not a preset" in path.json()["detail"]
+    too_big = httpx.post(server.url + "/v1/plan", json=SMALL | {"gpus": 10**6}, timeout=10)
+    assert too_big.status_code == 422 and "search limit" in too_big.json()["detail"]
+    huge = httpx.post(server.url + "/v1/plan", content=b'{"model": "' + b"x" * (2 << 20) + b'"}', headers={"content-type": "application/json"}, timeout=30)
+    assert huge.status_code == 413
+
+
+def test_twenty_concurrent_requests_all_answered_correctly(server):
+    bodies = [estimate_body(tp, pp, mbs) for tp in (1, 2, 4, 8) for pp in (1, 2) for mbs in (1, 2)] + [estimate_body(2, 1, 1)] * 4
+    assert len(bodies) == 20
+
+    def post(body):
+        return httpx.post(server.url + "/v1/estimate", json=body, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        responses = list(pool.map(post, bodies))
+    expected = {json.dumps(b, sort_keys=True): local_estimate(b) for b in bodies}
+    for body, response in zip(bodies, responses):
+        if response.status_code == 409:  # an infeasible configuration must be infeasible here too
+            assert not LaunchPlan.model_validate_json(expected[json.dumps(body, sort_keys=True)]).memory.fits
+            continue
+        assert response.status_code == 200, response.text
+        assert response.text == expected[json.dumps(body, sort_keys=True)]
+    assert sum(r.status_code == 200 for r in responses) >= 10
+
+
+def test_bearer_token_required_when_set(tmp_path):
+    srv = Server(tmp_path / "auth.sqlite", token=TOKEN)
+    try:
+        assert httpx.get(srv.url + "/v1/models", timeout=10).status_code == 401
+        assert httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 401
+        assert httpx.post(srv.url + "/v1/estimate", json=estimate_body(1, 1, 1), timeout=10).status_code == 401
+        assert httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).status_code == 200
+        assert httpx.get(srv.url + "/healthz", timeout=10).status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_store_survives_restart(tmp_path):
+    db = tmp_path / "persist.sqlite"
+    srv = Server(db)
+    try:
+        first = httpx.post(srv.url + "/v1/estimate", json=estimate_body(2, 1, 1), timeout=120)
+        assert first.status_code == 200 and first.headers["x-cache"] == "miss"
+    finally:
+        srv.stop()
+    srv = Server(db)
+    try:
+        assert httpx.get(srv.url + "/healthz", timeout=10).json()["stored_plans"] == 1
+        fetched = httpx.get(srv.url + "/v1/plans/" + first.headers["x-plan-id"], timeout=10)
+        assert fetched.status_code == 200 and fetched.text == first.text
+        again = httpx.post(srv.url + "/v1/estimate", json=estimate_body(2, 1, 1), timeout=60)
+        assert again.headers["x-cache"] == "hit" and again.text == first.text
+    finally:
+        srv.stop()
