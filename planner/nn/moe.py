@@ -98,8 +98,9 @@ class MoE(nn.Module):
                 spec.hidden_size, moe.shared_ffn_hidden_size, activation=spec.activation, bias=False, dtype=dtype
             )
         self.ep_group: dist.ProcessGroup | None = None
-        self.register_buffer("dropped_tokens", torch.zeros((), dtype=torch.int64), persistent=False)
-        self.register_buffer("routed_tokens", torch.zeros((), dtype=torch.int64), persistent=False)
+        # plain tensor attributes, not buffers: DDP would broadcast buffers from rank 0 every forward
+        self.dropped_tokens = torch.zeros((), dtype=torch.int64)
+        self.routed_tokens = torch.zeros((), dtype=torch.int64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -135,6 +136,8 @@ class MoE(nn.Module):
             order = order[keep]
             counts = counts.clamp(max=cap)
         if _counting():
+            if self.dropped_tokens.device != dropped.device:
+                self.reset_counters(device=dropped.device)
             self.dropped_tokens += dropped
             self.routed_tokens += flat_expert.numel()
         return order // k, weights.reshape(-1)[order], counts
@@ -144,9 +147,11 @@ class MoE(nn.Module):
             return self.experts(x, counts.tolist())
         return _ep_dispatch_run_combine(self.experts, x, counts, self.ep_group)
 
-    def reset_counters(self) -> None:
-        self.dropped_tokens.zero_()
-        self.routed_tokens.zero_()
+    def reset_counters(self, device: torch.device | None = None) -> None:
+        """Zero the dropped/routed counters (on `device` if given; they follow the tokens' device)."""
+        device = device or self.dropped_tokens.device
+        self.dropped_tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self.routed_tokens = torch.zeros((), dtype=torch.int64, device=device)
 
 
 def _counting() -> bool:
@@ -156,8 +161,6 @@ def _counting() -> bool:
 
 def _ep_dispatch_run_combine(experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor, group) -> torch.Tensor:
     """All-to-all dispatch of expert-sorted tokens, local experts, all-to-all combine (same order back)."""
-    from torch.distributed.nn.functional import all_to_all_single as a2a_autograd
-
     ep = dist.get_world_size(group)
     local = experts.num_local_experts
     recv_counts = torch.empty_like(counts)
@@ -165,12 +168,19 @@ def _ep_dispatch_run_combine(experts: GroupedExperts, x: torch.Tensor, counts: t
     send_splits = counts.view(ep, local).sum(1).tolist()
     recv_matrix = recv_counts.view(ep, local)  # [source rank, local expert]
     recv_splits = recv_matrix.sum(1).tolist()
-    recv = a2a_autograd(x.new_empty(sum(recv_splits), x.shape[1]), x, recv_splits, send_splits, group=group)
+    recv = _all_to_all(x, recv_splits, send_splits, group)
     labels = torch.arange(local, device=x.device).repeat(ep).repeat_interleave(recv_matrix.reshape(-1))
     perm = torch.argsort(labels, stable=True)
     y = experts(recv[perm], recv_matrix.sum(0).tolist())
     y = y[torch.argsort(perm)]
-    return a2a_autograd(x.new_empty(x.shape[0], y.shape[1]), y, send_splits, recv_splits, group=group)
+    return _all_to_all(y, send_splits, recv_splits, group)
+
+
+def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
+    """Differentiable all_to_all_single with uneven splits (the backward sends gradients back the same way)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+
+    return wait_tensor(all_to_all_single_autograd(x.contiguous(), output_splits, input_splits, group))
 
 
 def shard_experts(moe: MoE, ep_group) -> None:
