@@ -2,7 +2,8 @@
 
 A model reference is one of:
 - a preset name (`planner models list`): a YAML file under planner/models/presets/, data not code;
-- a HuggingFace `config.json` (a file named config.json, or any JSON/YAML with a `model_type` key);
+- a HuggingFace `config.json` (a file named config.json, a folder holding one, or any JSON/YAML with a
+  `model_type` key);
 - our own model spec as YAML/JSON (the ModelSpec fields).
 """
 
@@ -49,6 +50,8 @@ def load_model(ref: str) -> ModelSpec:
     if (PRESET_DIR / f"{ref}{PRESET_SUFFIX}").is_file():
         return load_preset(ref)
     path = Path(ref).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"  # a HuggingFace checkpoint folder
     if not path.is_file():
         raise BadInputError(_unknown_model_message(ref))
     data = load_structured(path)

@@ -158,3 +158,8 @@ def test_spec_files_and_malformed_input(tmp_path):
     hf_yaml = tmp_path / "hf.yaml"
     hf_yaml.write_text("model_type: gpt2\nn_layer: 2\nn_embd: 64\nn_head: 4\nvocab_size: 100\nn_positions: 32\n")
     assert load_model(str(hf_yaml)).position == "learned"  # any file with model_type goes through the importer
+
+
+def test_checkpoint_folder_resolves_to_its_config():
+    spec = load_model(str(HF_DIR / "mistral-7b"))
+    assert spec.name == "mistral-7b" and total_params(spec) == 7_241_732_096
