@@ -1,0 +1,100 @@
+"""CLI through typer's runner: export, check, explain, schema, serve --help; bad input exits 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.io import canonical_json
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))  # the hand-built plans of the unit tests
+from test_explain import timed, with_alternative  # noqa: E402
+from test_export import make_plan  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def plan_file(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(canonical_json(with_alternative(timed(make_plan(dp=2, tp=4, pp=2, gbs=32)))))
+    return path
+
+
+def one_error_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "megatron", "deepspeed", "torchrun", "slurm"])
+def test_export_every_target_to_file(plan_file, tmp_path, target):
+    out = tmp_path / f"out.{target}"
+    result = runner.invoke(app, ["export", str(plan_file), "--to", target, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    if target == "torchtitan":
+        assert tomllib.loads(text)["parallelism"]["tensor_parallel_degree"] == 4
+    if target == "deepspeed":
+        assert json.loads(text)["train_batch_size"] == 32
+
+
+def test_export_json_and_bad_inputs(plan_file, tmp_path):
+    result = runner.invoke(app, ["export", str(plan_file), "--to", "megatron", "--json"])
+    assert result.exit_code == 0 and "--tensor-model-parallel-size 4" in json.loads(result.stdout)["text"]
+    bad = runner.invoke(app, ["export", str(plan_file), "--to", "jax"])
+    assert bad.exit_code == 2 and "choose one of torchtitan" in one_error_line(bad)
+    missing = runner.invoke(app, ["export", str(tmp_path / "nope.json"), "--to", "megatron"])
+    assert missing.exit_code == 2 and "file not found" in one_error_line(missing)
+    zero2 = tmp_path / "zero2.json"
+    zero2.write_text(canonical_json(make_plan(pp=2, zero=2)))
+    refused = runner.invoke(app, ["export", str(zero2), "--to", "deepspeed"])
+    assert refused.exit_code == 2 and "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" in one_error_line(refused)
+
+
+def test_explain_text_json_and_plot(plan_file, tmp_path):
+    text = runner.invoke(app, ["explain", str(plan_file)])
+    assert text.exit_code == 0 and "Why this configuration" in text.output and "Runner-up" in text.output
+    png = tmp_path / "p.png"
+    as_json = runner.invoke(app, ["explain", str(plan_file), "--json", "--plot", str(png)])
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout)["runner_up"]["slower_by"] == pytest.approx(0.25)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    garbage = tmp_path / "g.json"
+    garbage.write_text("[1, 2")
+    bad = runner.invoke(app, ["explain", str(garbage)])
+    assert bad.exit_code == 2 and "malformed JSON" in one_error_line(bad)
+
+
+@pytest.mark.parametrize("name", ["plan", "model", "topology", "profile", "request"])
+def test_schema_every_format(name, tmp_path):
+    out = tmp_path / "s.json"
+    result = runner.invoke(app, ["schema", name, "-o", str(out)])
+    assert result.exit_code == 0
+    schema = json.loads(out.read_text())
+    assert schema["$schema"].endswith("2020-12/schema") and schema["additionalProperties"] is False
+
+
+def test_schema_all_and_unknown():
+    result = runner.invoke(app, ["schema"])
+    assert result.exit_code == 0 and set(json.loads(result.stdout)) == {"plan", "model", "topology", "profile", "request"}
+    bad = runner.invoke(app, ["schema", "widget"])
+    assert bad.exit_code == 2 and "choose one of plan" in one_error_line(bad)
+
+
+def test_check_exit_codes(plan_file, tmp_path):
+    bad = runner.invoke(app, ["check", str(tmp_path / "none")])
+    assert bad.exit_code == 2 and "no such file" in one_error_line(bad)
+    negative = runner.invoke(app, ["check", str(plan_file), "--tolerance", "-1"])
+    assert negative.exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["export", "check", "explain", "serve", "schema"])
+def test_help_has_examples(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0 and "Examples" in result.output and f"planner {command}" in result.output
