@@ -11,13 +11,16 @@ pre-training length 2048. A request can always override seq_len.
 
 What is approximated (parameter counts stay within 0.01% of the published totals):
 - deepseek_v3: the multi-token-prediction layers (num_nextn_predict_layers) and the router score-correction bias
-  are not counted (the 671B main model excludes MTP); MoE layers are index >= first_k_dense_replace and
-  (index - first_k_dense_replace) % moe_layer_freq == 0, which equals HF's `index % moe_layer_freq == 0` whenever
-  moe_layer_freq divides first_k_dense_replace (always so for freq 1, the published value).
+  are not counted (the 671B main model excludes MTP); routing groups (n_group, topk_group) have no parameters.
 - llama family `attention_bias`: counted as Q/K/V biases (the output-projection bias, h values, is left out).
 - opt: the 2 offset rows of the learned position table are left out (2h values).
-Configurations the schema cannot express (OPT word_embed_proj_dim != hidden_size, Qwen3-MoE mlp_only_layers
-that are not the leading layers) raise BadInputError instead of being approximated.
+- ignored, as they hold no parameters: sliding_window (Mistral; attention FLOPs are then counted as full causal
+  attention, an overestimate only for seq_len > sliding_window), rotary_pct and use_parallel_residual (NeoX),
+  rope_scaling, dropout and initialisation settings.
+Configurations the schema cannot express raise BadInputError instead of being approximated: OPT
+word_embed_proj_dim != hidden_size, Qwen3-MoE mlp_only_layers other than the leading layers, DeepSeek
+moe_layer_freq not dividing first_k_dense_replace (HF: MoE when index >= k and index % freq == 0; ours:
+(index - k) % freq == 0, the same layers exactly when freq divides k).
 """
 
 from collections.abc import Callable
@@ -148,13 +151,19 @@ def _deepseek_v3(cfg: _Config) -> dict[str, Any]:
         qk_rope_head_dim=cfg.req("qk_rope_head_dim"),
         v_head_dim=cfg.req("v_head_dim"),
     )
+    first_k, freq = int(cfg.get("first_k_dense_replace", 0)), int(cfg.get("moe_layer_freq", 1))
+    if freq > 1 and first_k % freq:
+        raise BadInputError(
+            f"{cfg.source}: moe_layer_freq={freq} does not divide first_k_dense_replace={first_k}: HF's MoE layers "
+            "(index % moe_layer_freq == 0) cannot be expressed; write a model spec YAML instead"
+        )
     moe = MoESpec(
         num_experts=cfg.req("n_routed_experts"),
         top_k=cfg.req("num_experts_per_tok"),
         expert_ffn_hidden_size=cfg.req("moe_intermediate_size"),
         num_shared_experts=cfg.get("n_shared_experts", 0),
-        first_k_dense=cfg.get("first_k_dense_replace", 0),
-        moe_every=cfg.get("moe_layer_freq", 1),
+        first_k_dense=first_k,
+        moe_every=freq,
     )
     fields = _llama_like(cfg)
     fields.update(num_kv_heads=None, mla=mla, moe=moe)
@@ -296,4 +305,6 @@ def spec_from_hf_config(
         return ModelSpec.model_validate(fields)
     except ValidationError as exc:
         raise BadInputError(format_validation_error(exc, where)) from None
+    except (TypeError, ValueError) as exc:  # int() of a non-number, e.g. "hidden_size": "big"
+        raise BadInputError(f"{where}: a numeric field of the HuggingFace config is not a number: {exc}") from None
 

@@ -135,6 +135,10 @@ def test_invalid_values_become_bad_input():
         spec_from_hf_config({**_config("llama3-8b"), "hidden_act": "tanh"})
     with pytest.raises(BadInputError, match="word_embed_proj_dim"):
         spec_from_hf_config({**_config("opt-1.3b"), "word_embed_proj_dim": 512})
+    with pytest.raises(BadInputError, match="moe_layer_freq=2"):
+        spec_from_hf_config({**_config("deepseek-v3"), "moe_layer_freq": 2})
+    with pytest.raises(BadInputError, match="not a number"):
+        spec_from_hf_config({**_config("gpt2"), "n_embd": "big"})
     with pytest.raises(BadInputError, match="top_k"):
         spec_from_hf_config({**_config("mixtral-8x7b"), "num_experts_per_tok": 9})
 
