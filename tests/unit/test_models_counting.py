@@ -102,3 +102,26 @@ def test_layer_index_out_of_range():
     spec = _gpt(2, 64, 4, 100, 32)
     with pytest.raises(ValueError, match="out of range"):
         counting.decoder_layer_params(spec, 2)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(activation="swiglu", norm="rmsnorm", num_kv_heads=2),
+        dict(activation="gelu", position="learned", tied_embeddings=True, linear_bias=True),
+        dict(activation="gelu", position="alibi", tied_embeddings=True, linear_bias=True, embedding_norm=True),
+        dict(activation="swiglu", norm="rmsnorm", num_kv_heads=2, qkv_bias=True, qk_norm=True,
+             moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, num_shared_experts=1, first_k_dense=1)),
+    ],
+)
+def test_matches_the_torch_reference_decoder(extra):
+    """Independent count: sum of numel over planner.nn.Transformer, the model the executor trains (MLA aside:
+    the reference decoder runs MLA as standard attention with the MLA head dims)."""
+    pytest.importorskip("torch")
+    from planner.nn import Transformer
+
+    fields = dict(name="x", num_layers=3, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                  vocab_size=100, seq_len=32, norm="layernorm")
+    spec = ModelSpec(**{**fields, **extra})
+    model = Transformer(spec)
+    assert sum(p.numel() for p in model.parameters()) == counting.total_params(spec)
