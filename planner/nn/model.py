@@ -241,6 +241,27 @@ class Transformer(nn.Module):
         init_module(self, seed, num_layers=self.spec.num_layers)
 
 
+def keep_only(model: Transformer, names: list[str] | tuple[str, ...]) -> Transformer:
+    """Cut `model` in place down to one pipeline stage: keep the listed top-level parts (`tok_embeddings`,
+    `layers.<i>`, `norm`, `output`) and drop the rest, FQNs unchanged. `pos_embeddings`/`embedding_norm`
+    travel with `tok_embeddings`. A tied LM head on a stage without the embedding keeps its own copy of the
+    weight (gradients are then not shared across stages: sync them as Megatron does, or untie)."""
+    wanted = set(names)
+    known = {"tok_embeddings", "norm", "output"} | {f"layers.{i}" for i in model.layers}
+    if unknown := sorted(wanted - known):
+        raise BadInputError(f"stage names {unknown} are not modules of {model.spec.name!r}: use tok_embeddings, layers.<i>, norm, output")
+    if "tok_embeddings" not in wanted:
+        model.tok_embeddings = model.pos_embeddings = model.embedding_norm = None
+    for i in list(model.layers):
+        if f"layers.{i}" not in wanted:
+            del model.layers[i]
+    if "norm" not in wanted:
+        model.norm = None
+    if "output" not in wanted:
+        model.output = None
+    return model
+
+
 def init_module(module: nn.Module, seed: int, *, num_layers: int, prefix: str = "") -> None:
     """Initialise every parameter of `module` (FQNs relative to the full Transformer via `prefix`)."""
     residual_std = INIT_STD / math.sqrt(2 * num_layers)
