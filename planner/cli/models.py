@@ -3,11 +3,13 @@
 import typer
 
 from planner.cli.common import emit_text, guarded
+from planner.models.hf import supported_model_types
 
 models_app = typer.Typer(
     name="models",
     help=(
-        "Model presets and imported configs with their parameter counts.\n\n"
+        "Model presets and imported configs with their parameter counts. A model is a preset name, a HuggingFace "
+        f"config.json (or its folder; model_type {', '.join(supported_model_types())}) or a model spec YAML/JSON.\n\n"
         "Examples:\n\n"
         "  planner models list\n\n"
         "  planner models show llama3-70b\n\n"
