@@ -46,10 +46,10 @@ def list_command(
     table = Table(title="Topology presets", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     headers = ("name", "device", "gpn", "GiB", "bf16 TF/s", "intra", "GB/s", "inter", "NIC GB/s/GPU")
     for header in headers:
-        table.add_column(header, justify="left" if header in ("name", "device", "intra", "inter") else "right", no_wrap=True)
+        table.add_column(header, justify="left" if header in ("name", "device", "intra", "inter") else "right", no_wrap=header == "name", overflow="fold")
     keys = ("name", "device", "gpus_per_node", "memory_GiB", "peak_bf16_tflops", "intra_kind", "intra_bandwidth_GBps", "inter_kind", "nic_share_GBps")
     for row in rows:
-        table.add_row(*(f"{row[key]:g}" if isinstance(row[key], float) else str(row[key]) for key in keys))
+        table.add_row(*(f"{row[key]:.4g}" if isinstance(row[key], float) else str(row[key]) for key in keys))
     console().print(table)
 
 
