@@ -1,0 +1,171 @@
+"""Checkpoints of an executor run: torch.distributed.checkpoint (DCP) with an all-or-nothing commit.
+
+Layout: `<dir>/step-<NNNNNN>/` holds DCP's shards and metadata plus `planner-step.json`. Every rank writes
+into `<dir>/.step-<NNNNNN>.tmp/`; after all ranks finished (barrier) rank 0 renames it to the final
+name, so a folder named `step-*` is always complete, and a job that dies mid-save leaves only a `.tmp`
+folder that resume ignores (and `planner run` removes).
+
+Model and optimizer state come from `torch.distributed.checkpoint.state_dict` with
+`flatten_optimizer_state_dict=True` (required with pipeline stages: each stage's optimizer keys are then
+the parameters' FQNs, so the stages' dicts merge into one). FSDP2 and TP parameters are DTensors and
+DCP stores each shard once. Tensors that differ between ranks but are plain tensors (EP-sharded experts,
+Domino's hand-sharded TP weights) get their shard coordinate in the key (`experts@ep1of2`), or DCP would
+keep one rank's copy. ZeRO-1's ZeroRedundancyOptimizer is not supported by DCP's state-dict helpers:
+its local partition's state is saved per rank (`optim-rank<r>.pt`), so resuming needs the same layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from planner.errors import BadInputError
+
+if TYPE_CHECKING:  # torch is imported inside the collective functions: run.py uses the file helpers torch-free
+    from torch import nn
+
+STEP_FILE = "planner-step.json"
+STEP_DIR = re.compile(r"^step-(\d{6,})$")
+TP_SHARDED = re.compile(r"\.(attention\.w[qkvo]|feed_forward\.w[123])\.")
+EXPERTS = ".moe.experts."
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardKeys:
+    """Key renames for plain tensors that differ across ranks (see module docstring)."""
+
+    ep_rank: int = 0
+    ep: int = 1
+    tp_rank: int = 0
+    tp: int = 1
+    manual_tp: bool = False
+
+    def rename(self, key: str) -> str:
+        if self.ep > 1 and EXPERTS in key:
+            key = key.replace(EXPERTS, f".moe.experts@ep{self.ep_rank}of{self.ep}.")
+        if self.manual_tp and self.tp > 1 and TP_SHARDED.search(key):
+            key = TP_SHARDED.sub(lambda m: f".{m.group(1)}@tp{self.tp_rank}of{self.tp}.", key, count=1)
+        return key
+
+    def restore(self, key: str) -> str:
+        return re.sub(r"@(ep|tp)\d+of\d+", "", key)
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"step-{step:06d}"
+
+
+def latest_step(root: str | Path) -> int | None:
+    """The newest committed checkpoint's step under `root`, or None."""
+    folder = Path(root)
+    if not folder.is_dir():
+        return None
+    steps = [int(m.group(1)) for p in folder.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name)) and (p / STEP_FILE).is_file()]
+    return max(steps) if steps else None
+
+
+def remove_partial(root: str | Path) -> list[str]:
+    """Delete uncommitted `.step-*.tmp` folders (after a failed run); returns what was removed."""
+    folder = Path(root)
+    removed = []
+    if folder.is_dir():
+        for p in folder.iterdir():
+            if p.is_dir() and p.name.startswith(".step-") and p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(str(p))
+    return removed
+
+
+def _is_zero1(optimizer) -> bool:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    parts = getattr(optimizer, "optimizers", [optimizer])
+    return any(isinstance(o, ZeroRedundancyOptimizer) for o in parts)
+
+
+def _local_optimizers(optimizer) -> list:
+    """Per-rank optimizers whose state is saved locally (ZeRO-1's inner optimizer, experts' AdamW beside it)."""
+    parts = getattr(optimizer, "optimizers", [optimizer])
+    return [getattr(o, "optim", o) for o in parts]
+
+
+def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    model_sd, optim_sd = {}, {}
+    for part, opt in zip(parts, optimizers):
+        model_sd.update(get_model_state_dict(part, options=options))
+        if not _is_zero1(opt):
+            optim_sd.update(get_optimizer_state_dict(part, opt, options=options))
+    state = {"model": {keys.rename(k): v for k, v in model_sd.items()}}
+    if optim_sd:
+        state["optim"] = {keys.rename(k): v for k, v in optim_sd.items()}
+    return state
+
+
+def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys,
+         fail_hook=None) -> Path:
+    """Collective: every rank calls it. Writes `.step-N.tmp`, then rank 0 commits it as `step-N`."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    rank = dist.get_rank()
+    final, tmp = step_dir(root, step), Path(root) / f".step-{step:06d}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dcp.save(_state(parts, optimizers, keys), checkpoint_id=str(tmp))
+    for index, opt in enumerate(optimizers):
+        if _is_zero1(opt):
+            local = [o.state_dict() for o in _local_optimizers(opt)]
+            torch.save(local, tmp / f"optim-rank{rank}-part{index}.pt")
+    if fail_hook is not None:
+        fail_hook()
+    dist.barrier()
+    if rank == 0:
+        (tmp / STEP_FILE).write_text(json.dumps({"step": step, "world_size": dist.get_world_size()}) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    dist.barrier()
+    return final
+
+
+def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys) -> int:
+    """Collective: load the newest committed checkpoint into the (already parallelised) parts and
+    optimizers; returns its step. Raises BadInputError when there is none or it has another world size."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    step = latest_step(root)
+    if step is None:
+        raise BadInputError(f"--resume: no committed checkpoint (step-NNNNNN/) under {root}: run without --resume first")
+    folder = step_dir(root, step)
+    saved_world = json.loads((folder / STEP_FILE).read_text())["world_size"]
+    if saved_world != dist.get_world_size():
+        raise BadInputError(f"--resume: {folder} was written by {saved_world} processes, this job has {dist.get_world_size()}: resume with the same plan")
+    state = _state(parts, optimizers, keys)
+    dcp.load(state, checkpoint_id=str(folder))
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    model_sd = {keys.restore(k): v for k, v in state["model"].items()}
+    optim_sd = {keys.restore(k): v for k, v in state.get("optim", {}).items()}
+    for index, (part, opt) in enumerate(zip(parts, optimizers)):
+        set_model_state_dict(part, model_sd, options=StateDictOptions(strict=False))
+        if _is_zero1(opt):
+            local = torch.load(folder / f"optim-rank{dist.get_rank()}-part{index}.pt", weights_only=False)
+            for inner, sd in zip(_local_optimizers(opt), local):
+                inner.load_state_dict(sd)
+        else:
+            set_optimizer_state_dict(part, opt, optim_state_dict=optim_sd, options=options)
+    return step

@@ -1,0 +1,134 @@
+"""What the executor can run, checked before any process starts (no torch here).
+
+`check_runnable(plan)` raises BadInputError naming the field, the value and the fix for anything the
+runtime would refuse, so `planner run` fails in a second instead of after torchrun start-up, and returns
+notes on what the runtime adjusts (said in the run report). `RUNNABLE_SCHEDULES` is what the search's
+`--runnable` may choose.
+"""
+
+from __future__ import annotations
+
+from planner.errors import BadInputError
+from planner.schemas.plan import LaunchPlan
+
+RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+EMBEDDING_PARTS = ("tok_embeddings",)
+HEAD_PARTS = ("norm", "output")
+RUNNABLE_PRECISIONS = ("fp32", "bf16", "amp-bf16")
+
+
+def stage_layer_indices(names: tuple[str, ...], num_layers: int, stage: int) -> list[int]:
+    """Decoder layer indices a stage names (`layers.<i>`); unknown module names are refused."""
+    indices = []
+    for name in names:
+        if name.startswith("layers."):
+            suffix = name[len("layers."):]
+            if not suffix.isdigit() or int(suffix) >= num_layers:
+                raise BadInputError(f"stages[{stage}].layers: {name!r} is not a decoder layer of a {num_layers}-layer model: regenerate the plan")
+            indices.append(int(suffix))
+        elif name not in EMBEDDING_PARTS + HEAD_PARTS:
+            raise BadInputError(
+                f"stages[{stage}].layers: {name!r} is not a module of the executor model "
+                f"(expected tok_embeddings, layers.<i>, norm, output): regenerate the plan"
+            )
+    return indices
+
+
+def _check_stages(plan: LaunchPlan) -> None:
+    par, spec = plan.parallelism, plan.request.model
+    stages = sorted(plan.stages, key=lambda s: s.stage)
+    if [s.stage for s in stages] != list(range(par.pp * par.vpp)):
+        raise BadInputError(
+            f"stages: indices {[s.stage for s in stages]} must be 0..{par.pp * par.vpp - 1} (pp*vpp = {par.pp}*{par.vpp}): regenerate the plan"
+        )
+    order = [i for s in stages for i in stage_layer_indices(s.layers, spec.num_layers, s.stage)]
+    if order != list(range(spec.num_layers)):
+        raise BadInputError(
+            f"stages: decoder layers {order} must be layers 0..{spec.num_layers - 1}, each once and in order: regenerate the plan"
+        )
+    if "tok_embeddings" not in stages[0].layers or "output" not in stages[-1].layers:
+        raise BadInputError("stages: tok_embeddings must be in stage 0 and norm/output in the last stage: regenerate the plan")
+    for s in stages:
+        if s.recompute.full_layers > len(stage_layer_indices(s.layers, spec.num_layers, s.stage)):
+            raise BadInputError(f"stages[{s.stage}].recompute.full_layers={s.recompute.full_layers} exceeds the stage's decoder layers")
+
+
+def _check_ranks(plan: LaunchPlan) -> None:
+    par = plan.parallelism
+    if not plan.ranks:
+        return
+    world = par.world_size
+    if sorted(e.rank for e in plan.ranks) != list(range(world)):
+        raise BadInputError(f"ranks: the rank map must list ranks 0..{world - 1} once each (dp*tp*pp*cp = {world}): regenerate the plan")
+    sizes = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    seen = set()
+    for entry in plan.ranks:
+        coords = tuple(entry.coords.get(axis, -1) for axis in par.axis_order)
+        if any(not 0 <= c < sizes[a] for a, c in zip(par.axis_order, coords)):
+            raise BadInputError(f"ranks: rank {entry.rank} has coords {entry.coords} outside {sizes}: regenerate the plan")
+        seen.add(coords)
+    if len(seen) != world:
+        raise BadInputError("ranks: two ranks share the same coordinates: regenerate the plan")
+
+
+def _check_parallelism(plan: LaunchPlan) -> None:
+    par, spec = plan.parallelism, plan.request.model
+    if par.cp > 1:
+        raise BadInputError(f"cp={par.cp}: context parallelism is not runnable by the executor: re-plan with cp=1 (plan --runnable)")
+    if par.ep > 1:
+        if spec.moe is None:
+            raise BadInputError(f"ep={par.ep} but model {spec.name!r} has no MoE layers: use ep=1")
+        if par.dp % par.ep:
+            raise BadInputError(f"ep={par.ep} must divide dp={par.dp} (experts are sharded inside the dp group): choose ep in a divisor of dp")
+    if par.tp_overlap == "domino":
+        if spec.moe is not None:
+            raise BadInputError("tp_overlap=domino is not runnable on an MoE model (no expert TP in the executor): use tp_overlap=none")
+        if par.sp:
+            raise BadInputError("tp_overlap=domino runs without sequence parallelism: set sp=false or tp_overlap=none")
+    if par.zero_stage == 1 and par.tp > 1:
+        raise BadInputError("zero_stage=1 with tp > 1 is not runnable by the executor (ZeroRedundancyOptimizer takes no DTensors): use zero_stage 2 or 3")
+    if spec.tied_embeddings and par.pp > 1:
+        raise BadInputError(
+            f"model {spec.name!r} ties its embeddings and pp={par.pp}: tied weights across pipeline stages are not "
+            "runnable by the executor; use pp=1 or untie the embeddings"
+        )
+
+
+def _check_schedule(plan: LaunchPlan) -> None:
+    par = plan.parallelism
+    if plan.schedule not in RUNNABLE_SCHEDULES:
+        raise BadInputError(
+            f"schedule={plan.schedule!r} is not runnable by the executor: torch.distributed.pipelining has no "
+            f"PipeDream-2BW (it keeps two weight versions); choose one of {list(RUNNABLE_SCHEDULES)} (plan --runnable)"
+        )
+    if par.pp == 1 and par.vpp > 1:
+        raise BadInputError(f"vpp={par.vpp} with pp=1: virtual stages need pipeline parallelism; set vpp=1")
+    if par.pp > 1 and par.vpp > 1 and plan.schedule in SINGLE_STAGE_SCHEDULES:
+        raise BadInputError(f"vpp={par.vpp} needs schedule interleaved or zero-bubble, not {plan.schedule!r}")
+    if par.pp > 1 and plan.schedule == "interleaved" and par.vpp == 1:
+        raise BadInputError("schedule=interleaved needs vpp > 1: set vpp=2 or schedule=1f1b")
+    if plan.schedule == "zero-bubble" and any(s.recompute.mode == "selective" for s in plan.stages) and par.pp > 1:
+        raise BadInputError("selective recompute fails under zero-bubble schedules in torch: use recompute full or none")
+
+
+def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
+    """Raise BadInputError for what the executor cannot run; return notes on what it adjusts."""
+    par, batch = plan.parallelism, plan.batch
+    if plan.request.precision not in RUNNABLE_PRECISIONS:
+        raise BadInputError(f"precision={plan.request.precision!r} is not runnable by the executor: choose one of {list(RUNNABLE_PRECISIONS)}")
+    if batch.global_batch_size != batch.microbatch_size * batch.num_microbatches * par.dp:
+        raise BadInputError(
+            f"global_batch_size={batch.global_batch_size} != microbatch_size={batch.microbatch_size} x "
+            f"num_microbatches={batch.num_microbatches} x dp={par.dp}: regenerate the plan"
+        )
+    _check_parallelism(plan)
+    _check_schedule(plan)
+    _check_stages(plan)
+    _check_ranks(plan)
+    notes = []
+    if par.pp > 1 and plan.schedule == "zero-bubble" and par.zero_stage == 3:
+        notes.append("zero-bubble with FSDP2: parameters are not resharded after forward (ZeRO-3 runs as ZeRO-2), else torch trains on wrong gradients")
+    if par.pp == 1 and plan.schedule != "1f1b":
+        notes.append(f"pp=1: schedule {plan.schedule!r} has no effect (gradient accumulation over {batch.num_microbatches} micro-batches)")
+    return tuple(notes)

@@ -1,0 +1,328 @@
+"""The module torchrun launches: one process of a LaunchPlan's training job.
+
+    torchrun --nproc-per-node N -m planner.executor.runtime plan.json --steps 10 --results-dir DIR
+
+Reads only the plan (and the run options). Per rank: check the plan is runnable and that torchrun
+started the plan's world size; initialise the process group (NCCL on CUDA, gloo on CPU); build a
+DeviceMesh whose named dims are the plan's `axis_order` and whose rank layout is exactly the plan's
+`ranks` coordinates; build the reference model on the meta device and materialise only this rank's
+pipeline stages (`stages` layer lists, virtual stages for interleaved); apply EP, TP/SP (or Domino),
+activation checkpointing and DP per the plan (planner.executor.parallelize); train with the plan's
+pipeline schedule or plain gradient accumulation; checkpoint with DCP every K steps; write this rank's
+result atomically. A rank that raises writes `rank-<r>.error.json` (rank, cause) and exits 1; torchrun
+then stops the others and `planner run` reports that rank and cause.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.errors import BadInputError
+from planner.executor import checkpoint as ckpt
+from planner.executor.data import BatchSource, Batches
+from planner.executor.options import RunOptions
+from planner.executor.report import RankFailure, RankResult
+from planner.executor.runnable import check_runnable
+from planner.io import atomic_write_text, load_file
+from planner.schemas.plan import LaunchPlan
+
+FAIL_RANK_ENV, FAIL_STEP_ENV, FAIL_WHERE_ENV = "PLANNER_FAIL_RANK", "PLANNER_FAIL_STEP", "PLANNER_FAIL_WHERE"
+
+
+@dataclass
+class Job:
+    """Everything one rank builds from the plan before training."""
+
+    plan: LaunchPlan
+    options: RunOptions
+    device: torch.device
+    backend: str
+    mesh: object
+    coords: dict[str, int]
+    parts: list[nn.Module] = field(default_factory=list)        # unwrapped stage modules (state dicts)
+    train_parts: list[nn.Module] = field(default_factory=list)  # what runs (DDP wrapper or the module)
+    optimizers: list = field(default_factory=list)
+    schedule: object = None
+    local_stages: list = field(default_factory=list)
+    dp_group: object = None
+    autocast_dtype: torch.dtype | None = None
+    keys: ckpt.ShardKeys = ckpt.ShardKeys()
+
+
+# ------------------------------------------------------------------------------------ process group / mesh
+def check_world_size(plan: LaunchPlan, rank: int) -> int:
+    """The number of processes torchrun started must be the plan's world size."""
+    started = int(os.environ.get("WORLD_SIZE", "1"))
+    par = plan.parallelism
+    if started != par.world_size:
+        raise BadInputError(
+            f"the plan needs {par.world_size} processes (dp={par.dp} x tp={par.tp} x pp={par.pp} x cp={par.cp}) but "
+            f"torchrun started {started} (WORLD_SIZE={started}, this is rank {rank}): start nnodes x nproc-per-node = "
+            f"{par.world_size} processes, as `planner run` and `planner launch` do"
+        )
+    return started
+
+
+def init_distributed(options: RunOptions) -> tuple[torch.device, str]:
+    """NCCL on CUDA (one GPU per local rank), gloo on CPU; the process-group timeout bounds every hang."""
+    want_cuda = options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available())
+    if want_cuda and not torch.cuda.is_available():
+        raise BadInputError("--device cuda but torch.cuda.is_available() is False: use --device cpu")
+    timeout = timedelta(seconds=options.timeout_s)
+    if want_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+        return device, "nccl"
+    dist.init_process_group("gloo", timeout=timeout)
+    return torch.device("cpu"), "gloo"
+
+
+def rank_coords(plan: LaunchPlan, rank: int) -> dict[str, int]:
+    """This rank's coordinates from the plan's rank map (row-major over axis_order when the map is empty)."""
+    for entry in plan.ranks:
+        if entry.rank == rank:
+            return {axis: entry.coords.get(axis, 0) for axis in plan.parallelism.axis_order}
+    par = plan.parallelism
+    sizes = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    coords, rest = {}, rank
+    for axis in reversed(par.axis_order):
+        coords[axis], rest = rest % sizes[axis], rest // sizes[axis]
+    return {axis: coords[axis] for axis in par.axis_order}
+
+
+def build_mesh(plan: LaunchPlan, device_type: str):
+    """DeviceMesh with dims named and ordered as `axis_order`; mesh[coords] = the plan's rank at coords."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    par = plan.parallelism
+    sizes = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    layout = torch.empty([sizes[a] for a in par.axis_order], dtype=torch.int64)
+    for rank in range(par.world_size):
+        coords = rank_coords(plan, rank)
+        layout[tuple(coords[a] for a in par.axis_order)] = rank
+    return DeviceMesh(device_type, layout, mesh_dim_names=tuple(par.axis_order))
+
+
+def ep_groups(plan: LaunchPlan, mesh) -> tuple[object, object]:
+    """(ep group, expert-replica group): the dp axis splits into (dp/ep, ep); an ep group is ep consecutive
+    dp coordinates (experts sharded over it), the replica group the dp ranks holding the same experts."""
+    par = plan.parallelism
+    dims = list(par.axis_order)
+    layout = mesh.mesh.movedim(dims.index("dp"), -1).reshape(-1, par.dp // par.ep, par.ep)
+    ep_lists = [row.tolist() for row in layout.reshape(-1, par.ep)]
+    replica_lists = [col.tolist() for block in layout for col in block.t()]
+    ep_group, _ = dist.new_subgroups_by_enumeration(ep_lists)
+    replica_group, _ = dist.new_subgroups_by_enumeration(replica_lists)
+    return ep_group, replica_group
+
+
+# ------------------------------------------------------------------------------------------ model parts
+def build_parts(job: Job) -> None:
+    """Materialise this rank's stage modules, parallelise them, build their optimizers and the schedule."""
+    from planner.executor import parallelize as par_fns
+    from planner.executor.pipeline import build_schedule, cut_stage, local_stages
+    from planner.executor.train import cross_entropy
+    from planner.nn.model import Transformer
+
+    plan, par = job.plan, job.plan.parallelism
+    with torch.device("meta"):
+        full = Transformer(plan.request.model, max_seq_len=plan.batch.seq_len)
+    job.local_stages = local_stages(plan, job.coords["pp"]) if par.pp > 1 else sorted(plan.stages, key=lambda s: s.stage)[:1]
+    groups = ep_groups(plan, job.mesh) if par.ep > 1 else (None, None)
+    job.dp_group = job.mesh["dp"].get_group()
+    for stage in job.local_stages:
+        module = cut_stage(full, stage.layers) if par.pp > 1 else full
+        module.to_empty(device=job.device)
+        module.init_weights(job.options.seed)
+        train_module = parallelize_part(job, module, stage, groups, par_fns)
+        job.parts.append(module)
+        job.train_parts.append(train_module)
+        job.optimizers.append(par_fns.build_optimizer(
+            train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr
+        ))
+    if par.pp > 1:
+        job.schedule = build_schedule(
+            plan, job.train_parts, job.local_stages, pp_group=job.mesh["pp"].get_group(), device=job.device, loss_fn=cross_entropy
+        )
+
+
+def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Module:
+    """EP, then TP/SP or Domino, then activation checkpointing, then DP (the order that works)."""
+    from planner.executor.domino import apply_domino_tp
+
+    plan, par, mesh = job.plan, job.plan.parallelism, job.mesh
+    ep_group, replica_group = groups
+    if ep_group is not None:
+        fns.apply_ep(module, ep_group)
+    if par.tp > 1 and par.tp_overlap == "domino":
+        apply_domino_tp(module, mesh["tp"].get_group())
+    elif par.tp > 1:
+        fns.apply_tp(module, mesh["tp"], sp=par.sp)
+    fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
+    precision = plan.request.precision
+    zero = 2 if (par.pp > 1 and plan.schedule == "zero-bubble" and par.zero_stage == 3) else par.zero_stage
+    if zero in (0, 1) and precision != "fp32":
+        job.autocast_dtype = torch.bfloat16  # FSDP2 carries the recipe itself (MixedPrecisionPolicy)
+    if par.dp == 1 and ep_group is None:
+        return module
+    return fns.apply_dp(module, mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group)
+
+
+# ----------------------------------------------------------------------------------------------- training
+def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """No pipeline: gradient accumulation over num_microbatches, with DP gradient sync on the last only."""
+    from contextlib import nullcontext
+
+    from planner.executor.parallelize import sync_gradients
+    from planner.executor.train import cross_entropy
+
+    model, n = job.train_parts[0], job.plan.batch.num_microbatches
+    total = torch.zeros((), dtype=torch.float32, device=job.device)
+    chunks = list(zip(inputs.chunk(n), targets.chunk(n)))
+    for index, (x, y) in enumerate(chunks):
+        last = index == len(chunks) - 1
+        _set_grad_sync(model, last)
+        context = model.no_sync() if (not last and hasattr(model, "no_sync")) else nullcontext()
+        with context:
+            with torch.autocast(job.device.type, dtype=job.autocast_dtype, enabled=job.autocast_dtype is not None):
+                logits = model(x)
+            loss = cross_entropy(logits, y) / n
+            loss.backward()
+        total += loss.detach()
+    sync_gradients(model)
+    return total
+
+
+def _set_grad_sync(model: nn.Module, enabled: bool) -> None:
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter only after the last micro-batch
+        model.set_requires_gradient_sync(enabled)
+
+
+def pipelined(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    """One step through the pipeline schedule; the mean micro-batch loss on last-stage ranks, else None."""
+    from planner.executor.parallelize import sync_gradients
+    from planner.executor.pipeline import pipeline_step
+
+    last = job.plan.parallelism.pp * job.plan.parallelism.vpp - 1
+    with torch.autocast(job.device.type, dtype=job.autocast_dtype, enabled=job.autocast_dtype is not None):
+        losses = pipeline_step(job.schedule, job.local_stages, inputs, targets, last_stage=last)
+    for part in job.train_parts:
+        sync_gradients(part)
+    return torch.stack([loss.detach().float() for loss in losses]).mean() if losses else None
+
+
+def train_step(job: Job, step: int, batches: Batches) -> tuple[float | None, float]:
+    """(global-batch loss or None off the last stage, wall seconds) of one optimizer step."""
+    par = job.plan.parallelism
+    inputs, targets = batches.local_batch(step, dp_rank=job.coords["dp"], dp=par.dp)
+    inputs, targets = inputs.to(job.device), targets.to(job.device)
+    _maybe_fail(step, "step")
+    start = time.perf_counter()
+    for opt in job.optimizers:
+        opt.zero_grad(set_to_none=True)
+    loss = pipelined(job, inputs, targets) if par.pp > 1 else accumulate(job, inputs, targets)
+    for opt in job.optimizers:
+        opt.step()
+    if loss is not None and par.dp > 1:
+        dist.all_reduce(loss, group=job.dp_group)
+        loss /= par.dp
+    value = float(loss) if loss is not None else None
+    if job.device.type == "cuda":
+        torch.cuda.synchronize(job.device)
+    return value, time.perf_counter() - start
+
+
+def _maybe_fail(step: int, where: str) -> None:
+    """Fault injection for tests: PLANNER_FAIL_RANK=r [PLANNER_FAIL_STEP=s] [PLANNER_FAIL_WHERE=step|checkpoint]."""
+    target = os.environ.get(FAIL_RANK_ENV)
+    if target is None or int(target) != dist.get_rank():
+        return
+    if int(os.environ.get(FAIL_STEP_ENV, str(step))) == step and os.environ.get(FAIL_WHERE_ENV, "step") == where:
+        raise RuntimeError(f"injected failure ({FAIL_RANK_ENV}={target}) at step {step} ({where})")
+
+
+def run(job: Job) -> RankResult:
+    """Resume if asked, train steps first..options.steps, checkpoint every K steps; returns this rank's result."""
+    from planner.executor.parallelize import dropped_tokens
+
+    opts, batch = job.options, job.plan.batch
+    first = 1
+    if opts.resume:
+        first = ckpt.load(opts.checkpoint_dir, job.parts, job.optimizers, keys=job.keys) + 1
+    source = BatchSource(vocab_size=job.plan.request.model.vocab_size, global_batch_size=batch.global_batch_size,
+                         seq_len=batch.seq_len, seed=opts.seed, path=opts.data, dtype=opts.data_dtype)
+    batches, losses, times, saved = Batches(source), [], [], []
+    for step in range(first, opts.steps + 1):
+        loss, seconds = train_step(job, step, batches)
+        times.append(seconds)
+        if loss is not None:
+            losses.append(loss)
+        if opts.checkpoint_every and step % opts.checkpoint_every == 0:
+            folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys,
+                               fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"))
+            saved.append(str(folder))
+    counts = [dropped_tokens(part) for part in job.parts]
+    return RankResult(
+        rank=dist.get_rank(), coords=job.coords, device=str(job.device), backend=job.backend, first_step=first,
+        losses=tuple(losses), step_times_s=tuple(times), peak_memory_bytes=peak_memory_bytes(job.device),
+        memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak",
+        dropped_tokens=sum(c[0] for c in counts), routed_tokens=sum(c[1] for c in counts), checkpoints=tuple(saved),
+    )
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """CUDA: the caching allocator's peak; CPU: the process's peak resident set (Linux reports KiB)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def make_job(plan: LaunchPlan, options: RunOptions) -> Job:
+    device, backend = init_distributed(options)
+    mesh = build_mesh(plan, device.type)
+    par = plan.parallelism
+    coords = rank_coords(plan, dist.get_rank())
+    keys = ckpt.ShardKeys(ep_rank=coords["dp"] % par.ep, ep=par.ep, tp_rank=coords["tp"], tp=par.tp,
+                          manual_tp=par.tp_overlap == "domino")
+    job = Job(plan=plan, options=options, device=device, backend=backend, mesh=mesh, coords=coords, keys=keys)
+    build_parts(job)
+    return job
+
+
+def main(argv: list[str] | None = None) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    results_dir = Path("planner-run")
+    try:
+        plan_path, options = RunOptions.from_argv(sys.argv[1:] if argv is None else argv)
+        results_dir = Path(options.results_dir)
+        plan = load_file(LaunchPlan, plan_path)
+        check_runnable(plan)
+        check_world_size(plan, rank)
+        job = make_job(plan, options)
+        result = run(job)
+        atomic_write_text(results_dir / f"rank-{rank}.json", result.model_dump_json(indent=2))
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except Exception as exc:  # every failure becomes one file naming the rank and the cause, then exit 1
+        failure = RankFailure(rank=rank, error_type=type(exc).__name__, message=str(exc),
+                              traceback=traceback.format_exc(), time_s=time.time())
+        atomic_write_text(results_dir / f"rank-{rank}.error.json", failure.model_dump_json(indent=2))
+        sys.stderr.write(f"rank {rank}: {type(exc).__name__}: {exc}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
