@@ -220,16 +220,23 @@ def _footprint(gpn: int, dims: tuple[int, ...], order: tuple[str, ...], axis: st
     if axis != "ep":
         pattern, base_axes = _axis_pattern(dims, order, axis)
         return _worst_footprint([pattern], _residues(base_axes, gpn), gpn)
+    if ep == 1:
+        return (1, 1)
     strides = _strides(dims)
     inner = [i for i, name in enumerate(order) if name in ("dp", "cp")]
     offsets = sorted(a * strides[inner[0]] + b * strides[inner[1]] for a in range(dims[inner[0]]) for b in range(dims[inner[1]]))
     base_axes = [(strides[i], dims[i]) for i, name in enumerate(order) if name in ("pp", "tp")]
     residues = _residues(base_axes, gpn)
     worst = (1, 1)
+    seen: set[tuple[tuple[int, ...], int]] = set()
     for start in range(0, len(offsets), ep):
         chunk = offsets[start : start + ep]
-        shifted = frozenset((r + chunk[0]) % gpn for r in residues)
-        worst = max(worst, _worst_footprint([tuple(o - chunk[0] for o in chunk)], shifted, gpn))
+        key = (tuple(o - chunk[0] for o in chunk), chunk[0] % gpn)  # chunks with one shape and phase fall alike
+        if key in seen:
+            continue
+        seen.add(key)
+        shifted = frozenset((r + key[1]) % gpn for r in residues)
+        worst = max(worst, _worst_footprint([key[0]], shifted, gpn))
     return worst
 
 
