@@ -1,5 +1,8 @@
 """LaunchPlan -> launch scripts for our own executor: per-node torchrun (static rendezvous) and SLURM sbatch.
 
+The command lines come from planner.executor.launch (`planner launch`), so the two never disagree;
+planner.executor is imported lazily (it imports this module's node_layout).
+
 torchrun's rules: every node starts the same --nproc-per-node, and the world size is nnodes * nproc-per-node;
 with a static rendezvous (--node-rank, --master-addr, --master-port) rank r lives on node r // nproc_per_node
 at local rank r % nproc_per_node. The plan's rank map must agree, or the scripts would start the wrong
@@ -8,12 +11,9 @@ processes on the wrong GPUs: that is refused.
 
 from __future__ import annotations
 
-import shlex
-
 from planner.export.common import Export, check_exportable, header_lines, refuse
 from planner.schemas.plan import LaunchPlan
 
-RUNTIME_MODULE = "planner.executor.runtime"
 DEFAULT_PORT = 29500
 
 
@@ -39,29 +39,30 @@ def node_layout(plan: LaunchPlan, target: str) -> tuple[int, int]:
     return world // per_node, per_node
 
 
-def _environment(plan: LaunchPlan) -> list[str]:
-    env = ["export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}"]
-    if plan.parallelism.tp > 1 and plan.parallelism.zero_stage < 3:
-        env.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # keeps TP communication ahead of compute kernels")
-    return env
+def _executor_ready(plan: LaunchPlan, target: str) -> None:
+    """The scripts start our executor, so they are refused for what it cannot run (planner.executor.runnable)."""
+    from planner.errors import BadInputError
+    from planner.executor.runnable import check_runnable
 
-
-def torchrun_command(nnodes: int, nproc: int, *, node_rank: str, master_addr: str, master_port: str, plan_path: str) -> str:
-    """One node's torchrun line (static rendezvous) running the executor on the plan."""
-    return (
-        f"torchrun --nnodes {nnodes} --nproc-per-node {nproc} --node-rank {node_rank} "
-        f"--master-addr {master_addr} --master-port {master_port} -m {RUNTIME_MODULE} {plan_path}"
-    )
+    try:
+        check_runnable(plan)
+    except BadInputError as exc:
+        raise BadInputError(f"cannot export to {target}: the executor cannot run this plan: {exc}") from None
 
 
 def export_torchrun(plan: LaunchPlan) -> Export:
-    """A script run once per node with NODE_RANK and MASTER_ADDR set; it execs torchrun for that node."""
+    """A script run once per node with NODE_RANK and MASTER_ADDR set; it execs torchrun for that node.
+
+    The torchrun line and environment are `planner launch`'s (planner.executor.launch), parameterised by node.
+    """
+    from planner.executor.launch import environment, torchrun_line
+    from planner.executor.options import RunOptions
+
     target = "torchrun"
     check_exportable(plan, target)
+    _executor_ready(plan, target)
     nnodes, nproc = node_layout(plan, target)
-    command = torchrun_command(
-        nnodes, nproc, node_rank='"$NODE_RANK"', master_addr='"$MASTER_ADDR"', master_port='"$MASTER_PORT"', plan_path='"$PLAN"'
-    )
+    command = torchrun_line(nnodes, nproc, '"$NODE_RANK"', '"$MASTER_ADDR"', '"$MASTER_PORT"', '"$PLAN"', RunOptions())
     lines = [
         "#!/usr/bin/env bash",
         *header_lines(plan, target),
@@ -72,36 +73,21 @@ def export_torchrun(plan: LaunchPlan) -> Export:
         'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"',
         f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_PORT}}}"',
         f'if [ "$NODE_RANK" -ge {nnodes} ]; then echo "NODE_RANK=$NODE_RANK but the plan has {nnodes} node(s)" >&2; exit 2; fi',
-        *_environment(plan),
+        *(f"export {variable}" for variable in environment(plan, nproc)),
         f"exec {command}",
     ]
     return Export(target=target, text="\n".join(lines) + "\n", suffix=".sh")
 
 
-def export_slurm(plan: LaunchPlan, *, time_limit: str = "04:00:00") -> Export:
-    """An sbatch script: one task per node, each running torchrun with SLURM's node id as the node rank."""
+def export_slurm(plan: LaunchPlan) -> Export:
+    """`planner launch`'s sbatch script (one task per node, SLURM's node id as the node rank) for plan.json."""
+    from planner.executor.launch import launch_scripts
+
     target = "slurm"
     check_exportable(plan, target)
-    nnodes, nproc = node_layout(plan, target)
-    name = "planner-" + "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in plan.request.model.name)
-    inner = torchrun_command(
-        nnodes, nproc, node_rank="$SLURM_NODEID", master_addr="$MASTER_ADDR", master_port="$MASTER_PORT", plan_path="$PLAN"
-    )
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={name}",
-        f"#SBATCH --nodes={nnodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={nproc}",
-        "#SBATCH --exclusive",
-        f"#SBATCH --time={time_limit}",
-        *header_lines(plan, target),
-        "# Submit: sbatch --export=ALL,PLAN=$PWD/plan.json this-script.sbatch",
-        "set -euo pipefail",
-        'export PLAN="${PLAN:-plan.json}"',
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-        f'export MASTER_PORT="${{MASTER_PORT:-{DEFAULT_PORT}}}"',
-        *_environment(plan),
-        f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(inner)}",
-    ]
-    return Export(target=target, text="\n".join(lines) + "\n", suffix=".sbatch")
+    _executor_ready(plan, target)
+    node_layout(plan, target)
+    sbatch = launch_scripts(plan, plan_path="plan.json").sbatch
+    header = "\n".join(header_lines(plan, target)) + "\n# Submit next to plan.json: sbatch this-script.sbatch\n"
+    first, rest = sbatch.split("\n", 1)
+    return Export(target=target, text=f"{first}\n{rest}".replace("set -euo pipefail\n", header + "set -euo pipefail\n", 1), suffix=".sbatch")

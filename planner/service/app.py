@@ -12,6 +12,7 @@ concurrent identical requests share one solve.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import secrets
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -75,7 +76,7 @@ def _presets() -> list[str]:
 def _topologies() -> list[str]:
     from planner.topology import list_topologies
 
-    return [entry if isinstance(entry, str) else getattr(entry, "name", str(entry)) for entry in list_topologies()]
+    return list_topologies()
 
 
 async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:
@@ -104,7 +105,8 @@ async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:
 
 def _make_pool(settings: Settings) -> Executor:
     if settings.use_processes:
-        return ProcessPoolExecutor(max_workers=settings.workers)
+        # spawn, not fork: the server process has threads (event loop, to_thread pool) that fork would copy mid-lock
+        return ProcessPoolExecutor(max_workers=settings.workers, mp_context=multiprocessing.get_context("spawn"))
     return ThreadPoolExecutor(max_workers=settings.workers)
 
 

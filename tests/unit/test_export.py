@@ -22,12 +22,12 @@ from planner.schemas.plan import (
     Parallelism,
     PlanRequest,
     Prediction,
-    RankEntry,
     Recompute,
     Stage,
     StageMemory,
 )
 from planner.schemas.topology import DeviceSpec, InterNodeFabric, IntraNodeFabric, Topology
+from planner.topology.placement import rank_map
 from planner.units import GiB
 
 LLAMA = dict(name="llama-ish", num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
@@ -56,8 +56,9 @@ def make_plan(*, dp=2, tp=4, pp=2, vpp=1, cp=1, ep=1, sp=True, zero=1, schedule=
         start += count
         full = full_layers[index] if full_layers else 0
         stages.append(Stage(stage=index, layers=tuple(names), recompute=Recompute(mode=recompute, full_layers=full)))
-    ranks = tuple(RankEntry(rank=r, node=r // 8, local_rank=r % 8, coords={}) for r in range(world))
-    request = PlanRequest(model=model, topology=topology(-(-world // 8)), gpus=world, global_batch_size=gbs, seq_len=seq_len, precision=precision)
+    topo = topology(-(-world // 8))
+    ranks = tuple(rank_map(topo, {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "ep": ep}))
+    request = PlanRequest(model=model, topology=topo, gpus=world, global_batch_size=gbs, seq_len=seq_len, precision=precision)
     memory = StageMemory(stage=0, params_bytes=1, grads_bytes=1, optimizer_bytes=1, activations_bytes=1, other_bytes=1, peak_bytes=5)
     return LaunchPlan(
         kind="estimate", request=request,
@@ -250,11 +251,17 @@ def test_deepspeed_refuses_zero2_with_pipeline():
 # ---- scripts and dispatch ---------------------------------------------------------------------------------
 
 def test_torchrun_and_slurm_scripts_carry_world_layout():
-    plan = make_plan(dp=2, tp=8, pp=2)  # 32 GPUs on 4 nodes
+    plan = make_plan(dp=2, tp=8, pp=2, zero=2)  # 32 GPUs on 4 nodes
     torchrun = export_plan(plan, "torchrun").text
     assert "--nnodes 4 --nproc-per-node 8" in torchrun and "-m planner.executor.runtime" in torchrun
     slurm = export_plan(plan, "slurm").text
     assert "#SBATCH --nodes=4" in slurm and "#SBATCH --gpus-per-node=8" in slurm and "$SLURM_NODEID" in slurm
+    assert "dp=2 tp=8 pp=2" in slurm  # the provenance header
+
+
+def test_scripts_refuse_what_the_executor_cannot_run():
+    with pytest.raises(BadInputError, match="cannot export to torchrun: the executor cannot run this plan"):
+        export_plan(make_plan(dp=2, tp=8, pp=2, zero=1), "torchrun")
 
 
 def test_unknown_target_and_infeasible_plan_refused():
