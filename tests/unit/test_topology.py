@@ -260,3 +260,16 @@ def test_axis_link_is_fast_on_large_layouts():
     cached_s = (time.perf_counter() - start) / 2000
     assert first_s < 10.0, f"{calls} uncached calls on 2304 GPUs took {first_s:.2f} s"
     assert cached_s < 1e-3, f"cached call {cached_s * 1e6:.0f} us"
+
+
+def test_loading_topologies_does_not_import_networkx_or_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from planner.topology import load_topology; from planner.topology.placement import axis_link; "
+        "axis_link(load_topology('dgx-h100', nodes=2), {'tp': 8, 'dp': 2}, ('pp', 'dp', 'cp', 'tp'), 'dp'); "
+        "print(sorted(m for m in ('networkx', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
