@@ -1,0 +1,99 @@
+"""Assemble a candidate's per-module arrays (the LayerCosts of the contract plus breakdown parts)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.cost import compute, memory
+from planner.cost.layers import Env, ModuleCost, decoder_cost, embedding_cost, head_cost, module_params
+from planner.cost.profiling_seam import apply_profile
+from planner.models import counting
+
+if TYPE_CHECKING:
+    from planner.cost.model import Candidate, CostModel, Detail
+
+
+def _module_costs(model: "CostModel", cand: "Candidate") -> list[ModuleCost]:
+    env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
+              shape=model.shape(cand), links=model.links(cand), tp_overlap=cand.tp_overlap)
+    kinds = {False: decoder_cost(env, moe_layer=False)}
+    if model.moe_mask.any():
+        kinds[True] = decoder_cost(env, moe_layer=True)
+    if model.profile is not None:
+        kinds = apply_profile(model, cand, kinds)
+    else:
+        model.analytic_shapes.update(_shape_names(model, cand, kinds))
+    return [embedding_cost(env), *(kinds[bool(flag)] for flag in model.moe_mask), head_cost(env)]
+
+
+def _shape_names(model: "CostModel", cand: "Candidate", kinds: dict) -> set[str]:
+    return {f"{'moe_decoder' if moe else 'decoder'}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, "
+            f"seq_len={model.request.seq_len})" for moe in kinds}
+
+
+def _flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward FLOPs of one sequence per module, whole model (no parallel split), full-attention convention:
+    (model: MoE without capacity padding, hardware: with it, attention core)."""
+    spec = model.spec
+    shape = compute.Shape(microbatch_size=1, seq_len=model.request.seq_len)
+    n = spec.num_layers
+    model_f, hw_f, core_f = np.zeros(n + 2), np.zeros(n + 2), np.zeros(n + 2)
+    moe = counting.moe_params(spec) if spec.moe is not None else None
+    for moe_layer in (False, True) if moe is not None else (False,):
+        attn = compute.attention_gemms(spec, shape, full=True)
+        mlp_model = compute.mlp_gemms(spec, shape, moe=moe if moe_layer else None, full=True, hardware=False)
+        mlp_hw = compute.mlp_gemms(spec, shape, moe=moe if moe_layer else None, full=True, hardware=True)
+        mask = np.concatenate([[False], model.moe_mask == moe_layer, [False]])
+        model_f[mask] = compute.gemms_flops(attn + mlp_model)
+        hw_f[mask] = compute.gemms_flops(attn + mlp_hw)
+        core_f[mask] = compute.gemms_flops(attn, attention_only=True)
+    head = compute.gemms_flops(compute.head_gemms(spec, shape, full=True))
+    model_f[-1] = hw_f[-1] = head
+    return model_f, hw_f, core_f
+
+
+def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
+    """All per-module arrays of `cand` (memoised by CostModel.detail)."""
+    from planner.cost.model import Detail, LayerCosts
+
+    mods = _module_costs(model, cand)
+    arr = lambda attr: np.array([getattr(m, attr) for m in mods], dtype=np.float64)  # noqa: E731
+    fwd = arr("compute_fwd_s") + arr("tp_fwd_s") + arr("ep_fwd_s") + arr("cp_fwd_s")
+    bwd = arr("compute_bwd_s") + arr("tp_bwd_s") + arr("ep_bwd_s") + arr("cp_bwd_s")
+    full_rec = np.array([m.full_recompute_s for m in mods])
+    full_rec[0] = full_rec[-1] = 0.0  # embedding and head are never recomputed (Megatron recomputes decoder layers)
+    act_full = arr("act_full")
+    if cand.recompute == "full":
+        rec, act = full_rec.copy(), act_full.copy()
+    elif cand.recompute == "selective":
+        rec, act = arr("selective_s"), arr("act_selective")
+    else:
+        rec, act = np.zeros(len(mods)), arr("act_none")
+    dense, expert = module_params(model.spec, tp=cand.tp, ep=cand.ep, tied_copy=cand.pp > 1)
+    weights, grads, optim = _static_parts(model, cand, dense, expert)
+    model_f, hw_f, core_f = _flops_per_sequence(model)
+    costs = LayerCosts(
+        names=model.names, forward_s=fwd, backward_s=bwd, recompute_s=rec, full_recompute_s=full_rec,
+        static_bytes=weights + grads + optim, activation_bytes=act, full_recompute_activation_bytes=act_full,
+    )
+    return Detail(
+        costs=costs, compute_s=arr("compute_fwd_s") + arr("compute_bwd_s"), tp_s=arr("tp_fwd_s") + arr("tp_bwd_s"),
+        ep_s=arr("ep_fwd_s") + arr("ep_bwd_s"), cp_s=arr("cp_fwd_s") + arr("cp_bwd_s"), bwd_compute_s=arr("compute_bwd_s"),
+        weight_bytes=weights, grad_bytes=grads, optimizer_bytes=optim, dense_params=dense, expert_params=expert,
+        model_fwd_flops=model_f, hw_fwd_flops=hw_f, core_fwd_flops=core_f,
+        zero3_gather_bytes=float(np.max(dense + expert)) * model.recipe.gather_bytes,
+    )
+
+
+def _static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO,
+    routed experts over their dp*cp/ep expert-data-parallel ranks. PipeDream-2BW keeps a second weight version."""
+    recipe, zero = model.recipe, cand.zero_stage
+    d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.dp * cand.cp)
+    e = memory.static_split(expert, recipe, zero_stage=zero, dp=max(1, cand.dp * cand.cp // cand.ep))
+    weights, grads, optim = (d[i] + e[i] for i in range(3))
+    if cand.schedule == "2bw":
+        weights = weights * 2
+    return weights, grads, optim

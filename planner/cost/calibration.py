@@ -1,0 +1,64 @@
+"""Per-device-family calibration of the analytic cost model, read from calibration.yaml (data, not code).
+
+Every constant is global per device type and carries its source in the YAML file: the measured H100 GEMM
+ceiling and copy bandwidth (validation/h100_hf_tinyllama.jsonl), published A100 end-to-end rates (Narayanan
+et al. 2021 Table 1), FlashAttention-2 rates (Dao 2023). Nothing here is fitted per run.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from planner.schemas.topology import DeviceSpec
+
+CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.yaml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceCalibration:
+    """Achieved fractions of a device family's datasheet rates."""
+
+    family: str
+    matmul_ceiling_fraction: float  # large-GEMM achieved / datasheet peak
+    gemm_fixed_s: float  # fixed cost per GEMM call (launch, ramp, tail wave)
+    hbm_efficiency: float  # achieved / datasheet HBM bandwidth for streaming kernels
+    attention_fraction: float  # fused (flash) attention achieved / datasheet peak
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryCalibration:
+    """Allocator allowance: fixed bytes plus a fraction of the allocated bytes (see calibration.yaml)."""
+
+    fragmentation_fixed_bytes: int
+    fragmentation_fraction: float
+
+
+def _entry(raw: dict) -> DeviceCalibration:
+    fields = {key: raw[key] for key in DeviceCalibration.__dataclass_fields__}
+    return DeviceCalibration(**fields)
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[tuple[tuple[tuple[str, ...], DeviceCalibration], ...], DeviceCalibration, MemoryCalibration]:
+    raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
+    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item)) for item in raw["devices"])
+    memory = MemoryCalibration(**raw["memory"])
+    return devices, _entry(raw["default"]), memory
+
+
+def device_calibration(device: DeviceSpec) -> DeviceCalibration:
+    """The calibration of the first family whose `match` substring occurs in the device name, else the default."""
+    devices, default, _ = _load()
+    name = device.name.lower()
+    for patterns, calibration in devices:
+        if any(pattern in name for pattern in patterns):
+            return calibration
+    return default
+
+
+def memory_calibration() -> MemoryCalibration:
+    """The global allocator allowance (derived from the tinyllama H100 measurements)."""
+    return _load()[2]

@@ -1,0 +1,80 @@
+"""Collective communication times on a GroupLink (alpha-beta model: time = latency terms + bytes / bandwidth).
+
+Bandwidths are achieved per-GPU per-direction bus bandwidths (GB/s = 1e9 B/s), so the nccl-tests bus-bandwidth
+factors apply: ring all-reduce moves 2(n-1)/n of the buffer through each GPU, all-gather and reduce-scatter
+(n-1)/n (Thakur et al. 2005, "Optimization of collective communication operations in MPICH"; NCCL's
+nccl-tests PERFORMANCE.md). A group spanning nodes is costed hierarchically (intra-node reduce-scatter, inter-node
+ring on 1/ranks_per_node of the data over the rank's NIC share, intra-node all-gather), which is what NCCL's
+tree/ring-across-nodes achieves in bus-bandwidth terms.
+"""
+
+from __future__ import annotations
+
+from planner.topology.groups import GroupLink
+
+
+def _bytes_per_s(bandwidth_GBps: float) -> float:
+    return bandwidth_GBps * 1e9
+
+
+def _ring_s(num_bytes: float, n: int, bandwidth_GBps: float, latency_s: float, *, factor: float) -> float:
+    """One ring phase structure: factor*(n-1)/n * bytes / bw + factor*(n-1) * latency (factor 2 for all-reduce)."""
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    return factor * (n - 1) / n * num_bytes / _bytes_per_s(bandwidth_GBps) + factor * (n - 1) * latency_s
+
+
+def ring_all_reduce_s(num_bytes: float, *, group: GroupLink) -> float:
+    """Ring all-reduce: 2(n-1)/n * bytes / bandwidth + 2(n-1) * latency; hierarchical across nodes."""
+    if group.size <= 1:
+        return 0.0
+    if not group.spans_nodes:
+        return _ring_s(num_bytes, group.size, group.intra_bandwidth_GBps, group.intra_latency_s, factor=2)
+    rpn, nodes = group.ranks_per_node, group.num_nodes
+    intra = _ring_s(num_bytes, rpn, group.intra_bandwidth_GBps, group.intra_latency_s, factor=2)
+    inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, group.inter_latency_s, factor=2)
+    return intra + inter
+
+
+def all_gather_s(num_bytes: float, *, group: GroupLink) -> float:
+    """All-gather of a `num_bytes` result (each rank holds num_bytes/n): (n-1)/n * bytes / bw + (n-1) * latency."""
+    if group.size <= 1:
+        return 0.0
+    if not group.spans_nodes:
+        return _ring_s(num_bytes, group.size, group.intra_bandwidth_GBps, group.intra_latency_s, factor=1)
+    rpn, nodes = group.ranks_per_node, group.num_nodes
+    intra = _ring_s(num_bytes, rpn, group.intra_bandwidth_GBps, group.intra_latency_s, factor=1)
+    inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, group.inter_latency_s, factor=1)
+    return intra + inter
+
+
+def reduce_scatter_s(num_bytes: float, *, group: GroupLink) -> float:
+    """Reduce-scatter of a `num_bytes` input: the same traffic as all-gather, (n-1)/n * bytes / bw."""
+    return all_gather_s(num_bytes, group=group)
+
+
+def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
+    """All-to-all where each rank sends `num_bytes` spread evenly over the n ranks: (rpn-1)/n of it stays on the
+    node (NVLink), (n-rpn)/n crosses the NICs; both proceed at once, the slower bounds; (n-1) latencies."""
+    n = group.size
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    rpn = group.ranks_per_node
+    intra = (rpn - 1) / n * num_bytes / _bytes_per_s(group.intra_bandwidth_GBps)
+    inter = (n - rpn) / n * num_bytes / _bytes_per_s(group.inter_bandwidth_GBps) if group.spans_nodes else 0.0
+    return max(intra, inter) + (n - 1) * group.latency_s
+
+
+def p2p_s(num_bytes: float, *, group: GroupLink) -> float:
+    """Point-to-point send between neighbouring pipeline stages: bytes / bw + latency."""
+    if group.size <= 1 or num_bytes <= 0:
+        return 0.0
+    return num_bytes / _bytes_per_s(group.bandwidth_GBps) + group.latency_s
+
+
+def domino_exposed_s(comm_s: float, compute_s: float) -> float:
+    """Exposed TP communication under Domino (Wang et al. 2024, "Domino: Eliminating Communication in LLM
+    Training via Generic Tensor Slicing and Overlapping", Sec. 3): the batch is split in two halves and one
+    half's all-reduce runs under the other half's compute. The bound: the last half's collective is never
+    hidden (>= comm/2), and at most one half's compute can hide the rest (>= comm - compute/2)."""
+    return max(comm_s / 2, comm_s - compute_s / 2)

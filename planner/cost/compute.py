@@ -1,0 +1,202 @@
+"""Compute cost of one layer on one GPU for one micro-batch: FLOPs per matmul, time from a GEMM efficiency
+curve, and memory-bound operators as bytes over HBM bandwidth.
+
+FLOPs. For a GPT layer the forward matmuls sum to 24*b*s*h^2 + 4*b*s^2*h, and the whole model, forward and
+backward, to 72*b*s*l*h^2 * (1 + s/(6h) + V/(12*l*h)) (Narayanan et al. 2021, "Efficient Large-Scale Language
+Model Training on GPU Clusters", eq. 3 without the recompute factor). We count per matmul so that GQA, gated
+FFNs, MoE and MLA follow: a (m x k) @ (k x n) product is 2*m*k*n FLOPs; backward is 2x forward (grad of input
+and grad of weight). Attention scores and A@V are counted for the full s x s matrix (non-causal), the
+convention of eq. 3 and of MFU (PaLM, Chowdhery et al. 2022, App. B); the *time* of fused (flash) attention
+uses half of it, because FlashAttention skips the masked blocks of a causal mask.
+
+Time. A GEMM of g FLOPs takes g / (peak * ceiling) + t0: efficiency(g) = ceiling * g / (g + ceiling*peak*t0),
+a saturating curve of achieved matmul efficiency vs per-GPU GEMM size, with `ceiling` and `t0` global per
+device family (planner/cost/calibration.yaml: measured H100 ceiling 784/989; A100 from Narayanan 2021 Table 1).
+FlashAttention runs at its own published rate; its backward is 2.5x its forward (FlashAttention-2, Dao 2023,
+Sec. 3.1.2: five matmuls against two, recomputing the scores). Norms, activations, residual adds, RoPE and
+softmax are memory-bound: bytes moved / (HBM bandwidth * achieved fraction); their backward moves twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.calibration import DeviceCalibration
+from planner.models.counting import MoEParams
+from planner.schemas.model import ModelSpec
+from planner.schemas.topology import DeviceSpec
+
+ACT_BYTES = 2  # bf16/fp16 activations
+FLASH_BACKWARD_FACTOR = 2.5  # FlashAttention-2 backward / forward FLOPs (Dao 2023, Sec. 3.1.2)
+CAUSAL_SKIP = 0.5  # fraction of the s x s blocks a causal flash kernel computes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """The per-GPU shape of one micro-batch: b sequences of s tokens, split by tp (heads/ffn), cp (sequence),
+    ep (experts); sp shards the norm/dropout/residual regions by tp (Korthikanti et al. 2022)."""
+
+    microbatch_size: int
+    seq_len: int
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    flash_attention: bool = True
+    dropout: bool = False
+
+    @property
+    def tokens(self) -> float:
+        """Tokens of this GPU's sequence shard: b * s / cp."""
+        return self.microbatch_size * self.seq_len / self.cp
+
+    @property
+    def sp_div(self) -> int:
+        return self.tp if self.sp else 1
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """Forward FLOPs of one matmul on this GPU and the number of kernel calls it takes."""
+
+    name: str
+    flops: float
+    calls: int = 1
+    attention_core: bool = False
+
+
+def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
+    """Self-attention matmuls (standard/GQA or DeepSeek MLA), forward, per GPU. `full`: whole model, no split."""
+    t, cp = (1, 1) if full else (shape.tp, shape.cp)
+    tokens = shape.microbatch_size * shape.seq_len / cp
+    h, a, s = spec.hidden_size, spec.num_attention_heads, shape.seq_len
+    core = shape.microbatch_size * (s / cp) * s * a / t
+    if spec.mla is None:
+        d, kv = spec.dim_per_head, spec.kv_heads
+        proj = [Gemm("qkv", 2 * tokens * h * (a + 2 * kv) * d / t), Gemm("attn_out", 2 * tokens * a * d * h / t)]
+        qk_dim, v_dim = d, d
+    else:
+        mla = spec.mla
+        qk_dim, v_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
+        proj = [
+            Gemm("kv_down", 2 * tokens * h * (mla.kv_lora_rank + mla.qk_rope_head_dim)),
+            Gemm("kv_up", 2 * tokens * mla.kv_lora_rank * a * (mla.qk_nope_head_dim + v_dim) / t),
+            Gemm("attn_out", 2 * tokens * a * v_dim * h / t),
+        ]
+        if mla.q_lora_rank is None:
+            proj.append(Gemm("q", 2 * tokens * h * a * qk_dim / t))
+        else:
+            proj += [Gemm("q_down", 2 * tokens * h * mla.q_lora_rank), Gemm("q_up", 2 * tokens * mla.q_lora_rank * a * qk_dim / t)]
+    return proj + [
+        Gemm("attn_scores", 2 * core * qk_dim, attention_core=True),
+        Gemm("attn_values", 2 * core * v_dim, attention_core=True),
+    ]
+
+
+def ffn_flops(spec: ModelSpec, tokens: float, width: int) -> float:
+    """One FFN of width f over `tokens`: gated 3 matmuls (2*3*T*h*f), plain 2 (2*2*T*h*f)."""
+    return 2 * tokens * spec.hidden_size * width * (3 if spec.gated else 2)
+
+
+def mlp_gemms(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None, full: bool = False, hardware: bool = True) -> list[Gemm]:
+    """FFN matmuls, forward, per GPU. MoE: router (replicated over tp), routed experts (each GPU computes its
+    share of tokens * top_k, padded to capacity_factor when `hardware`), shared experts."""
+    t = 1 if full else shape.tp
+    tokens = shape.microbatch_size * shape.seq_len / (1 if full else shape.cp)
+    if moe is None:
+        return [Gemm("mlp", ffn_flops(spec, tokens, spec.ffn_hidden_size) / t, calls=2)]
+    cfg = spec.moe
+    assert cfg is not None
+    padding = (cfg.capacity_factor or 1.0) if hardware else 1.0
+    local_experts = max(1, cfg.num_experts // (1 if full else shape.ep))
+    gemms = [
+        Gemm("router", 2 * tokens * spec.hidden_size * cfg.num_experts),
+        Gemm("experts", ffn_flops(spec, tokens * cfg.top_k * padding, cfg.expert_ffn_hidden_size) / t, calls=2 * local_experts),
+    ]
+    if cfg.shared_ffn_hidden_size:
+        gemms.append(Gemm("shared_experts", ffn_flops(spec, tokens, cfg.shared_ffn_hidden_size) / t, calls=2))
+    return gemms
+
+
+def head_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
+    """LM head: 2 * T * h * V, vocabulary split by tp."""
+    t, cp = (1, 1) if full else (shape.tp, shape.cp)
+    tokens = shape.microbatch_size * shape.seq_len / cp
+    return [Gemm("lm_head", 2 * tokens * spec.hidden_size * spec.vocab_size / t)]
+
+
+def gemm_time_s(gemm: Gemm, *, peak_tflops: float, cal: DeviceCalibration, flash: bool) -> float:
+    """Forward time of one matmul: flops / (peak * ceiling) + calls * t0 (the efficiency curve, module docstring).
+    A flash attention core runs at the published flash rate over the causal half of the blocks."""
+    if gemm.attention_core and flash:
+        return gemm.flops * CAUSAL_SKIP / (peak_tflops * 1e12 * cal.attention_fraction) + cal.gemm_fixed_s
+    return gemm.flops / (peak_tflops * 1e12 * cal.matmul_ceiling_fraction) + gemm.calls * cal.gemm_fixed_s
+
+
+def gemm_efficiency(flops: float, *, peak_tflops: float, cal: DeviceCalibration) -> float:
+    """Achieved fraction of peak for one GEMM of `flops`: ceiling * g / (g + ceiling * peak * t0)."""
+    knee = cal.matmul_ceiling_fraction * peak_tflops * 1e12 * cal.gemm_fixed_s
+    return cal.matmul_ceiling_fraction * flops / (flops + knee)
+
+
+def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None) -> tuple[float, float]:
+    """Forward HBM bytes of a decoder layer's memory-bound operators, split (attention core, rest).
+
+    Per GPU, bf16 (2 bytes): two norms (read + write: 2*2*T*h each), two residual adds (2 reads + 1 write),
+    RoPE on q and k (read + write), the FFN activation (plain: read f, write f; gated: read 2f, write f) on
+    tokens * top_k * capacity for MoE experts, dropout when enabled (read, write, 1-byte mask) after attention
+    and FFN. Without flash attention: scale-mask-softmax reads and writes the b*a*s^2/t scores (plus the
+    dropout of the probabilities when enabled); that part is the attention core (recomputed by selective).
+    With sequence parallelism the norm/residual/dropout regions are split by tp (Korthikanti et al. 2022).
+    """
+    h, t, tokens = spec.hidden_size, shape.tp, shape.tokens
+    region = tokens * h * ACT_BYTES / shape.sp_div
+    rest = 2 * 2 * region + 2 * 3 * region
+    if shape.dropout:
+        rest += 2 * 2.5 * region
+    if spec.position == "rope" or spec.mla is not None:
+        rest += 2 * tokens * (spec.num_attention_heads + spec.kv_heads) * spec.dim_per_head * ACT_BYTES / t
+    act_io = 3 if spec.gated else 2
+    if moe is None:
+        rest += act_io * tokens * spec.ffn_hidden_size * ACT_BYTES / t
+    else:
+        cfg = spec.moe
+        routed = tokens * cfg.top_k * (cfg.capacity_factor or 1.0)
+        rest += act_io * (routed * cfg.expert_ffn_hidden_size + tokens * cfg.shared_ffn_hidden_size) * ACT_BYTES / t
+    core = 0.0
+    if not shape.flash_attention:
+        scores = shape.microbatch_size * spec.num_attention_heads * (shape.seq_len / shape.cp) * shape.seq_len / t
+        core = scores * ACT_BYTES * (2 + (2.5 if shape.dropout else 0))
+    return core, rest
+
+
+def head_elementwise_bytes(spec: ModelSpec, shape: Shape) -> float:
+    """Forward bytes of the final norm (read + write) and the fp32 cross-entropy over T*V/t logits
+    (read bf16 logits, write fp32, softmax read + write: ~14 bytes per logit)."""
+    norm = 2 * shape.tokens * spec.hidden_size * ACT_BYTES / shape.sp_div
+    return norm + 14 * shape.tokens * spec.vocab_size / shape.tp
+
+
+def embedding_elementwise_bytes(spec: ModelSpec, shape: Shape) -> float:
+    """Forward bytes of the embedding gather: read and write T*h (split by tp with sp)."""
+    return 2 * shape.tokens * spec.hidden_size * ACT_BYTES / shape.sp_div
+
+
+def memory_bound_time_s(num_bytes: float, *, device: DeviceSpec, cal: DeviceCalibration) -> float:
+    """Streaming time: bytes / (HBM bandwidth * achieved fraction)."""
+    return num_bytes / (device.hbm_bandwidth_GBps * 1e9 * cal.hbm_efficiency)
+
+
+def peak_tflops(device: DeviceSpec, precision: str) -> float:
+    """Datasheet dense peak for the precision's matmuls: bf16 (amp-bf16 too), fp32 (no tensor cores),
+    fp8 (falls back to bf16 when the device has no fp8 tensor cores)."""
+    if precision == "fp32":
+        return device.peak_fp32_tflops
+    if precision == "fp8" and device.peak_fp8_tflops is not None:
+        return device.peak_fp8_tflops
+    return device.peak_bf16_tflops
+
+
+def gemms_flops(gemms: list[Gemm], *, attention_only: bool = False) -> float:
+    """Sum of forward FLOPs, optionally of the attention core only."""
+    return sum(g.flops for g in gemms if g.attention_core or not attention_only)

@@ -1,0 +1,69 @@
+"""`planner estimate`: evaluate one fully given configuration and write its LaunchPlan.
+
+Malformed configurations for the model (tp not dividing the heads, ep without experts, degrees that do not
+multiply to the GPU count) are bad input (BadInputError, exit 2). Configurations that are well-formed but do
+not divide the batch or the layers raise InfeasibleError (exit 1) naming the numbers. Configurations that do
+not fit in memory come back as a LaunchPlan with feasible=False and the reasons (which rank, by how much,
+which part dominates).
+"""
+
+from __future__ import annotations
+
+from planner.cost.model import Candidate, CostModel, CostOptions
+from planner.cost.validity import input_reasons
+from planner.errors import BadInputError, InfeasibleError
+from planner.plan import build_launch_plan
+from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
+
+
+def candidate_of(request: PlanRequest, config: Configuration) -> Candidate:
+    """The Candidate of a Configuration; num_microbatches = global_batch_size / (dp * microbatch_size)."""
+    par = config.parallelism
+    per_step = par.dp * config.microbatch_size
+    if request.global_batch_size % per_step:
+        lower = request.global_batch_size // per_step * per_step
+        raise InfeasibleError(
+            f"global_batch_size={request.global_batch_size} is not divisible by dp*microbatch_size={par.dp}*"
+            f"{config.microbatch_size}={per_step}: use --global-batch-size {max(lower, per_step)} or {lower + per_step}, "
+            f"or another --microbatch-size"
+        )
+    return Candidate(
+        dp=par.dp, tp=par.tp, pp=par.pp, ep=par.ep, cp=par.cp, sp=par.sp, vpp=par.vpp, zero_stage=par.zero_stage,
+        tp_overlap=par.tp_overlap, microbatch_size=config.microbatch_size,
+        num_microbatches=request.global_batch_size // per_step, schedule=config.schedule, recompute=config.recompute,
+        axis_order=tuple(par.axis_order),
+    )
+
+
+def model_notes(model: CostModel) -> list[str]:
+    """What the prediction assumed: compute source per layer shape, attention kernel, calibration family."""
+    notes = []
+    if model.profiled_shapes:
+        notes.append("compute measured (profile " + str(model.request.profile) + ") for " + "; ".join(sorted(model.profiled_shapes)))
+    if model.analytic_shapes:
+        notes.append("compute analytic for " + "; ".join(sorted(model.analytic_shapes)))
+    notes.append(
+        "attention: " + ("fused flash attention (no s^2 scores kept)" if model.flash_attention else "unfused (s^2 scores kept)")
+        + ("; dropout on" if model.options.dropout else "; no dropout")
+        + ("; data-parallel reduction overlapped with backward" if model.options.dp_overlap else "; data-parallel reduction not overlapped")
+    )
+    cal = model.cal
+    notes.append(
+        f"device calibration {cal.family}: GEMM ceiling {cal.matmul_ceiling_fraction:.3f} of peak, HBM {cal.hbm_efficiency:.3f} "
+        f"({cal.source})"
+    )
+    return notes
+
+
+def estimate(request: PlanRequest, config: Configuration, *, options: CostOptions | None = None) -> LaunchPlan:
+    """Evaluate `config` on `request`; the LaunchPlan says whether it fits and why not."""
+    cand = candidate_of(request, config)
+    model = CostModel(request, options=options)
+    bad = input_reasons(request, cand)
+    if bad:
+        raise BadInputError("; ".join(bad))
+    reasons = model.validity_reasons(cand)
+    if reasons:
+        raise InfeasibleError("; ".join(reasons))
+    evaluation = model.evaluate(cand, stage_layers=config.stage_layers)
+    return build_launch_plan(model, cand, evaluation, kind="estimate", notes=model_notes(model))

@@ -1,0 +1,306 @@
+"""Evaluate one candidate with one stage split: pipeline step time, breakdown, memory per pipeline rank, MFU.
+
+Step time (per optimizer step) = m * t_b + bubble(t_b) + pp_comm + dp_comm_exposed + optimizer, where t_b is the
+per-micro-batch forward + backward (+ recompute) time of the bottleneck pipeline rank (the sum over its virtual
+stages) and the bubble follows the schedule (planner.cost.schedule). The breakdown splits m * t_b into compute,
+recompute and exposed TP/EP/CP communication, so its fields add up to the step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.cost import comm, schedule
+from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, p2p_activation_bytes
+from planner.errors import BadInputError
+from planner.schemas.plan import Breakdown, StageMemory, StageTime
+from planner.units import GiB
+
+if TYPE_CHECKING:
+    from planner.cost.model import Candidate, CostModel, Detail
+
+# Rows of the per-module matrix whose prefix sums give every stage sum in one numpy operation.
+ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weights", "grads", "optimizer", "act",
+        "dense", "expert", "rec_flops", "full_dt", "full_dact", "full_dflops")
+REC, ACT, REC_FLOPS = ROWS.index("rec"), ROWS.index("act"), ROWS.index("rec_flops")
+FULL_DT, FULL_DACT, FULL_DFLOPS = ROWS.index("full_dt"), ROWS.index("full_dact"), ROWS.index("full_dflops")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The cost of one candidate with one stage split (see planner.cost.model for the contract).
+
+    `breakdown`, `stage_memory` and `stage_times` are pydantic objects built on first access from the raw
+    numbers, so that the search's hot path builds none.
+    """
+
+    step_time_s: float
+    peak_bytes: int
+    capacity_bytes: int
+    fits: bool
+    reasons: tuple[str, ...]
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    stage_layers: tuple[int, ...] = ()  # decoder layers per virtual stage actually used (extension)
+    full_recompute_layers: tuple[int, ...] = ()  # fully recomputed decoder layers per virtual stage (extension)
+    raw_breakdown: dict = field(default_factory=dict, repr=False)
+    raw_stage_memory: tuple[dict, ...] = field(default=(), repr=False)
+    raw_stage_times: tuple[dict, ...] = field(default=(), repr=False)
+
+    @cached_property
+    def breakdown(self) -> Breakdown:
+        return Breakdown(**self.raw_breakdown)
+
+    @cached_property
+    def stage_memory(self) -> tuple[StageMemory, ...]:
+        """One per pipeline rank."""
+        return tuple(StageMemory(**item) for item in self.raw_stage_memory)
+
+    @cached_property
+    def stage_times(self) -> tuple[StageTime, ...]:
+        """One per virtual stage."""
+        return tuple(StageTime(**item) for item in self.raw_stage_times)
+
+
+def balanced_split(num_layers: int, stages: int) -> tuple[int, ...]:
+    """As even as possible; the remainder goes to the middle stages first (the first carries the embedding, the
+    last the head and logits), then the first, then the last."""
+    base, extra = divmod(num_layers, stages)
+    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 1 else [0]
+    counts = [base] * stages
+    for index in order[:extra]:
+        counts[index] += 1
+    return tuple(counts)
+
+
+def _prefix(detail: "Detail", cand: "Candidate") -> np.ndarray:
+    """Prefix sums (rows x L+1) of the per-module quantities, memoised on the Detail object."""
+    cached = getattr(detail, "_prefix", None)
+    if cached is not None:
+        return cached
+    c = detail.costs
+    rec_flops = detail.hw_fwd_flops * 0.0
+    if cand.recompute == "full":
+        rec_flops[1:-1] = detail.hw_fwd_flops[1:-1]
+    elif cand.recompute == "selective" and c.recompute_s[1:-1].any():
+        rec_flops[1:-1] = detail.core_fwd_flops[1:-1]
+    full_dflops = detail.hw_fwd_flops - rec_flops
+    full_dflops[0] = full_dflops[-1] = 0.0
+    rows = np.vstack([
+        c.forward_s, c.backward_s, c.recompute_s, detail.compute_s, detail.tp_s, detail.ep_s, detail.cp_s,
+        detail.bwd_compute_s, detail.weight_bytes, detail.grad_bytes, detail.optimizer_bytes, c.activation_bytes,
+        detail.dense_params, detail.expert_params, rec_flops, c.full_recompute_s - c.recompute_s,
+        c.full_recompute_activation_bytes - c.activation_bytes, full_dflops,
+    ])
+    prefix = np.zeros((rows.shape[0], rows.shape[1] + 1))
+    np.cumsum(rows, axis=1, out=prefix[:, 1:])
+    object.__setattr__(detail, "_prefix", prefix)
+    return prefix
+
+
+def _check_split(model: "CostModel", cand: "Candidate", stage_layers, full_layers) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    stages, n = cand.pp * cand.vpp, model.spec.num_layers
+    split = balanced_split(n, stages) if stage_layers is None else tuple(int(x) for x in stage_layers)
+    if len(split) != stages or sum(split) != n or min(split) < 1:
+        raise BadInputError(
+            f"stage_layers={list(split)} must have pp*vpp={stages} entries, each at least 1, summing to num_layers={n}"
+        )
+    full = (0,) * stages if full_layers is None else tuple(int(x) for x in full_layers)
+    if len(full) != stages or any(k < 0 or k > s for k, s in zip(full, split)):
+        raise BadInputError(f"full_recompute_layers={list(full)} must have {stages} entries between 0 and the stage's layers {list(split)}")
+    return split, full
+
+
+def _stage_sums(prefix: np.ndarray, split: tuple[int, ...], full: tuple[int, ...], num_modules: int) -> np.ndarray:
+    """Per virtual stage sums of every row, with the first `full[v]` decoder layers of stage v fully recomputed."""
+    starts = [0, *accumulate(split[:-1])]  # first decoder layer of each stage
+    bounds = np.array([0, *(x + 1 for x in starts[1:]), num_modules])
+    sums = prefix[:, bounds[1:]] - prefix[:, bounds[:-1]]
+    if any(full):
+        first = np.array(starts) + 1
+        extra = prefix[:, first + np.array(full)] - prefix[:, first]
+        for row, target in ((FULL_DT, REC), (FULL_DACT, ACT), (FULL_DFLOPS, REC_FLOPS)):
+            sums[target] += extra[row]
+    return sums
+
+
+def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float) -> float:
+    """Data-parallel gradient reduction (and ZeRO weight gathers) of one pipeline rank holding `dense` and
+    `expert` parameters, before overlap.
+
+    ZeRO-0: all-reduce of the gradients. ZeRO-1: reduce-scatter of the gradients and all-gather of the updated
+    weights (Megatron's distributed optimizer; same bytes as an all-reduce). ZeRO-2: a reduce-scatter per
+    micro-batch (sharded gradients cannot accumulate locally) and one all-gather. ZeRO-3: per micro-batch
+    all-gathers of the weights in forward and backward and a reduce-scatter of the gradients.
+    """
+    links, r, m, z = model.links(cand), model.recipe, cand.num_microbatches, cand.zero_stage
+    total = 0.0
+    for params, link in ((dense, links.dp), (expert, links.expert_dp)):
+        if params <= 0 or link.size <= 1:
+            continue
+        grads, weights = params * r.grad_reduce_bytes, params * r.gather_bytes
+        if z == 0:
+            total += comm.ring_all_reduce_s(grads, group=link)
+        elif z == 1:
+            total += comm.reduce_scatter_s(grads, group=link) + comm.all_gather_s(weights, group=link)
+        elif z == 2:
+            total += m * comm.reduce_scatter_s(grads, group=link) + comm.all_gather_s(weights, group=link)
+        else:
+            total += m * (comm.reduce_scatter_s(grads, group=link) + 2 * comm.all_gather_s(weights, group=link))
+    return total
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """What does not depend on the stage split: memoised per candidate."""
+
+    inflight: np.ndarray  # per pipeline rank
+    other: np.ndarray  # per pipeline rank, stage_other_bytes
+    pp_comm_s: float
+    dp_dense: tuple[float, float]  # (slope per parameter, intercept) of the dense reduction time
+    dp_expert: tuple[float, float]
+    optimizer_per_param_s: tuple[float, float]  # (dense, expert) seconds per parameter held
+    peak_tflops: float
+
+
+def _linear(fn, reference: float = 1e9) -> tuple[float, float]:
+    """Alpha-beta costs are affine in bytes: recover (slope, intercept) from two evaluations."""
+    one, two = fn(reference), fn(2 * reference)
+    slope = (two - one) / reference
+    return slope, one - slope * reference
+
+
+def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
+    cache = model._fixed_cache
+    found = cache.get(cand)
+    if found is not None:
+        return found
+    from planner.cost.compute import peak_tflops
+
+    pp = cand.pp
+    p2p = p2p_activation_bytes(model.spec, model.shape(cand))
+    transfers = schedule.p2p_transfers(cand.schedule, pp=pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches)
+    edp = max(1, cand.dp * cand.cp // cand.ep)
+    rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
+    per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
+    sharded = cand.zero_stage >= 1
+    found = _Fixed(
+        inflight=np.array([model.inflight_microbatches(cand, r) for r in range(pp)]),
+        other=np.array([model.stage_other_bytes(cand, r) for r in range(pp)], dtype=np.float64),
+        pp_comm_s=2 * transfers * comm.p2p_s(p2p, group=model.links(cand).pp),
+        dp_dense=_linear(lambda x: _dp_comm_s(model, cand, x, 0.0)),
+        dp_expert=_linear(lambda x: _dp_comm_s(model, cand, 0.0, x)),
+        optimizer_per_param_s=(per_param / (cand.dp * cand.cp if sharded else 1), per_param / (edp if sharded else 1)),
+        peak_tflops=peak_tflops(model.device, model.request.precision),
+    )
+    cache[cand] = found
+    return found
+
+
+def _dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) -> float:
+    """Exposed data-parallel time, the slowest pipeline rank. Overlap (options.dp_overlap): hidden behind the
+    backward of the last micro-batch (ZeRO-0/1), every backward (ZeRO-2), every forward and backward (ZeRO-3);
+    the last bucket (options.bucket_params) is always exposed. Without overlap all of it is exposed."""
+    dense, expert = row["dense"], row["expert"]
+    total = np.where(dense > 0, fixed.dp_dense[0] * dense + fixed.dp_dense[1], 0.0)
+    total = total + np.where(expert > 0, fixed.dp_expert[0] * expert + fixed.dp_expert[1], 0.0)
+    if not model.options.dp_overlap:
+        return float(total.max())
+    m, z = cand.num_microbatches, cand.zero_stage
+    window = row["bwd_compute"] * (1 if z <= 1 else m) if z <= 2 else m * row["compute"]
+    bucket = np.minimum(1.0, model.options.bucket_params / np.maximum(dense + expert, 1.0))
+    return float(np.maximum(total - window, total * bucket).max())
+
+
+def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: Sequence[int] | None,
+                       full_recompute_layers: Sequence[int] | None) -> Evaluation:
+    """See planner.cost.model.CostModel.evaluate."""
+    reasons = model.validity_reasons(cand)
+    if reasons:
+        return _invalid(model, reasons)
+    split, full = _check_split(model, cand, stage_layers, full_recompute_layers)
+    detail = model.detail(cand)
+    fixed = _fixed(model, cand)
+    sums = _stage_sums(_prefix(detail, cand), split, full, len(detail.costs.names))
+    pp, m = cand.pp, cand.num_microbatches
+    ranks = sums.reshape(len(ROWS), cand.vpp, pp).sum(axis=1) if cand.vpp > 1 else sums
+    row = dict(zip(ROWS, ranks))
+    rank_time = row["fwd"] + row["bwd"] + row["rec"]
+    b = int(np.argmax(rank_time))
+    t_b = float(rank_time[b])
+    bubble = schedule.bubble_s(cand.schedule, pp=pp, vpp=cand.vpp, rank_time_s=t_b)
+    dp = _dp_exposed(model, cand, fixed, row)
+    opt = row["dense"] * fixed.optimizer_per_param_s[0] + row["expert"] * fixed.optimizer_per_param_s[1]
+    optimizer = float(opt.max())
+    tp_b, ep_b, cp_b, rec_b = (float(row[k][b]) for k in ("tp", "ep", "cp", "rec"))
+    breakdown = {
+        "compute_s": m * (t_b - rec_b - tp_b - ep_b - cp_b), "recompute_s": m * rec_b, "bubble_s": bubble,
+        "tp_comm_exposed_s": m * tp_b, "pp_comm_s": fixed.pp_comm_s, "dp_comm_exposed_s": dp,
+        "ep_comm_s": m * ep_b, "cp_comm_s": m * cp_b, "optimizer_s": optimizer,
+    }
+    step = m * t_b + bubble + fixed.pp_comm_s + dp + optimizer
+    return _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown)
+
+
+def _memory(model: "CostModel", fixed: _Fixed, row: dict) -> tuple[np.ndarray, tuple[dict, ...], tuple[str, ...]]:
+    """Peak bytes per pipeline rank: allocated = static + inflight * activations + other; peak = allocated *
+    (1 + fragmentation fraction) + fixed allowance (calibration.yaml)."""
+    cal = model.mem_cal
+    usable = model.device_usable_bytes()
+    acts = fixed.inflight * row["act"]
+    static = row["weights"] + row["grads"] + row["optimizer"]
+    peak = (static + acts + fixed.other) * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
+    raw = tuple(
+        {"stage": r, "params_bytes": int(row["weights"][r]), "grads_bytes": int(row["grads"][r]),
+         "optimizer_bytes": int(row["optimizer"][r]), "activations_bytes": int(acts[r]),
+         "other_bytes": int(peak[r] - static[r] - acts[r]), "peak_bytes": int(peak[r])}
+        for r in range(len(peak))
+    )
+    reasons = tuple(_over_reason(raw[r], fixed.inflight[r], usable) for r in np.flatnonzero(peak > usable))
+    return peak, raw, reasons
+
+
+def _over_reason(mem: dict, inflight: float, usable: int) -> str:
+    parts = {"params": mem["params_bytes"], "grads": mem["grads_bytes"], "optimizer states": mem["optimizer_bytes"],
+             f"activations ({inflight:g} micro-batches in flight)": mem["activations_bytes"],
+             "other (logits, allocator allowance)": mem["other_bytes"]}
+    largest = max(parts, key=parts.get)
+    return (f"pipeline rank {mem['stage']} needs {mem['peak_bytes'] / GiB:.1f} GiB of {usable / GiB:.1f} GiB usable: "
+            f"over by {(mem['peak_bytes'] - usable) / GiB:.1f} GiB; largest part {largest} {parts[largest] / GiB:.1f} GiB")
+
+
+def _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown) -> Evaluation:
+    peak, raw_memory, reasons = _memory(model, fixed, row)
+    request = model.request
+    sequences = request.global_batch_size
+    rec_flops = float(sums[ROWS.index("rec_flops")].sum())
+    model_flops = 3 * detail.model_fwd_total * sequences
+    hw_flops = (3 * detail.hw_fwd_total + rec_flops) * sequences
+    gpus = cand.world_size
+    model_tflops = model_flops / step / gpus / 1e12
+    hw_tflops = hw_flops / step / gpus / 1e12
+    stage_rows = [sums[ROWS.index(k)].tolist() for k in ("fwd", "bwd", "rec", "tp")]
+    times = tuple({"forward_s": f, "backward_s": bw + rc, "recompute_s": rc, "tp_comm_s": tp} for f, bw, rc, tp in zip(*stage_rows))
+    return Evaluation(
+        step_time_s=step, peak_bytes=int(peak.max()), capacity_bytes=model.device_usable_bytes(), fits=not reasons,
+        reasons=reasons, tokens_per_s=sequences * request.seq_len / step, model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hw_tflops, mfu=model_tflops / fixed.peak_tflops, hfu=hw_tflops / fixed.peak_tflops,
+        stage_layers=split, full_recompute_layers=full, raw_breakdown=breakdown, raw_stage_memory=raw_memory,
+        raw_stage_times=times,
+    )
+
+
+def _invalid(model: "CostModel", reasons: tuple[str, ...]) -> Evaluation:
+    return Evaluation(
+        step_time_s=float("inf"), peak_bytes=0, capacity_bytes=model.device_usable_bytes(), fits=False,
+        reasons=reasons, tokens_per_s=0.0, model_tflops_per_gpu=0.0, hardware_tflops_per_gpu=0.0, mfu=0.0, hfu=0.0,
+    )

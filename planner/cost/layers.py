@@ -1,0 +1,193 @@
+"""Per-layer cost arrays of one candidate: the analytic terms (compute, memory-bound operators, exposed TP, EP and
+CP communication, memory) for every module of the executor model: tok_embeddings, layers.0..n-1, output.
+
+A decoder layer's cost depends only on its type (dense or MoE), so each type is costed once and broadcast.
+Measured profiles replace the compute times of the layer types they cover (see `apply_profile`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import comm, compute, memory
+from planner.cost.calibration import DeviceCalibration
+from planner.cost.compute import Shape
+from planner.models import counting
+from planner.schemas.model import ModelSpec
+from planner.schemas.topology import DeviceSpec
+from planner.topology.groups import GroupLink
+
+
+@dataclass(frozen=True, kw_only=True)
+class Links:
+    """The link each parallel axis's process groups see (planner.topology.placement.axis_link)."""
+
+    tp: GroupLink
+    cp: GroupLink
+    ep: GroupLink
+    dp: GroupLink  # gradient reduction of dense parameters: the dp x cp ranks
+    expert_dp: GroupLink  # gradient reduction of routed experts: dp x cp / ep ranks
+    pp: GroupLink
+
+
+@dataclass(frozen=True, kw_only=True)
+class Env:
+    """Everything a layer's cost depends on besides its type."""
+
+    spec: ModelSpec
+    device: DeviceSpec
+    cal: DeviceCalibration
+    precision: str
+    shape: Shape
+    links: Links
+    tp_overlap: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleCost:
+    """One module, one micro-batch, this GPU. Times in seconds, bytes of activations."""
+
+    compute_fwd_s: float
+    compute_bwd_s: float
+    tp_fwd_s: float = 0.0
+    tp_bwd_s: float = 0.0
+    ep_fwd_s: float = 0.0
+    ep_bwd_s: float = 0.0
+    cp_fwd_s: float = 0.0
+    cp_bwd_s: float = 0.0
+    selective_s: float = 0.0  # attention core forward again (selective recompute)
+    act_none: float = 0.0
+    act_selective: float = 0.0
+    act_full: float = 0.0
+
+    @property
+    def full_recompute_s(self) -> float:
+        """A second forward, communication included (Megatron's full recompute reruns the TP collectives)."""
+        return self.compute_fwd_s + self.tp_fwd_s + self.ep_fwd_s + self.cp_fwd_s
+
+
+def _gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float]:
+    """(forward, backward, attention-core forward) seconds of a list of matmuls."""
+    peak = compute.peak_tflops(env.device, env.precision)
+    attn_peak = env.device.peak_bf16_tflops if env.precision == "fp8" else peak
+    flash = env.shape.flash_attention
+    fwd = bwd = core = 0.0
+    for gemm in gemms:
+        t = compute.gemm_time_s(gemm, peak_tflops=attn_peak if gemm.attention_core else peak, cal=env.cal, flash=flash)
+        fwd += t
+        bwd += t * (compute.FLASH_BACKWARD_FACTOR if gemm.attention_core and flash else 2.0)
+        if gemm.attention_core:
+            core += t
+    return fwd, bwd, core
+
+
+def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: int) -> tuple[float, float]:
+    """`collectives` all-reduces (or all-gather + reduce-scatter pairs with SP: the same bytes) of T*h bf16 in each
+    direction; exposed unless Domino overlaps them (comm.domino_exposed_s)."""
+    if env.shape.tp <= 1:
+        return 0.0, 0.0
+    size = env.shape.tokens * env.spec.hidden_size * compute.ACT_BYTES
+    one = comm.ring_all_reduce_s(size, group=env.links.tp)
+    fwd, bwd = collectives * one, collectives * one
+    if env.tp_overlap == "domino":
+        return comm.domino_exposed_s(fwd, fwd_compute_s), comm.domino_exposed_s(bwd, bwd_compute_s)
+    return fwd, bwd
+
+
+def _cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
+    """Ring attention (Liu et al. 2023): cp - 1 steps each passing this rank's K and V chunk (2*b*(s/cp)*kv*d/t
+    bf16) to the next rank, overlapped with the attention of the previous chunk; backward passes K, V and their
+    gradients (twice the bytes). Exposed = max(0, comm - attention core compute)."""
+    shape, spec = env.shape, env.spec
+    if shape.cp <= 1:
+        return 0.0, 0.0
+    kv_bytes = 2 * shape.tokens * spec.kv_heads * spec.dim_per_head * compute.ACT_BYTES / shape.tp
+    fwd = (shape.cp - 1) * comm.p2p_s(kv_bytes, group=env.links.cp)
+    bwd = (shape.cp - 1) * comm.p2p_s(2 * kv_bytes, group=env.links.cp)
+    core_bwd = core_fwd_s * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
+    return max(0.0, fwd - core_fwd_s), max(0.0, bwd - core_bwd)
+
+
+def _ep_times(env: Env) -> tuple[float, float]:
+    """Two all-to-alls each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2):
+    tokens * top_k * capacity_factor * h bf16 each."""
+    cfg = env.spec.moe
+    if env.shape.ep <= 1 or cfg is None:
+        return 0.0, 0.0
+    size = env.shape.tokens * cfg.top_k * (cfg.capacity_factor or 1.0) * env.spec.hidden_size * compute.ACT_BYTES
+    one = comm.all_to_all_s(size, group=env.links.ep)
+    return 2 * one, 2 * one
+
+
+def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
+    """Costs of one decoder layer (dense or MoE) for one micro-batch on one GPU."""
+    spec, shape = env.spec, env.shape
+    moe = counting.moe_params(spec) if moe_layer else None
+    gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=moe)
+    g_fwd, g_bwd, core = _gemm_times(env, gemms)
+    core_bytes, rest_bytes = compute.layer_elementwise_bytes(spec, shape, moe=moe)
+    core_mem = compute.memory_bound_time_s(core_bytes, device=env.device, cal=env.cal)
+    rest_mem = compute.memory_bound_time_s(rest_bytes, device=env.device, cal=env.cal)
+    fwd = g_fwd + core_mem + rest_mem
+    bwd = g_bwd + 2 * (core_mem + rest_mem)
+    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
+    ep_fwd, ep_bwd = _ep_times(env) if moe_layer else (0.0, 0.0)
+    cp_fwd, cp_bwd = _cp_times(env, core)
+    acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
+    selective = 0.0 if shape.flash_attention else core + core_mem
+    return ModuleCost(
+        compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
+        cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,
+        act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
+    )
+
+
+def embedding_cost(env: Env) -> ModuleCost:
+    """Token embedding: a memory-bound gather forward, a scatter-add backward (twice the bytes); with tp the
+    vocabulary-parallel lookup all-reduces its output (reduce-scatter with SP) in forward only."""
+    num_bytes = compute.embedding_elementwise_bytes(env.spec, env.shape)
+    fwd = compute.memory_bound_time_s(num_bytes, device=env.device, cal=env.cal)
+    tp_fwd, _ = _tp_times(env, fwd, 2 * fwd, collectives=1)
+    act = memory.embedding_activation_bytes(env.spec, env.shape)
+    return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=2 * fwd, tp_fwd_s=tp_fwd, act_none=act, act_selective=act, act_full=act)
+
+
+def head_cost(env: Env) -> ModuleCost:
+    """Final norm, LM head and cross-entropy. TP: with SP the head all-gathers its input in forward and
+    reduce-scatters the input gradient in backward; without SP only backward all-reduces the input gradient."""
+    g_fwd, g_bwd, _ = _gemm_times(env, compute.head_gemms(env.spec, env.shape))
+    mem = compute.memory_bound_time_s(compute.head_elementwise_bytes(env.spec, env.shape), device=env.device, cal=env.cal)
+    fwd, bwd = g_fwd + mem, g_bwd + 2 * mem
+    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=1)
+    if not env.shape.sp:
+        tp_fwd = 0.0
+    act = memory.head_activation_bytes(env.spec, env.shape)
+    return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, act_none=act, act_selective=act, act_full=act)
+
+
+def module_params(spec: ModelSpec, *, tp: int, ep: int, tied_copy: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per module (embedding, decoder layers, head): (dense, expert) parameters held by one GPU.
+
+    Matrices are split by tp; norms, the router and MLA's down-projections are replicated (counted whole);
+    routed experts are split by ep and tp. With tied embeddings and pp > 1 the last stage keeps its own copy of
+    the embedding matrix for the LM head (Megatron-LM), `tied_copy`.
+    """
+    n = spec.num_layers
+    dense, expert = np.zeros(n + 2), np.zeros(n + 2)
+    dense[0] = counting.embedding_params(spec) / tp
+    norm = counting.norm_params(spec)
+    attn = counting.attention_params(spec) / tp
+    head = counting.head_params(spec) - norm
+    if spec.tied_embeddings and tied_copy:
+        head = spec.vocab_size * spec.hidden_size
+    dense[n + 1] = norm + head / tp
+    moe = counting.moe_params(spec) if spec.moe is not None else None
+    for index in range(n):
+        if moe is not None and spec.is_moe_layer(index):
+            dense[index + 1] = 2 * norm + attn + moe.router + moe.shared / tp
+            expert[index + 1] = moe.num_experts * moe.per_expert / (ep * tp)
+        else:
+            dense[index + 1] = 2 * norm + attn + counting.mlp_params(spec, spec.ffn_hidden_size) / tp
+    return dense, expert

@@ -1,0 +1,30 @@
+"""The process-group links of a candidate's layout, from planner.topology.placement (rank arithmetic)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from planner.cost.layers import Links
+from planner.schemas.topology import Topology
+from planner.topology.placement import axis_link
+
+if TYPE_CHECKING:
+    from planner.cost.model import Candidate
+
+
+def candidate_links(topology: Topology, cand: "Candidate") -> Links:
+    """Links of the tp, cp, ep, dp and pp groups. The data-parallel gradient reduction runs over the dp x cp
+    ranks (Megatron-LM reduces over the combined data/context-parallel group): we cost it on the dp axis's node
+    footprint with size dp*cp (exact when cp = 1), and the experts' over dp*cp/ep ranks."""
+    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
+    order = tuple(cand.axis_order)
+    dp = axis_link(topology, sizes, order, "dp")
+    return Links(
+        tp=axis_link(topology, sizes, order, "tp"),
+        cp=axis_link(topology, sizes, order, "cp"),
+        ep=axis_link(topology, sizes, order, "ep"),
+        dp=dataclasses.replace(dp, size=cand.dp * cand.cp),
+        expert_dp=dataclasses.replace(dp, size=max(1, cand.dp * cand.cp // cand.ep)),
+        pp=axis_link(topology, sizes, order, "pp"),
+    )

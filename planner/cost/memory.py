@@ -1,0 +1,125 @@
+"""Memory per GPU: parameters, gradients and optimizer states per precision recipe with ZeRO sharding, and
+activations saved per micro-batch per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models").
+
+Bytes per parameter (Adam), split weights / grads / optimizer:
+- bf16 (Megatron-LM mixed precision with the distributed-optimizer accounting): bf16 weights 2 + fp32 main
+  grads 4 + fp32 master weights 4 + Adam m and v 8 = 18.
+- amp-bf16 (torch.autocast): fp32 weights 4 + fp32 grads 4 + Adam 8 = 16, plus 2 for the bf16 copies of the
+  weights that autocast's cast cache holds from the first use in forward until the end of backward.
+- fp32: weights 4 + grads 4 + Adam 8 = 16.
+- fp8 (Transformer Engine): as bf16, plus 1 for the fp8 weight copy cached for the GEMMs = 19.
+ZeRO (Rajbhandari et al. 2020, Sec. 5): stage 1 divides the optimizer states (with the fp32 master) by dp,
+stage 2 also the gradients, stage 3 also the weights (plus the working set of gathered layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.compute import ACT_BYTES, Shape
+from planner.schemas.model import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """Bytes per parameter held on the GPU (before ZeRO division)."""
+
+    weight_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    grad_reduce_bytes: float  # bytes per gradient element in the data-parallel reduction
+    gather_bytes: float  # bytes per weight element in ZeRO all-gathers
+
+    @property
+    def total(self) -> float:
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+RECIPES: dict[str, Recipe] = {
+    "bf16": Recipe(weight_bytes=2, grad_bytes=4, optimizer_bytes=12, grad_reduce_bytes=4, gather_bytes=2),
+    "amp-bf16": Recipe(weight_bytes=4 + 2, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=4),
+    "fp32": Recipe(weight_bytes=4, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=4),
+    "fp8": Recipe(weight_bytes=2 + 1, grad_bytes=4, optimizer_bytes=12, grad_reduce_bytes=4, gather_bytes=2),
+}
+
+OPTIMIZER_BYTES_TOUCHED = {"bf16": 30, "amp-bf16": 28, "fp32": 28, "fp8": 31}
+"""HBM bytes an Adam step moves per parameter: read master/weights, grads, m, v; write master, m, v (and the
+low-precision copy). bf16: read 4+4+4+4, write 4+4+4+2 = 30; fp32/amp-bf16: read 16, write 12 = 28."""
+
+
+def static_split(params: float, recipe: Recipe, *, zero_stage: int, dp: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes of `params` parameters on one GPU after ZeRO division by dp."""
+    weights = params * recipe.weight_bytes / (dp if zero_stage >= 3 else 1)
+    grads = params * recipe.grad_bytes / (dp if zero_stage >= 2 else 1)
+    optimizer = params * recipe.optimizer_bytes / (dp if zero_stage >= 1 else 1)
+    return weights, grads, optimizer
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one micro-batch saves for backward in one decoder layer on one GPU."""
+
+    none: float  # no recompute
+    selective: float  # attention core recomputed
+    full: float  # only the layer input kept
+
+
+def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) -> LayerActivations:
+    """Saved activations of one decoder layer, generalising Korthikanti et al. 2022 (Sec. 4.1, Table 2).
+
+    For GPT with dropout and no flash this is s*b*h*(34 + 5*a*s/h) bytes without parallelism,
+    s*b*h*(10 + 24/t + 5*a*s/(h*t)) with TP and no SP, s*b*h*(34/t + 5*a*s/(h*t)) with TP+SP. Terms (bf16):
+    norm inputs 2*2sbh, QKV input 2sbh, Q/K/V 2*s*b*d*(a + 2kv)/t, scores: softmax output 2*a*s^2*b/t
+    (+ dropout mask a*s^2*b and output 2*a*s^2*b when dropout), out-proj input 2*s*b*a*d/t, FFN input 2sbh,
+    FFN intermediates: plain 4*s*b*f/t (activation input and fc2 input), gated 6*s*b*f/t (Megatron's fused
+    SwiGLU keeps its 2f-wide input and the fc2 input), dropout masks sbh each. Flash attention keeps no
+    s^2 scores, only the fp32 log-sum-exp 4*b*a*s/t. Selective recompute drops the s^2 terms; full recompute
+    keeps the layer input 2sbh (/t with SP). MoE: router logits fp32, the routed tokens (x top_k x capacity)
+    at the expert input and intermediates. Replicated regions (norms, FFN/QKV inputs, dropout masks) are
+    divided by tp only with SP. CP splits the sequence.
+    """
+    b, s, t = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp
+    h, a, kv = spec.hidden_size, spec.num_attention_heads, spec.kv_heads
+    d = spec.dim_per_head
+    qk_d, v_d = (d, d) if spec.mla is None else (spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim, spec.mla.v_head_dim)
+    sbh = s * b * h
+    replicated = (2 * 2 + 2 + 2) * sbh + (2 * sbh if shape.dropout else 0)
+    sharded = 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + 2 * s * b * a * v_d
+    if moe_layer:
+        cfg = spec.moe
+        routed = s * b * cfg.top_k * (cfg.capacity_factor or 1.0)
+        per_token = 6 if spec.gated else 4
+        sharded += routed * (2 * h + per_token * cfg.expert_ffn_hidden_size) + s * b * per_token * cfg.shared_ffn_hidden_size
+        replicated += 4 * s * b * cfg.num_experts
+    else:
+        sharded += s * b * (6 if spec.gated else 4) * spec.ffn_hidden_size
+    if shape.flash_attention:
+        core = 4 * b * a * s
+    else:
+        core = a * s * (s * shape.cp) * b * (5 if shape.dropout else 2)
+    base = replicated / shape.sp_div + sharded / t
+    full = 2 * sbh / shape.sp_div
+    return LayerActivations(none=base + core / t, selective=base, full=full)
+
+
+def embedding_activation_bytes(spec: ModelSpec, shape: Shape) -> float:
+    """The embedding keeps the token ids (int64) and, with dropout, its 1-byte mask of T*h (/t with SP)."""
+    ids = 8 * shape.tokens
+    return ids + (shape.tokens * spec.hidden_size / shape.sp_div if shape.dropout else 0)
+
+
+def head_activation_bytes(spec: ModelSpec, shape: Shape) -> float:
+    """Final norm input and LM-head input (2*T*h each, /t with SP) and the fp32 softmax that the vocab-parallel
+    cross-entropy keeps for backward (4*T*V/t; Megatron-LM tensor_parallel/cross_entropy.py)."""
+    return 2 * 2 * shape.tokens * spec.hidden_size / shape.sp_div + 4 * shape.tokens * spec.vocab_size / shape.tp
+
+
+def logits_buffer_bytes(spec: ModelSpec, shape: Shape) -> float:
+    """Transient logits on the last stage: the fp32 working copy of T*V/t (s*b*V/t*4 bytes)."""
+    return 4 * shape.tokens * spec.vocab_size / shape.tp
+
+
+def p2p_activation_bytes(spec: ModelSpec, shape: Shape) -> float:
+    """What one pipeline boundary sends per micro-batch each way: s*b*h bf16 (/t with SP)."""
+    return shape.tokens * spec.hidden_size * ACT_BYTES / shape.sp_div

@@ -1,0 +1,222 @@
+"""The CostModel facade: candidates in, numbers out (the contract with planner/search).
+
+The search builds `Candidate`s, asks `validity_reasons`, `layer_costs` (per-module arrays it partitions) and
+`evaluate` (the step time, breakdown and memory of one partition). Everything is memoised per CostModel
+instance; evaluate works on numpy prefix sums and builds pydantic objects only for its result.
+Per pipeline rank r: memory = sum(static) + inflight(r) * sum(activations) + stage_other_bytes(r) <= capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import layers as L
+from planner.cost import memory
+from planner.cost.calibration import device_calibration, memory_calibration
+from planner.cost.compute import Shape
+from planner.cost.evaluate import Evaluation, evaluate_candidate
+from planner.cost.validity import validity_reasons as _validity
+from planner.schemas.plan import PlanRequest
+from planner.schemas.profile import Profile
+
+__all__ = ["Candidate", "CostModel", "CostOptions", "Evaluation", "LayerCosts"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One point of the plan space (hashable)."""
+
+    dp: int
+    tp: int
+    pp: int
+    ep: int = 1
+    cp: int = 1
+    sp: bool = False
+    vpp: int = 1
+    zero_stage: int = 0
+    tp_overlap: str = "none"  # "none" | "domino"
+    microbatch_size: int
+    num_microbatches: int
+    schedule: str = "1f1b"  # "gpipe" | "1f1b" | "interleaved" | "2bw" | "zero-bubble"
+    recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
+    axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")  # outermost -> innermost
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostOptions:
+    """Software facts the analytic model cannot see in the request (defaults: a modern Megatron/torchtitan stack).
+
+    flash_attention: fused attention that keeps no s^2 scores; None = on for bf16/amp-bf16/fp8, off for fp32.
+    dropout: dropout layers present (GPT-3-era models); adds masks to activations and memory traffic.
+    dp_overlap: gradient reduction overlapped with backward (Megatron --overlap-grad-reduce, FSDP, DeepSpeed
+        ZeRO overlap_comm); False = the reduction starts after the last backward (2021-22 Megatron-LM, DeepSpeed
+        PipelineEngine).
+    bucket_params: gradient bucket size in parameters; with overlap the last bucket stays exposed
+        (Megatron-LM's default --ddp-bucket-size, 40M).
+    """
+
+    flash_attention: bool | None = None
+    dropout: bool = False
+    dp_overlap: bool = True
+    bucket_params: float = 40e6
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Arrays of length L = num_layers + 2 over (tok_embeddings, layers.0..n-1, output); one micro-batch, one GPU."""
+
+    names: tuple[str, ...]
+    forward_s: np.ndarray  # TP/EP/CP communication that is not hidden included
+    backward_s: np.ndarray  # without recompute
+    recompute_s: np.ndarray  # extra time of the candidate's recompute mode
+    full_recompute_s: np.ndarray  # extra time if this layer is fully recomputed (= its forward)
+    static_bytes: np.ndarray  # params + grads + optimizer states after TP/EP sharding and ZeRO division
+    activation_bytes: np.ndarray  # saved per micro-batch under the candidate's recompute mode
+    full_recompute_activation_bytes: np.ndarray  # saved per micro-batch if fully recomputed
+
+
+@dataclass(frozen=True)
+class Detail:
+    """LayerCosts plus the parts evaluate needs for the breakdown and the data-parallel terms."""
+
+    costs: LayerCosts
+    compute_s: np.ndarray  # forward + backward compute (no comm)
+    tp_s: np.ndarray
+    ep_s: np.ndarray
+    cp_s: np.ndarray
+    bwd_compute_s: np.ndarray  # the window a gradient reduction can hide behind
+    weight_bytes: np.ndarray
+    grad_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    dense_params: np.ndarray
+    expert_params: np.ndarray
+    model_fwd_flops: np.ndarray  # per sequence, whole module, full-attention convention, no capacity padding
+    hw_fwd_flops: np.ndarray  # per sequence, with MoE capacity padding
+    core_fwd_flops: np.ndarray  # per sequence, attention core (what selective recompute reruns)
+    zero3_gather_bytes: float  # bytes of the largest module's weights when gathered (ZeRO-3 working set)
+
+    @property
+    def model_fwd_total(self) -> float:
+        return float(self.model_fwd_flops.sum())
+
+    @property
+    def hw_fwd_total(self) -> float:
+        return float(self.hw_fwd_flops.sum())
+
+
+class CostModel:
+    """Analytic (or profiled) cost of candidates for one PlanRequest."""
+
+    def __init__(self, request: PlanRequest, profile: Profile | None = None, *, options: CostOptions | None = None):
+        self.request = request
+        self.spec = request.model
+        self.topology = request.topology
+        self.device = request.topology.device
+        self.cal = device_calibration(self.device)
+        self.mem_cal = memory_calibration()
+        self.recipe = memory.RECIPES[request.precision]
+        self.options = options or CostOptions()
+        flash = self.options.flash_attention
+        self.flash_attention = (request.precision != "fp32") if flash is None else flash
+        if profile is None and request.profile is not None:
+            from planner.io import load_file
+
+            profile = load_file(Profile, request.profile)
+        self.profile = profile
+        self.profiled_shapes: set[str] = set()
+        self.analytic_shapes: set[str] = set()
+        self.names = ("tok_embeddings", *(f"layers.{i}" for i in range(self.spec.num_layers)), "output")
+        self.moe_mask = np.array([self.spec.is_moe_layer(i) for i in range(self.spec.num_layers)], dtype=bool)
+        self._details: dict[tuple, Detail] = {}
+        self._validity: dict[Candidate, tuple[str, ...]] = {}
+        self._links: dict[tuple, L.Links] = {}
+        self._fixed_cache: dict[Candidate, object] = {}
+
+    # --- memory capacity -------------------------------------------------------------------------------
+
+    def device_usable_bytes(self) -> int:
+        """Device memory less the CUDA context (DeviceSpec.reserved_memory_bytes)."""
+        return self.device.memory_bytes - self.device.reserved_memory_bytes
+
+    def capacity_bytes(self) -> int:
+        """Usable bytes for allocations per GPU: (memory - CUDA context - fixed allowance) / (1 + fragmentation
+        fraction), so that allocated <= capacity_bytes() exactly when allocated * (1 + f) + fixed fits the
+        device (allowance derived from the tinyllama H100 measurements, calibration.yaml)."""
+        cal = self.mem_cal
+        return int((self.device_usable_bytes() - cal.fragmentation_fixed_bytes) / (1 + cal.fragmentation_fraction))
+
+    # --- validity --------------------------------------------------------------------------------------
+
+    def validity_reasons(self, cand: Candidate) -> tuple[str, ...]:
+        """Why `cand` is not a valid configuration (divisibility, batch, schedule rules); () when valid."""
+        cached = self._validity.get(cand)
+        if cached is None:
+            cached = _validity(self.request, cand)
+            self._validity[cand] = cached
+        return cached
+
+    # --- per-layer arrays ------------------------------------------------------------------------------
+
+    def _key(self, cand: Candidate) -> tuple:
+        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.tp_overlap,
+                cand.microbatch_size, cand.recompute, cand.axis_order, cand.schedule == "2bw")
+
+    def links(self, cand: Candidate) -> L.Links:
+        """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""
+        key = (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.axis_order)
+        found = self._links.get(key)
+        if found is None:
+            from planner.cost.links import candidate_links
+
+            found = candidate_links(self.topology, cand)
+            self._links[key] = found
+        return found
+
+    def layer_costs(self, cand: Candidate) -> LayerCosts:
+        """Per-module arrays for the candidate (memoised on the fields they depend on)."""
+        return self.detail(cand).costs
+
+    def detail(self, cand: Candidate) -> Detail:
+        key = self._key(cand)
+        found = self._details.get(key)
+        if found is None:
+            from planner.cost.arrays import build_detail
+
+            found = build_detail(self, cand)
+            self._details[key] = found
+        return found
+
+    def shape(self, cand: Candidate) -> Shape:
+        return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
+                     ep=cand.ep, sp=cand.sp, flash_attention=self.flash_attention, dropout=self.options.dropout)
+
+    # --- schedule-dependent terms -----------------------------------------------------------------------
+
+    def inflight_microbatches(self, cand: Candidate, stage: int) -> float:
+        """Micro-batches whose activations pipeline rank `stage` holds at its peak (planner.cost.schedule)."""
+        from planner.cost.schedule import inflight_microbatches
+
+        return inflight_microbatches(cand.schedule, pp=cand.pp, stage=stage, num_microbatches=cand.num_microbatches, vpp=cand.vpp)
+
+    def stage_other_bytes(self, cand: Candidate, stage: int) -> int:
+        """Logits buffer on the last pipeline rank (fp32 T*V/t) and, with ZeRO-3, the gathered weights of two
+        modules (the one running and the one prefetched). The allocator allowance is in capacity_bytes()."""
+        other = 0.0
+        if stage == cand.pp - 1:
+            other += memory.logits_buffer_bytes(self.spec, self.shape(cand))
+        if cand.zero_stage >= 3:
+            other += 2 * self.detail(cand).zero3_gather_bytes
+        return int(other)
+
+    def evaluate(self, cand: Candidate, *, stage_layers: Sequence[int] | None = None,
+                 full_recompute_layers: Sequence[int] | None = None) -> Evaluation:
+        """Step time, breakdown and per-rank memory of `cand` with the given split (None: balanced) and, per
+        virtual stage, how many decoder layers are fully recomputed on top of the base mode."""
+        return evaluate_candidate(self, cand, stage_layers=stage_layers, full_recompute_layers=full_recompute_layers)

@@ -1,0 +1,113 @@
+"""Which candidates are valid configurations: divisibility, batch arithmetic and schedule rules.
+
+Each reason names the numbers and what would fix it. Rules follow Megatron-LM's argument checks
+(arguments.py: heads and query groups divisible by tp, layers by pp*vpp for the interleaved schedule,
+num_microbatches % pp == 0 for interleaving, experts divisible by ep, ep inside dp*cp).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from planner.cost.schedule import SCHEDULES
+from planner.schemas.plan import PlanRequest
+
+if TYPE_CHECKING:
+    from planner.cost.model import Candidate
+
+
+def _divisors(n: int) -> str:
+    return "{" + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0) + "}"
+
+
+def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
+    spec, out = request.model, []
+    if spec.num_attention_heads % c.tp:
+        out.append(f"tp={c.tp} must divide num_attention_heads={spec.num_attention_heads}: choose tp in {_divisors(spec.num_attention_heads)}")
+    elif spec.mla is None and spec.kv_heads % c.tp:
+        out.append(f"tp={c.tp} must divide num_kv_heads={spec.kv_heads}: choose tp in {_divisors(spec.kv_heads)}")
+    if spec.ffn_hidden_size % c.tp:
+        out.append(f"tp={c.tp} must divide ffn_hidden_size={spec.ffn_hidden_size}")
+    if c.ep > 1 and spec.moe is None:
+        out.append(f"ep={c.ep} needs a mixture-of-experts model: {spec.name} is dense, use ep=1")
+    elif spec.moe is not None and spec.moe.num_experts % c.ep:
+        out.append(f"ep={c.ep} must divide num_experts={spec.moe.num_experts}: choose ep in {_divisors(spec.moe.num_experts)}")
+    if (c.dp * c.cp) % c.ep:
+        out.append(f"ep={c.ep} must divide dp*cp={c.dp * c.cp}: expert groups are carved out of the data-parallel ranks")
+    if request.seq_len % c.cp:
+        out.append(f"cp={c.cp} must divide seq_len={request.seq_len}")
+    stages = c.pp * c.vpp
+    if spec.num_layers < stages:
+        out.append(f"pp*vpp={stages} exceeds num_layers={spec.num_layers}: every virtual stage needs a decoder layer")
+    elif c.vpp > 1 and spec.num_layers % stages:
+        out.append(f"num_layers={spec.num_layers} must be divisible by pp*vpp={stages} for the interleaved schedule")
+    return out
+
+
+def _batch_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
+    out = []
+    world = c.world_size
+    if world != request.gpus:
+        out.append(f"dp*tp*pp*cp={c.dp}*{c.tp}*{c.pp}*{c.cp}={world} must equal gpus={request.gpus}")
+    if c.microbatch_size < 1 or c.num_microbatches < 1:
+        out.append(f"microbatch_size={c.microbatch_size} and num_microbatches={c.num_microbatches} must be positive")
+        return out
+    per_replica = c.microbatch_size * c.num_microbatches
+    if c.dp * per_replica != request.global_batch_size:
+        out.append(
+            f"global_batch_size={request.global_batch_size} must equal dp*microbatch_size*num_microbatches="
+            f"{c.dp}*{c.microbatch_size}*{c.num_microbatches}={c.dp * per_replica}: choose a global batch divisible by "
+            f"dp*microbatch_size={c.dp * c.microbatch_size}"
+        )
+    return out
+
+
+def _schedule_reasons(c: "Candidate") -> list[str]:
+    out = []
+    if c.schedule not in SCHEDULES:
+        out.append(f"schedule={c.schedule!r} is unknown: choose one of {', '.join(SCHEDULES)}")
+    if c.schedule == "interleaved":
+        if c.pp < 2 or c.vpp < 2:
+            out.append(f"the interleaved schedule needs pp>1 and vpp>1 (got pp={c.pp}, vpp={c.vpp}): use 1f1b or raise vpp")
+        elif c.num_microbatches % c.pp:
+            out.append(f"the interleaved schedule needs num_microbatches={c.num_microbatches} divisible by pp={c.pp}")
+    elif c.vpp > 1:
+        out.append(f"vpp={c.vpp} needs schedule=interleaved (got {c.schedule})")
+    if c.zero_stage not in (0, 1, 2, 3):
+        out.append(f"zero_stage={c.zero_stage} must be 0, 1, 2 or 3")
+    if c.recompute not in ("none", "selective", "full"):
+        out.append(f"recompute={c.recompute!r} must be none, selective or full")
+    if c.tp_overlap not in ("none", "domino"):
+        out.append(f"tp_overlap={c.tp_overlap!r} must be none or domino")
+    elif c.tp_overlap == "domino" and c.tp < 2:
+        out.append("tp_overlap=domino needs tp>1: there is no TP communication to overlap")
+    if c.sp and c.tp < 2:
+        out.append("sp needs tp>1: sequence parallelism splits along the tensor-parallel group")
+    return out
+
+
+def _positive(cand: "Candidate") -> tuple[str, ...]:
+    for name in ("dp", "tp", "pp", "ep", "cp", "vpp"):
+        if getattr(cand, name) < 1:
+            return (f"{name}={getattr(cand, name)} must be at least 1",)
+    return ()
+
+
+def input_reasons(request: PlanRequest, cand: "Candidate") -> tuple[str, ...]:
+    """Reasons that make the configuration malformed for this model (bad input: heads, kv heads, experts vs the
+    degrees, unknown names, degrees that do not multiply to the GPU count)."""
+    positive = _positive(cand)
+    if positive:
+        return positive
+    model = [r for r in _model_reasons(request, cand) if not r.startswith(("pp*vpp", "num_layers"))]
+    batch = [r for r in _batch_reasons(request, cand) if r.startswith("dp*tp*pp*cp")]
+    schedule = [r for r in _schedule_reasons(cand) if "divisible" not in r]
+    return tuple(model + batch + schedule)
+
+
+def validity_reasons(request: PlanRequest, cand: "Candidate") -> tuple[str, ...]:
+    """All reasons why `cand` is not a valid configuration for `request`; () when it is valid."""
+    positive = _positive(cand)
+    if positive:
+        return positive
+    return tuple(_model_reasons(request, cand) + _batch_reasons(request, cand) + _schedule_reasons(cand))
