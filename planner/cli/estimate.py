@@ -1,0 +1,134 @@
+"""`planner estimate`: predict step time, throughput, MFU and memory of one fully given configuration.
+
+A thin adapter: options -> planner.api.build_request + planner.api.estimate -> a rich table or the LaunchPlan
+JSON. Exit codes: 0 fits, 1 does not fit or does not divide (the reason is printed), 2 bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.table import Table
+
+from planner.cli.common import emit_text, guarded
+from planner.schemas.plan import LaunchPlan
+from planner.units import GiB
+
+
+def _summary_table(plan: LaunchPlan) -> Table:
+    par, batch, pred = plan.parallelism, plan.batch, plan.prediction
+    table = Table(title=f"Estimate: {plan.request.model.name} on {plan.request.gpus} x {plan.request.topology.device.name}",
+                  title_justify="left", show_header=False, box=box.SIMPLE)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} ep={par.ep} cp={par.cp} sp={par.sp} vpp={par.vpp} zero={par.zero_stage}"
+    table.add_row("parallelism", degrees + f" tp_overlap={par.tp_overlap} order={'/'.join(par.axis_order)}")
+    table.add_row("batch", f"global {batch.global_batch_size} x seq {batch.seq_len}; micro-batch {batch.microbatch_size} x {batch.num_microbatches}")
+    table.add_row("schedule / recompute / precision", f"{plan.schedule} / {plan.stages[0].recompute.mode} / {plan.request.precision}")
+    table.add_row("step time", f"{pred.step_time_s:.4g} s")
+    table.add_row("tokens/s", f"{pred.tokens_per_s:,.0f}")
+    table.add_row("TFLOP/s per GPU", f"model {pred.model_tflops_per_gpu:.1f}, hardware {pred.hardware_tflops_per_gpu:.1f}")
+    table.add_row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")
+    fits = "[green]fits[/green]" if plan.feasible else "[red]does not fit[/red]"
+    table.add_row("memory", f"peak {plan.memory.peak_bytes / GiB:.2f} GiB of {plan.memory.capacity_bytes / GiB:.2f} GiB: {fits}")
+    return table
+
+
+def _breakdown_table(plan: LaunchPlan) -> Table:
+    pred = plan.prediction
+    table = Table(title="Step time breakdown", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("part")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for name, value in pred.breakdown.model_dump().items():
+        table.add_row(name.removesuffix("_s"), f"{value:.4g}", f"{value / pred.step_time_s:.1%}" if pred.step_time_s else "-")
+    return table
+
+
+def _memory_table(plan: LaunchPlan) -> Table:
+    table = Table(title="Memory per pipeline rank (GiB)", title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("rank", "params", "grads", "optimizer", "activations", "other", "peak", "layers"):
+        table.add_column(header, justify="right" if header not in ("layers",) else "left")
+    layers_of: dict[int, int] = {}
+    for stage in plan.stages:
+        rank = stage.stage % plan.parallelism.pp
+        layers_of[rank] = layers_of.get(rank, 0) + sum(name.startswith("layers.") for name in stage.layers)
+    for mem in plan.memory.per_stage:
+        style = "red" if mem.peak_bytes > plan.memory.capacity_bytes else None
+        cells = [mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes, mem.activations_bytes, mem.other_bytes, mem.peak_bytes]
+        table.add_row(str(mem.stage), *(f"{c / GiB:.2f}" for c in cells), str(layers_of.get(mem.stage, 0)), style=style)
+    return table
+
+
+def plan_tables(plan: LaunchPlan) -> list[Table]:
+    """The tables `planner estimate` prints (reusable by other commands)."""
+    return [_summary_table(plan), _breakdown_table(plan), _memory_table(plan)]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `planner estimate` to the main app."""
+    app.command("estimate")(estimate)
+
+
+@guarded
+def estimate(
+    model: str = typer.Option("llama3-8b", "--model", help="Preset name, HuggingFace config.json or model spec file."),
+    topology: str = typer.Option("dgx-h100", "--topology", help="Topology preset or file."),
+    nodes: int | None = typer.Option(None, "--nodes", help="Nodes to use (default: as the topology says, or enough for --gpus)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs to use (default: all of the nodes)."),
+    dp: int | None = typer.Option(None, "--dp", help="Data-parallel degree (default gpus / (tp*pp*cp))."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, "--pp", help="Pipeline-parallel degree."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (MoE; carved out of dp*cp)."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel degree."),
+    sp: bool = typer.Option(False, "--sp/--no-sp", help="Sequence parallelism (needs tp>1)."),
+    vpp: int = typer.Option(1, "--vpp", help="Virtual stages per pipeline rank (interleaved schedule)."),
+    microbatch_size: int = typer.Option(1, "--microbatch-size", help="Sequences per micro-batch."),
+    global_batch_size: int | None = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step (default ~4M tokens)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO stage 0 | 1 | 2 | 3."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
+    tp_overlap: str = typer.Option("none", "--tp-overlap", help="none | domino."),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8."),
+    profile: str | None = typer.Option(None, "--profile", help="Measured profile file for compute costs."),
+    json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of tables."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
+) -> None:
+    """Predict one configuration: step time and its breakdown, tokens/s, MFU, memory per pipeline rank.
+
+    Example: planner estimate --model llama3-70b --nodes 8 --tp 8 --pp 4 --sp --recompute selective --zero 1
+    """
+    from planner import api
+    from planner.cli.estimate_args import configuration
+
+    request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
+                                seq_len=seq_len, precision=precision, profile=profile)
+    config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
+                           microbatch_size=microbatch_size, schedule=schedule, recompute=recompute)
+    plan = api.estimate(request, config)
+    _emit(plan, json_output=json_output, output=output)
+    if not plan.feasible:
+        raise typer.Exit(code=1)
+
+
+def _emit(plan: LaunchPlan, *, json_output: bool, output: Path | None) -> None:
+    from planner.io import canonical_json
+
+    text = canonical_json(plan)
+    if output is not None:
+        emit_text(text, output)
+    if json_output:
+        emit_text(text, None)
+    else:
+        from planner.report import console
+
+        out = console()
+        for table in plan_tables(plan):
+            out.print(table)
+        for reason in plan.infeasible_reasons:
+            out.print(f"[red]does not fit:[/red] {reason}")
+        for note in plan.notes:
+            out.print(f"[dim]note: {note}[/dim]")
