@@ -1,0 +1,102 @@
+"""The bridge from a Profile to per-layer costs (least-squares fit over micro-batch sizes) and the
+alpha-beta fit of communication calibrations: torch-free, on synthetic profiles with known answers."""
+
+import pytest
+
+from planner.cost.profiled import EXTRAPOLATION_LIMIT, coverage, profiled_layer_costs, require_profile_matches
+from planner.errors import BadInputError
+from planner.profiling.calibration import CommCalibration, CommPoint, bus_factor, fit_collective, ring_steps
+from planner.schemas.profile import LayerProfile, Profile
+
+SEQ = 512
+
+
+def linear_entry(mbs: int, *, tp: int = 1, kind: str = "decoder", status: str = "ok") -> LayerProfile:
+    """Times alpha + beta*tokens (alpha = 1 ms fixed cost, beta = 2 us/token), bytes exactly per token."""
+    tokens = mbs * SEQ
+    return LayerProfile(
+        layer_type=kind, tp=tp, microbatch_size=mbs, seq_len=SEQ, status=status,
+        forward_s=1e-3 + 2e-6 * tokens, backward_s=2e-3 + 4e-6 * tokens,
+        recompute_selective_s=1e-4 + 1e-7 * tokens, recompute_full_s=1e-3 + 2e-6 * tokens,
+        params_bytes=1000, saved_bytes=100 * tokens, saved_bytes_selective=80 * tokens, saved_bytes_full=10 * tokens,
+    )
+
+
+def make_profile(*entries: LayerProfile) -> Profile:
+    return Profile(kind="measured", model_name="m", device="cpu", dtype="fp32", entries=entries)
+
+
+def test_measured_sizes_come_back_as_measured():
+    got = profiled_layer_costs(make_profile(linear_entry(1), linear_entry(4)), layer_type="decoder", tp=1, ep=1,
+                               microbatch_size=4, seq_len=SEQ)
+    assert got.fit == "measured" and got.forward_s == pytest.approx(1e-3 + 2e-6 * 4 * SEQ)
+    assert got.measured_microbatch_sizes == (1, 4)
+
+
+@pytest.mark.parametrize("mbs", [2, 3, 6, 8])
+def test_least_squares_recovers_a_linear_cost_between_and_beyond_measured_sizes(mbs):
+    got = profiled_layer_costs(make_profile(linear_entry(1), linear_entry(2), linear_entry(4)),
+                               layer_type="decoder", tp=1, ep=1, microbatch_size=mbs, seq_len=SEQ)
+    tokens = mbs * SEQ
+    if mbs in (2,):
+        assert got.fit == "measured"
+    else:
+        assert got.fit == "least-squares"
+    assert got.forward_s == pytest.approx(1e-3 + 2e-6 * tokens)
+    assert got.backward_s == pytest.approx(2e-3 + 4e-6 * tokens)
+    assert got.recompute_full_s == pytest.approx(1e-3 + 2e-6 * tokens)
+    assert got.saved_bytes == 100 * tokens and got.saved_bytes_full == 10 * tokens
+    assert got.params_bytes == 1000
+
+
+def test_one_measured_size_scales_with_tokens():
+    got = profiled_layer_costs(make_profile(linear_entry(2)), layer_type="decoder", tp=1, ep=1, microbatch_size=1,
+                               seq_len=SEQ)
+    assert got.fit == "proportional"
+    assert got.forward_s == pytest.approx((1e-3 + 2e-6 * 2 * SEQ) / 2)
+
+
+def test_uncovered_shapes_are_left_to_the_analytic_model():
+    profile = make_profile(linear_entry(1), linear_entry(2), linear_entry(4, status="oom"))
+    query = {"layer_type": "decoder", "tp": 1, "ep": 1, "seq_len": SEQ}
+    assert profiled_layer_costs(profile, **{**query, "tp": 2}, microbatch_size=1) is None
+    assert profiled_layer_costs(profile, **{**query, "seq_len": 1024}, microbatch_size=1) is None
+    assert profiled_layer_costs(profile, **{**query, "layer_type": "head"}, microbatch_size=1) is None
+    assert profiled_layer_costs(profile, **query, microbatch_size=int(2 * EXTRAPOLATION_LIMIT) + 1) is None
+    assert profiled_layer_costs(profile, **query, microbatch_size=4).fit == "least-squares"  # the oom entry is ignored
+    assert profiled_layer_costs(make_profile(linear_entry(1, status="oom")), **query, microbatch_size=1) is None
+
+
+def test_noisy_fit_never_goes_negative():
+    a, b = linear_entry(1), linear_entry(2)
+    noisy = make_profile(a.model_copy(update={"forward_s": 5e-3}), b.model_copy(update={"forward_s": 1e-3}))
+    got = profiled_layer_costs(noisy, layer_type="decoder", tp=1, ep=1, microbatch_size=3, seq_len=SEQ)
+    assert got.forward_s == pytest.approx(3e-3)  # falling times are noise: the mean
+
+
+def test_coverage_and_model_mismatch():
+    profile = make_profile(linear_entry(1), linear_entry(2), linear_entry(1, kind="head"))
+    assert coverage(profile) == ["decoder tp=1 ep=1 seq_len=512 mbs 1,2", "head tp=1 ep=1 seq_len=512 mbs 1"]
+    with pytest.raises(BadInputError, match="profile model_name='m' does not match model 'llama3-8b'"):
+        require_profile_matches(profile, model_name="llama3-8b")
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"])
+def test_alpha_beta_fit_recovers_latency_and_bandwidth(collective):
+    n, alpha, bandwidth_GBps = 4, 50e-6, 12.5
+    sizes = [2**k for k in range(12, 27, 2)]
+    points = [CommPoint(message_bytes=s, time_s=alpha + bus_factor(collective, n) * s / (bandwidth_GBps * 1e9)) for s in sizes]
+    fit = fit_collective(collective, n, points)
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.bus_bandwidth_GBps == pytest.approx(bandwidth_GBps, rel=1e-6)
+    assert fit.latency_s == pytest.approx(alpha / ring_steps(collective, n))
+    assert fit.predict_s(2**20) == pytest.approx(points[0].time_s + bus_factor(collective, n) * (2**20 - 2**12) / 12.5e9)
+    calibration = CommCalibration(backend="gloo", device="cpu", world_size=n, fits=(fit,))
+    assert CommCalibration.model_validate_json(calibration.model_dump_json()) == calibration
+    assert calibration.fit(collective) == fit and calibration.fit("nope") is None
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert ring_steps("all_reduce", 8) == 14 and ring_steps("send_recv", 8) == 1
