@@ -274,19 +274,26 @@ class CombinedOptimizer:
 
 
 def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.ProcessGroup | None = None,
-                    lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95), weight_decay: float = 0.0,
-                    eps: float = 1e-8):
-    """AdamW (Loshchilov & Hutter 2019); ZeRO-1 shards its state over `dp_group` with
-    ZeroRedundancyOptimizer (EP experts, different on each rank, keep a local AdamW)."""
-    kwargs = {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps}
+                    lr: float = 1e-3, optimizer: str = "adamw", betas: tuple[float, float] = (0.9, 0.95),
+                    weight_decay: float = 0.0, eps: float = 1e-8):
+    """AdamW (Loshchilov & Hutter 2019), or plain SGD (`optimizer="sgd"`: its update is proportional to the
+    gradient, so tests catch gradient-scale errors that Adam's normalisation hides). ZeRO-1 shards the
+    optimizer state over `dp_group` with ZeroRedundancyOptimizer (EP experts, different on each rank, keep
+    a local optimizer)."""
+    if optimizer == "adamw":
+        cls, kwargs = torch.optim.AdamW, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps}
+    elif optimizer == "sgd":
+        cls, kwargs = torch.optim.SGD, {"lr": lr, "weight_decay": weight_decay}
+    else:
+        raise BadInputError(f"optimizer={optimizer!r} is unknown: choose adamw or sgd")
     params = _unique_params(model)
     if zero_stage != 1 or dp_group is None or dist.get_world_size(dp_group) == 1:
-        return torch.optim.AdamW(params, **kwargs)
+        return cls(params, **kwargs)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     experts = expert_params(model)
     dense = [p for p in params if all(p is not e for e in experts)]
     if any(isinstance(p, DTensor) for p in dense):
         raise BadInputError("zero_stage=1 with tensor parallelism is not runnable by the executor: use zero_stage=2 or 3 with tp > 1")
-    zero = ZeroRedundancyOptimizer(dense, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)
-    return CombinedOptimizer([zero, torch.optim.AdamW(experts, **kwargs)]) if experts else zero
+    zero = ZeroRedundancyOptimizer(dense, optimizer_class=cls, process_group=dp_group, **kwargs)
+    return CombinedOptimizer([zero, cls(experts, **kwargs)]) if experts else zero
