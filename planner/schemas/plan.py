@@ -34,6 +34,9 @@ class SearchLimits(Schema):
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[RecomputeMode, ...] = ("none", "selective", "full")
     tp_overlap: tuple[TpOverlap, ...] = ("none", "domino")
+    fixed: dict[str, int] = Field(
+        default_factory=dict, description="parallel degrees fixed by the user (dp, tp, pp, cp, ep); the rest is searched"
+    )
 
 
 class PlanRequest(Schema):

@@ -1,0 +1,90 @@
+"""Solver speed on four scales: prints, per case, the size of the space, what was evaluated and pruned, the wall
+time and the plan found. Goal: each under 2 s on a 2-core machine, over the full space (no silent narrowing:
+configurations considered = evaluated and fitting + pruned, every pruned one counted under its reason).
+
+Run: python benchmarks/search_speed.py [--json] [--case NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+GOAL_S = 2.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    topology: str
+    gpus: int
+    global_batch_size: int
+    seq_len: int
+    source: str
+
+
+CASES = (
+    Case("mt-nlg-530b", "mt-nlg-530b", "dgx-a100-80g", 4480, 1920, 2048,
+         "Smith et al. 2022 (MT-NLG), 560 DGX A100 nodes, global batch 1920 x 2048"),
+    Case("llama3-405b", "llama3-405b", "dgx-h100", 16384, 2048, 8192,
+         "Llama 3 paper (Dubey et al. 2024) section 3.3: 16K H100, 16M tokens per batch at seq 8192"),
+    Case("deepseek-v3", "deepseek-v3", "hgx-h800", 2048, 15360, 4096,
+         "DeepSeek-V3 technical report: 2048 H800, batch 15360 x 4096"),
+    Case("llama3-8b", "llama3-8b", "dgx-h100", 8, 64, 8192, "one DGX H100, 0.5M tokens per step"),
+)
+
+
+def run_case(case: Case) -> dict:
+    from planner.api import build_request
+    from planner.search.driver import search
+
+    request = build_request(model=case.model, topology=case.topology, gpus=case.gpus,
+                            global_batch_size=case.global_batch_size, seq_len=case.seq_len)
+    start = time.perf_counter()
+    result = search(request)
+    wall_s = time.perf_counter() - start
+    pruned = sum(result.pruned.values())
+    row = dict(case=case.name, gpus=case.gpus, considered=result.considered, evaluated=result.evaluated,
+               pruned=pruned, wall_s=round(wall_s, 3), dp_calls=result.counters.dp_calls,
+               ilp_calls=result.counters.ilp_calls, accounted=pruned + len_fitting(result) == result.considered)
+    if result.ranked:
+        best = result.ranked[0]
+        c = best.cand
+        row.update(chosen=f"dp={c.dp} tp={c.tp} pp={c.pp} cp={c.cp} ep={c.ep} vpp={c.vpp} zero={c.zero_stage} "
+                          f"mbs={c.microbatch_size} {c.schedule} {c.recompute}", step_time_s=round(best.ev.step_time_s, 4))
+    else:
+        row.update(chosen="(nothing fits)", step_time_s=None)
+    return row
+
+
+def len_fitting(result) -> int:
+    """Evaluated configurations that fit (the rest of `evaluated` is counted in pruned['does_not_fit'])."""
+    return result.evaluated - result.pruned.get("does_not_fit", 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--case", action="append", help="only these cases")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if not args.case or c.name in args.case]
+    rows = [run_case(case) for case in cases]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        header = f"{'case':<13}{'gpus':>7}{'considered':>13}{'evaluated':>11}{'pruned':>13}{'wall s':>8}  chosen -> step s"
+        print(header)
+        print("-" * len(header))
+        for r in rows:
+            flag = "" if r["wall_s"] <= GOAL_S else "  (over the 2 s goal)"
+            print(f"{r['case']:<13}{r['gpus']:>7}{r['considered']:>13,}{r['evaluated']:>11,}{r['pruned']:>13,}"
+                  f"{r['wall_s']:>8.2f}  {r['chosen']} -> {r['step_time_s']}{flag}")
+    return 0 if all(r["accounted"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""SearchResult -> LaunchPlan (kind "plan"): the winner through planner.plan.build_launch_plan, plus the
+alternatives with why they lost, the pruned counts and the solver statistics. Nothing wall-clock goes in, so the
+same request gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import planner
+from planner.schemas.plan import Alternative, LaunchPlan, PlanRequest, SolverStats
+from planner.search.outcome import Scored, why_not
+
+SEARCH_VERSION = "search-1"
+
+
+def space_notes(result) -> list[str]:
+    """What the space allowed and how the winner was refined (deterministic text)."""
+    opts = result.opts
+    notes = [
+        "space: dp x tp x pp x cp = gpus with tp dividing gpus_per_node (TP inside a node), ep dividing dp*cp for MoE, "
+        f"microbatch_size up to {opts.max_microbatch_size}, zero {list(opts.zero_stages)}, recompute {list(opts.recompute_modes)} "
+        f"(+ partial full recompute per stage), schedules {list(opts.schedules)}, tp_overlap {list(opts.tp_overlap)}, "
+        "axis orders with tp innermost",
+        "ranking: step time, then peak memory, then smaller tp, pp, cp, ep, dp, vpp, zero, larger microbatch",
+    ]
+    if opts.fixed:
+        notes.append("fixed by the request: " + ", ".join(f"{k}={v}" for k, v in sorted(opts.fixed.items())))
+    return notes
+
+
+def assemble(request: PlanRequest, result) -> LaunchPlan:
+    """The plan of the best configuration of `result` (which must have one)."""
+    from planner.cost.estimate import model_notes
+    from planner.plan import batch_of, build_launch_plan, parallelism_of
+    from planner.search.driver import make_cost_model
+
+    best, rest = result.ranked[0], result.ranked[1:]
+    cost = make_cost_model(request)  # a fresh model: its notes name the winner's shapes only
+    ev = cost.evaluate(best.cand, stage_layers=best.stage_layers, full_recompute_layers=best.full_recompute_layers)
+    alternatives = [
+        Alternative(parallelism=parallelism_of(o.cand), batch=batch_of(request, o.cand), schedule=o.cand.schedule,
+                    recompute=o.cand.recompute, step_time_s=o.ev.step_time_s, peak_bytes=int(o.ev.peak_bytes),
+                    why_not=why_not(best, o))
+        for o in rest
+    ]
+    solver = SolverStats(
+        configurations_considered=result.considered, configurations_evaluated=result.evaluated,
+        ilp_calls=result.counters.ilp_calls, dp_calls=result.counters.dp_calls,
+        version=f"planner {planner.__version__} {SEARCH_VERSION}",
+    )
+    return build_launch_plan(
+        cost, best.cand, ev, kind="plan", notes=[*model_notes(cost), *space_notes(result)],
+        alternatives=alternatives, pruned=dict(sorted(result.pruned.items())), solver=solver,
+    )

@@ -1,0 +1,40 @@
+"""Sound lower bounds that let the search discard whole groups of configurations without evaluating them.
+
+Both bounds are lower bounds of what `CostModel.evaluate` returns, built only from the cost model's own per-layer
+arrays (`LayerCosts`), so pruning with them never removes a configuration that could have won:
+
+Time. Every pipeline rank runs `num_microbatches` forward+backward(+recompute) passes of its layers, and the
+slowest rank's share of the per-micro-batch work T = sum_l (forward_s + backward_s + recompute_s) is at least
+T / pp (the maximum is at least the mean; with vpp chunks per rank the same sum is split). Pipeline flushes add the
+critical path of one micro-batch through the other stages (Huang et al. 2019 GPipe section 2.2; Narayanan et al.
+2021 section 2.2). The cost model charges the bubble as planner.cost.schedule.bubble_s(rank time), increasing in
+the rank time (GPipe and 1F1B (pp - 1) rank times, interleaved (pp - 1) / vpp, zero-bubble ZB-H1 a third of
+1F1B's, PipeDream-2BW none), and the rank time is at least T / pp, so
+
+    step_time >= num_microbatches * T / pp + bubble_s(schedule, T / pp)                  (1)
+
+Communication, the optimizer step and uneven stages only add to it; exposed communication is never negative.
+
+Memory. A pipeline rank's peak is static + in-flight x activations + other bytes. The most loaded rank holds at
+least the mean; every rank holds at least one micro-batch's activations (it must keep them until its backward);
+static bytes fall (weakly) with the ZeRO stage and activations with recompute, SP and a smaller micro-batch, so
+the least-memory variant of a factorisation bounds all of its configurations:
+
+    peak >= (sum_l min_zero static_l + sum_l min(activation_l, full_recompute_activation_l)) / pp + min_s other_s   (2)
+"""
+
+from __future__ import annotations
+
+
+
+def step_time_lower_bound_s(time_sum_s: float, num_microbatches: int, pp: int, schedule: str = "2bw", vpp: int = 1) -> float:
+    """Bound (1); the default schedule (2bw: no bubble) gives a bound of every schedule."""
+    from planner.cost.schedule import bubble_s
+
+    rank_s = time_sum_s / pp
+    return num_microbatches * rank_s + bubble_s(schedule, pp=pp, vpp=vpp, rank_time_s=rank_s)
+
+
+def memory_lower_bound_bytes(static_sum_bytes: float, activation_sum_bytes: float, pp: int, other_min_bytes: float) -> float:
+    """Bound (2), from the least-memory variant's sums."""
+    return (static_sum_bytes + activation_sum_bytes) / pp + other_min_bytes

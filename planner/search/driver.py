@@ -1,0 +1,257 @@
+"""The search driver: branch and bound over the plan space, then DP/ILP refinement of the winners.
+
+1. Enumerate factorisations (planner.search.space); structural rules prune them, counted per reason.
+2. Per valid factorisation, its groups (micro-batch size, sp, recompute, tp_overlap) get the cost model's
+   per-layer arrays; from them the sound lower bounds of planner.search.bounds: step time (1) and memory (2).
+3. Factorisations are visited by ascending time bound and their groups likewise; a group, or one (schedule, vpp)
+   variant of it, is pruned when its bound exceeds the step time of the current top_k + 1-th best plan (the
+   "time_lower_bound" count), or when its memory bound exceeds the capacity ("memory_lower_bound"). Everything
+   else is evaluated by CostModel.evaluate (balanced stages); a configuration that does not fit and whose base
+   recompute is not "full" is retried with partial full recompute per stage (closed form or ILP (A)).
+4. The best top_k + 1 are refined: with pp > 1 and vpp = 1 the stage-partition DP re-splits the layers
+   (embedding/head imbalance, in-flight memory falling with the stage); when the DP finds no split that fits,
+   the joint assignment ILP (B) chooses the split and the recompute set together (small problems only).
+5. No configuration is dropped silently: configurations_considered = evaluated-and-fitting + sum(pruned).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.errors import InfeasibleError
+from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
+from planner.search import bounds
+from planner.search.outcome import Ranking, Scored, describe, infeasible_message, rank_key
+from planner.search.refine import Counters, partial_recompute, split_for
+from planner.search.space import Factorisation, Group, Options, Space
+
+ProgressFn = Callable[[int, int], None]
+ILP_B_MAX_VARIABLES = 400  # joint assignment ILP only for n_layers * pp up to this (CBC time grows fast)
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Scored]
+    closest: Scored | None
+    pruned: Counter
+    considered: int
+    evaluated: int
+    counters: Counters
+    memory_floor: tuple[float, str] | None
+    capacity_bytes: float
+    opts: Options
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Arrays:
+    """Sums of one group's per-layer arrays (what the bounds need)."""
+
+    time_sum_s: float
+    activation_floor_bytes: float
+
+
+class _Search:
+    def __init__(self, request: PlanRequest, cost, opts: Options, *, exhaustive: bool, progress: ProgressFn | None):
+        self.request, self.cost, self.opts = request, cost, opts
+        self.exhaustive, self.progress = exhaustive, progress
+        self.space = Space(request, opts)
+        self.limits = request.search or SearchLimits()
+        self.ranking = Ranking(self.limits.top_k + 1)
+        self.capacity = float(cost.capacity_bytes())
+        self.counters = Counters()
+        self.closest: Scored | None = None
+        self.floor: tuple[float, str] | None = None
+        self.evaluated = 0
+        self._arrays: dict[tuple, _Arrays] = {}
+        self.partial_ok = "full" in opts.recompute_modes
+
+    # ---- bounds -------------------------------------------------------------------------------------------
+    def _candidate(self, group: Group, **member):
+        from planner.cost.model import Candidate
+
+        fields = group.candidate_fields()
+        fields.update(member)
+        return Candidate(**fields)
+
+    def group_arrays(self, group: Group) -> _Arrays:
+        """Time sum and activation floor of a group. The per-layer times see the TP, CP and EP groups; TP is
+        innermost and inside a node whatever the order of the other axes, so with cp = ep = 1 one order stands for
+        all; otherwise the minimum over the orders is taken (a bound must hold for every member)."""
+        from planner.search.space import axis_orders
+
+        key = (group.fact, group.microbatch_size, group.sp, group.recompute, group.tp_overlap)
+        if key not in self._arrays:
+            fact = group.fact
+            orders = axis_orders(fact) if fact.cp > 1 or fact.ep > 1 else axis_orders(fact)[:1]
+            time_sum, act = np.inf, np.inf
+            for order in orders:
+                lc = self.cost.layer_costs(self._candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
+                time_sum = min(time_sum, float(np.sum(lc.forward_s) + np.sum(lc.backward_s) + np.sum(lc.recompute_s)))
+                a = np.asarray(lc.activation_bytes, dtype=np.float64)
+                if self.partial_ok:
+                    a = np.minimum(a, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
+                act = min(act, float(a.sum()))
+            self._arrays[key] = _Arrays(time_sum, act)
+        return self._arrays[key]
+
+    def static_floor(self, group: Group) -> tuple[float, float]:
+        """Least static bytes (the highest ZeRO stage allowed: every stage shards at least what the one below
+        does) and least other bytes (the lowest ZeRO stage: ZeRO-3 adds gathered weights) over the stages."""
+        most = self._candidate(group, zero_stage=max(self.opts.zero_stages))
+        least = self._candidate(group, zero_stage=min(self.opts.zero_stages))
+        static = float(np.sum(self.cost.layer_costs(most).static_bytes))
+        other = min(float(self.cost.stage_other_bytes(least, s)) for s in range(group.fact.pp))
+        return static, other
+
+    def memory_bound(self, group: Group, static: tuple[float, float]) -> float:
+        arrays = self.group_arrays(group)
+        return bounds.memory_lower_bound_bytes(static[0], arrays.activation_floor_bytes, group.fact.pp, static[1])
+
+    def time_bound(self, group: Group, schedule: str = "2bw", vpp: int = 1) -> float:
+        arrays = self.group_arrays(group)
+        return bounds.step_time_lower_bound_s(arrays.time_sum_s, group.num_microbatches, group.fact.pp, schedule, vpp)
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+    def plan_facts(self) -> list[tuple[float, tuple, Factorisation, list[tuple[float, Group]]]]:
+        """Valid factorisations with their groups' time bounds, sorted by bound (then degrees)."""
+        entries = []
+        for fact in self.space.factorisations():
+            count = self.space.fact_count(fact)
+            self.space.considered += count
+            reason = self.space.fact_reason(fact)
+            if reason is not None:
+                self.space.pruned[reason] += count
+                continue
+            groups = self.space.fact_groups(fact)
+            static = self.static_floor(groups[0])
+            scored = []
+            for group in groups:
+                mem = self.memory_bound(group, static)
+                if mem > self.capacity and not self.exhaustive:
+                    self.space.pruned["memory_lower_bound"] += self.space.members_per_group(fact)
+                    if self.floor is None or mem < self.floor[0]:
+                        self.floor = (mem, f"dp={fact.dp} tp={fact.tp} pp={fact.pp} cp={fact.cp} ep={fact.ep} mbs={group.microbatch_size}")
+                    continue
+                scored.append((self.time_bound(group), group))
+            if scored:
+                scored.sort(key=lambda item: (item[0], _group_tie(item[1])))
+                entries.append((scored[0][0], (fact.tp, fact.pp, fact.cp, fact.ep, fact.dp), fact, scored))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        return entries
+
+    def run(self) -> None:
+        entries = self.plan_facts()
+        for done, (_, _, fact, groups) in enumerate(entries):
+            for lower, group in groups:
+                if lower > self.ranking.threshold_s and not self.exhaustive:
+                    self.space.pruned["time_lower_bound"] += self._group_members(group)
+                    continue
+                self.visit_group(group)
+            if self.progress is not None:
+                self.progress(done + 1, len(entries))
+
+    def _group_members(self, group: Group) -> int:
+        return sum(count for _, _, count in self.space.variants(group))
+
+    def visit_group(self, group: Group) -> None:
+        for schedule, vpp, count in self.space.variants(group):
+            if not self.exhaustive and self.time_bound(group, schedule, vpp) > self.ranking.threshold_s:
+                self.space.pruned["time_lower_bound"] += count
+                continue
+            for member in self.space.members(group, schedule, vpp):
+                self.visit(self._candidate(group, zero_stage=member.zero_stage, schedule=schedule, vpp=vpp,
+                                           axis_order=member.axis_order))
+
+    def visit(self, cand) -> None:
+        reasons = self.cost.validity_reasons(cand)
+        if reasons:
+            self.space.pruned[_slug(reasons[0])] += 1
+            return
+        ev = self.cost.evaluate(cand)
+        self.evaluated += 1
+        self.counters.evaluations += 1
+        item = Scored(rank_key(cand, ev), cand, ev)
+        if not ev.fits and self.partial_ok and cand.recompute != "full":
+            item = self.with_partial_recompute(cand, item)
+        if item.ev.fits:
+            self.ranking.offer(item)
+            return
+        self.space.pruned["does_not_fit"] += 1
+        over = item.ev.peak_bytes - item.ev.capacity_bytes
+        if self.closest is None or (over, item.key) < (self.closest.ev.peak_bytes - self.closest.ev.capacity_bytes, self.closest.key):
+            self.closest = item
+
+    def with_partial_recompute(self, cand, item: Scored) -> Scored:
+        split = split_for(self.request.model.num_layers, cand)
+        lc = self.cost.layer_costs(cand)
+        counts = partial_recompute(self.cost, cand, lc, split, self.counters, self.limits.time_limit_s)
+        if counts is None or not any(counts):
+            return item
+        ev = self.cost.evaluate(cand, stage_layers=split, full_recompute_layers=counts)
+        self.counters.evaluations += 1
+        return Scored(rank_key(cand, ev), cand, ev, split, counts) if ev.fits else item
+
+
+def _group_tie(group: Group) -> tuple:
+    return (-group.microbatch_size, group.recompute, group.sp, group.tp_overlap)
+
+
+def _slug(reason: str) -> str:
+    """A `pruned` key from a validity reason: its words before the first ':' or '=' digits, snake_cased."""
+    head = reason.split(":")[0].strip().lower()
+    words = [w for w in "".join(c if c.isalnum() else " " for c in head).split() if not w.isdigit()]
+    return "_".join(words[:8]) or "invalid"
+
+
+def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progress: ProgressFn | None = None,
+           exhaustive: bool = False, cost=None) -> SearchResult:
+    """Run the search; `exhaustive=True` turns every bound off (the reference the tests compare against)."""
+    from planner.search.refine_top import refine_top
+
+    cost = cost if cost is not None else make_cost_model(request)
+    opts = Options.from_request(request, fixed)
+    state = _Search(request, cost, opts, exhaustive=exhaustive, progress=progress)
+    state.run()
+    ranked = refine_top(state, state.ranking.items)
+    return SearchResult(
+        ranked=ranked, closest=state.closest, pruned=state.space.pruned, considered=state.space.considered,
+        evaluated=state.evaluated, counters=state.counters, memory_floor=state.floor, capacity_bytes=state.capacity,
+        opts=opts,
+    )
+
+
+def make_cost_model(request: PlanRequest):
+    """The cost model of a request, with its measured profile when the request names one."""
+    from planner.cost.model import CostModel
+
+    profile = None
+    if request.profile is not None:
+        from planner.io import load_file
+        from planner.schemas.profile import Profile
+
+        profile = load_file(Profile, request.profile)
+    return CostModel(request, profile)
+
+
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dict[str, int] | None = None) -> LaunchPlan:
+    """The fastest plan that fits, as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is."""
+    result = search(request, fixed=fixed, progress=progress)
+    if not result.ranked:
+        limits = request.search or SearchLimits()
+        message, shortfall, closest = infeasible_message(
+            gpus=request.gpus, gpus_per_node=request.topology.gpus_per_node, capacity_bytes=result.capacity_bytes,
+            closest=result.closest, floor=result.memory_floor, zero_stages=tuple(limits.zero_stages),
+            recompute_modes=tuple(limits.recompute_modes), seq_len=request.seq_len, pruned=dict(result.pruned),
+        )
+        raise InfeasibleError(message, closest=closest, shortfall_bytes=shortfall)
+    from planner.search.assemble import assemble
+
+    return assemble(request, result)
+
+
+__all__ = ["plan", "search", "SearchResult", "describe"]

@@ -1,0 +1,251 @@
+"""The plan space: every configuration the search considers, enumerated in groups, with structural pruning counted.
+
+A configuration is (dp, tp, pp, cp, ep, sp, vpp, zero_stage, tp_overlap, microbatch_size, num_microbatches,
+schedule, recompute, axis_order). The space, and what bounds it:
+
+- dp x tp x pp x cp = gpus, every factorisation; tp a divisor of gpus_per_node (TP stays inside the fast
+  intra-node fabric, as Megatron-LM and torchtitan place it; a node of a GB200 NVL72 topology is the 72-GPU NVLink
+  domain, so TP up to 72 there); pp up to the number of decoder layers.
+- ep (MoE models only): every divisor of dp x cp (expert-parallel groups are carved out of the data-parallel and
+  context-parallel ranks, Megatron-Core's expert_model_parallel groups); dense models have ep = 1.
+- sp on/off when tp > 1 (off when tp = 1: nothing to shard); tp_overlap none/domino when tp > 1.
+- microbatch_size: every divisor of global_batch_size / dp up to SearchLimits.max_microbatch_size;
+  num_microbatches = global_batch_size / (dp * microbatch_size).
+- zero_stage and recompute from SearchLimits (default 0..3 and none/selective/full); partial full recompute of
+  some layers per stage is chosen by the ILP for configurations that do not fit otherwise.
+- schedule: with pp = 1 every pipeline schedule is the same computation, so one stands for all (1f1b when
+  allowed); with pp > 1 gpipe, 1f1b, 2bw, zero-bubble (vpp = 1) and interleaved with every vpp in 2..L/pp.
+- axis_order: tp innermost; every order of the other axes whose size is > 1 (orders that differ only in where a
+  size-1 axis sits are the same layout and are not counted twice).
+
+Structural rules that prune whole groups, counted per reason (times the configurations each group holds):
+heads, KV heads (not with MLA) and the FFN width divisible by tp, global batch by dp, seq_len by 2*cp (load-balanced causal context
+parallelism, Megatron-Core), experts by ep, decoder layers by pp*vpp for interleaved (Megatron-LM's interleaved
+1F1B needs equal model chunks) and num_microbatches by pp (Megatron-LM's rule for interleaving).
+ZeRO-2/3 with pp > 1 is allowed (torchtitan runs FSDP with PP; Megatron's distributed optimizer is ZeRO-1); the
+DeepSpeed exporter, whose pipeline engine allows only ZeRO <= 1, reports it when exporting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from planner.errors import BadInputError
+from planner.schemas.plan import AXES, PlanRequest, SearchLimits
+
+FLAT_SCHEDULES = ("gpipe", "1f1b", "2bw", "zero-bubble")
+RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class Options:
+    """The per-request choices of the space, after SearchLimits and --runnable are applied."""
+
+    schedules: tuple[str, ...]
+    zero_stages: tuple[int, ...]
+    recompute_modes: tuple[str, ...]
+    tp_overlap: tuple[str, ...]
+    max_microbatch_size: int
+    fixed: dict[str, int] = field(default_factory=dict)  # degrees fixed by the caller (--tp, --pp, ...)
+
+    @staticmethod
+    def from_request(request: PlanRequest, fixed: dict[str, int] | None = None) -> Options:
+        limits = request.search or SearchLimits()
+        pinned = {**limits.fixed, **(fixed or {})}
+        _check_fixed(pinned, request.gpus)
+        schedules = tuple(s for s in limits.schedules if not limits.runnable or s in RUNNABLE_SCHEDULES)
+        overlap = tuple(o for o in limits.tp_overlap if not limits.runnable or o == "none")
+        return Options(
+            schedules=schedules,
+            zero_stages=tuple(sorted(limits.zero_stages)),
+            recompute_modes=tuple(limits.recompute_modes),
+            tp_overlap=overlap or ("none",),
+            max_microbatch_size=limits.max_microbatch_size,
+            fixed=pinned,
+        )
+
+
+def _check_fixed(fixed: dict[str, int], gpus: int) -> None:
+    """Fixed degrees must name a parallel axis and divide the GPU count (ep divides dp*cp: checked by the space)."""
+    for axis, value in sorted(fixed.items()):
+        if axis not in ("dp", "tp", "pp", "cp", "ep"):
+            raise BadInputError(f"fixed degree {axis}={value}: unknown axis; choose among dp, tp, pp, cp, ep")
+        if value < 1 or (axis != "ep" and gpus % value):
+            choices = ", ".join(map(str, divisors(gpus)))
+            raise BadInputError(f"{axis}={value} must divide gpus={gpus}: choose {axis} in {{{choices}}}")
+
+
+@dataclass(frozen=True)
+class Factorisation:
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """Configurations that share the per-layer time arrays: everything but zero, schedule/vpp and axis order."""
+
+    fact: Factorisation
+    microbatch_size: int
+    num_microbatches: int
+    sp: bool
+    recompute: str
+    tp_overlap: str
+
+    def candidate_fields(self) -> dict:
+        f = self.fact
+        return dict(
+            dp=f.dp, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep, sp=self.sp, tp_overlap=self.tp_overlap,
+            microbatch_size=self.microbatch_size, num_microbatches=self.num_microbatches, recompute=self.recompute,
+        )
+
+
+@dataclass(frozen=True)
+class Member:
+    zero_stage: int
+    schedule: str
+    vpp: int
+    axis_order: tuple[str, ...]
+
+
+def axis_orders(fact: Factorisation) -> list[tuple[str, ...]]:
+    """tp innermost; every permutation of the outer axes with size > 1, placed in the default order's slots."""
+    outer = [a for a in AXES if a != "tp"]
+    size = {"pp": fact.pp, "dp": fact.dp, "cp": fact.cp}
+    busy = [a for a in outer if size[a] > 1]
+    slots = [i for i, a in enumerate(outer) if size[a] > 1]
+    orders = []
+    for perm in itertools.permutations(busy):
+        order = list(outer)
+        for slot, axis in zip(slots, perm, strict=True):
+            order[slot] = axis
+        orders.append((*order, "tp"))
+    return orders
+
+
+def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs of the space for this pp (see the module docstring)."""
+    if pp == 1:
+        flat = [s for s in opts.schedules if s != "interleaved"]
+        return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat else []
+    variants = [(s, 1) for s in FLAT_SCHEDULES if s in opts.schedules]
+    if "interleaved" in opts.schedules:
+        variants += [("interleaved", v) for v in range(2, num_layers // pp + 1)]
+    return variants
+
+
+class Space:
+    """Enumerates groups and members of one request's space; `pruned` counts what structural rules removed."""
+
+    def __init__(self, request: PlanRequest, opts: Options):
+        self.request, self.opts = request, opts
+        self.model = request.model
+        self.pruned: Counter[str] = Counter()
+        self.considered = 0
+
+    def factorisations(self) -> Iterator[Factorisation]:
+        gpus, gpn, fixed = self.request.gpus, self.request.topology.gpus_per_node, self.opts.fixed
+        for tp in divisors(gpus):
+            if (gpus > gpn and gpn % tp) or tp > gpn or fixed.get("tp", tp) != tp:
+                continue
+            for pp in divisors(gpus // tp):
+                if pp > self.model.num_layers or fixed.get("pp", pp) != pp:
+                    continue
+                for cp in divisors(gpus // (tp * pp)):
+                    dp = gpus // (tp * pp * cp)
+                    if fixed.get("cp", cp) != cp or fixed.get("dp", dp) != dp:
+                        continue
+                    for ep in self._eps(dp * cp):
+                        yield Factorisation(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+
+    def _eps(self, span: int) -> list[int]:
+        if self.model.moe is None:
+            return [1]
+        return [e for e in divisors(span) if self.opts.fixed.get("ep", e) == e]
+
+    def microbatch_sizes(self, dp: int) -> list[int]:
+        if self.request.global_batch_size % dp:
+            return []
+        per_replica = self.request.global_batch_size // dp
+        return [m for m in divisors(per_replica) if m <= self.opts.max_microbatch_size]
+
+    def fact_reason(self, fact: Factorisation) -> str | None:
+        """The first structural rule a factorisation breaks, as a `pruned` key; None when it is valid."""
+        m, r = self.model, self.request
+        if m.num_attention_heads % fact.tp:
+            return "heads_not_divisible_by_tp"
+        if m.mla is None and m.kv_heads % fact.tp:
+            return "kv_heads_not_divisible_by_tp"
+        if m.ffn_hidden_size % fact.tp:
+            return "ffn_not_divisible_by_tp"
+        if r.global_batch_size % fact.dp:
+            return "global_batch_not_divisible_by_dp"
+        if fact.cp > 1 and r.seq_len % (2 * fact.cp):
+            return "seq_len_not_divisible_by_2cp"
+        if m.moe is not None and m.moe.num_experts % fact.ep:
+            return "experts_not_divisible_by_ep"
+        return None
+
+    def group_options(self, fact: Factorisation) -> tuple[list[int], list[bool], list[str]]:
+        """microbatch sizes (at least one even for an invalid dp, for counting), sp and tp_overlap choices."""
+        sizes = self.microbatch_sizes(fact.dp) or [1]
+        sps = [False, True] if fact.tp > 1 else [False]
+        overlaps = list(self.opts.tp_overlap) if fact.tp > 1 else ["none"]
+        return sizes, sps, overlaps
+
+    def members_per_group(self, fact: Factorisation) -> int:
+        variants = schedule_variants(fact.pp, self.model.num_layers, self.opts)
+        return len(self.opts.zero_stages) * len(variants) * len(axis_orders(fact))
+
+    def fact_count(self, fact: Factorisation) -> int:
+        """Configurations of the space with this factorisation (every group times its members)."""
+        sizes, sps, overlaps = self.group_options(fact)
+        return len(sizes) * len(sps) * len(overlaps) * len(self.opts.recompute_modes) * self.members_per_group(fact)
+
+    def fact_groups(self, fact: Factorisation) -> list[Group]:
+        """The groups of a valid factorisation, in a fixed order."""
+        sizes, sps, overlaps = self.group_options(fact)
+        out = []
+        for mbs, sp, rec, overlap in itertools.product(sizes, sps, self.opts.recompute_modes, overlaps):
+            out.append(Group(fact, mbs, self.request.global_batch_size // (fact.dp * mbs), sp, rec, overlap))
+        return out
+
+    def groups(self) -> Iterator[Group]:
+        """Valid groups in a fixed order; invalid factorisations are counted into `pruned` and `considered`."""
+        for fact in self.factorisations():
+            count = self.fact_count(fact)
+            self.considered += count
+            reason = self.fact_reason(fact)
+            if reason is not None:
+                self.pruned[reason] += count
+                continue
+            yield from self.fact_groups(fact)
+
+    def variants(self, group: Group) -> Iterator[tuple[str, int, int]]:
+        """(schedule, vpp, members) of a group that pass the interleaving rules; the rest are counted pruned."""
+        fact, layers = group.fact, self.model.num_layers
+        per_variant = len(self.opts.zero_stages) * len(axis_orders(fact))
+        for schedule, vpp in schedule_variants(fact.pp, layers, self.opts):
+            if schedule == "interleaved" and layers % (fact.pp * vpp):
+                self.pruned["layers_not_divisible_by_pp_vpp"] += per_variant
+            elif schedule == "interleaved" and group.num_microbatches % fact.pp:
+                self.pruned["microbatches_not_divisible_by_pp"] += per_variant
+            else:
+                yield schedule, vpp, per_variant
+
+    def members(self, group: Group, schedule: str, vpp: int) -> Iterator[Member]:
+        """The members of one (schedule, vpp) variant: every ZeRO stage and axis order."""
+        for zero, order in itertools.product(self.opts.zero_stages, axis_orders(group.fact)):
+            yield Member(zero, schedule, vpp, order)

@@ -1,0 +1,108 @@
+"""The search driver: pruned search equals exhaustive search, bounds are sound, structural pruning is counted,
+infeasible requests explain themselves."""
+
+import numpy as np
+import pytest
+
+from planner.api import build_request
+from planner.errors import BadInputError, InfeasibleError
+from planner.schemas.model import ModelSpec, MoESpec
+from planner.schemas.plan import SearchLimits
+from planner.search import bounds
+from planner.search.driver import make_cost_model, search
+from planner.search.space import Options, Space
+
+SMALL = ModelSpec(name="small", num_layers=6, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
+                  num_kv_heads=4, vocab_size=8000, seq_len=1024, activation="swiglu", norm="rmsnorm")
+SMALL_MOE = SMALL.model_copy(update=dict(name="small-moe", moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=512)))
+NARROW = SearchLimits(max_microbatch_size=2, zero_stages=(0, 1, 3), top_k=2, tp_overlap=("none",))
+
+
+def small_request(model=SMALL, gpus=8, gbs=16, limits=NARROW, topology="dgx-h100"):
+    return build_request(model=model, topology=topology, gpus=gpus, global_batch_size=gbs, seq_len=model.seq_len, search=limits)
+
+
+def _summary(result):
+    return [(s.key, s.stage_layers, s.full_recompute_layers) for s in result.ranked]
+
+
+@pytest.mark.parametrize("model,gpus", [(SMALL, 8), (SMALL_MOE, 4)])
+def test_pruned_search_equals_exhaustive(model, gpus):
+    request = small_request(model=model, gpus=gpus)
+    pruned = search(request)
+    full = search(request, exhaustive=True)
+    assert pruned.ranked and full.ranked
+    assert _summary(pruned) == _summary(full)
+    assert pruned.evaluated < full.evaluated
+    assert pruned.considered == full.considered
+
+
+def test_every_configuration_is_accounted_for():
+    result = search(small_request())
+    fitting = result.evaluated - result.pruned.get("does_not_fit", 0)
+    assert fitting + sum(result.pruned.values()) == result.considered
+    space = Space(small_request(), Options.from_request(small_request()))
+    total = sum(space.fact_count(f) for f in space.factorisations())
+    assert total == result.considered
+
+
+def test_bounds_are_below_evaluate():
+    request = small_request()
+    cost = make_cost_model(request)
+    space = Space(request, Options.from_request(request))
+    from planner.cost.model import Candidate
+
+    checked = 0
+    for group in space.groups():
+        for schedule, vpp, _ in space.variants(group):
+            for member in space.members(group, schedule, vpp):
+                cand = Candidate(**group.candidate_fields(), zero_stage=member.zero_stage, schedule=schedule, vpp=vpp,
+                                 axis_order=member.axis_order)
+                if cost.validity_reasons(cand):
+                    continue
+                lc = cost.layer_costs(cand)
+                ev = cost.evaluate(cand)
+                t = float(np.sum(lc.forward_s + lc.backward_s + lc.recompute_s))
+                assert bounds.step_time_lower_bound_s(t, cand.num_microbatches, cand.pp, schedule, vpp) <= ev.step_time_s * (1 + 1e-9)
+                act = float(np.sum(np.minimum(lc.activation_bytes, lc.full_recompute_activation_bytes)))
+                other = min(cost.stage_other_bytes(cand, s) for s in range(cand.pp))
+                mem = bounds.memory_lower_bound_bytes(float(np.sum(lc.static_bytes)), act, cand.pp, other)
+                assert mem <= ev.peak_bytes * (1 + 1e-9)
+                checked += 1
+    assert checked > 100
+
+
+def test_structural_pruning_is_counted_by_reason():
+    model = SMALL.model_copy(update=dict(num_attention_heads=6, num_kv_heads=6, hidden_size=384))
+    result = search(small_request(model=model, gpus=8, gbs=12))
+    assert result.pruned["heads_not_divisible_by_tp"] > 0  # tp=4, 8 do not divide 6 heads
+    assert result.pruned["global_batch_not_divisible_by_dp"] > 0  # dp=8 does not divide 12
+    assert all(s.cand.tp in (1, 2) for s in result.ranked)
+
+
+def test_fixed_degrees_narrow_the_space():
+    limits = NARROW.model_copy(update=dict(fixed={"tp": 2, "pp": 2}))
+    result = search(small_request(limits=limits))
+    assert {(s.cand.tp, s.cand.pp) for s in result.ranked} == {(2, 2)}
+    with pytest.raises(BadInputError, match="tp=3 must divide gpus=8"):
+        search(small_request(limits=NARROW.model_copy(update=dict(fixed={"tp": 3}))))
+
+
+def test_runnable_excludes_2bw_and_domino():
+    limits = SearchLimits(max_microbatch_size=1, zero_stages=(0,), runnable=True, top_k=5)
+    result = search(small_request(limits=limits))
+    assert all(s.cand.schedule != "2bw" and s.cand.tp_overlap == "none" for s in result.ranked)
+
+
+def test_nothing_fits_says_how_far_and_what_to_do():
+    from planner.search.driver import plan
+
+    big = ModelSpec(name="big", num_layers=8, hidden_size=16384, ffn_hidden_size=65536, num_attention_heads=128,
+                    vocab_size=32000, seq_len=4096)
+    request = build_request(model=big, topology="dgx-h100", gpus=1, global_batch_size=1, seq_len=4096,
+                            search=SearchLimits(max_microbatch_size=1))
+    with pytest.raises(InfeasibleError) as info:
+        plan(request)
+    message = str(info.value)
+    assert "GiB over" in message and "more GPUs" in message and "shorter sequence" in message
+    assert info.value.shortfall_bytes > 0
