@@ -55,6 +55,9 @@ def _summary_table(profile):
                       f"{e.forward_s * 1e3:.3f}", f"{e.backward_s * 1e3:.3f}", f"{e.recompute_selective_s * 1e3:.3f}",
                       f"{e.recompute_full_s * 1e3:.3f}", f"{e.params_bytes / 2**20:.2f}", f"{e.saved_bytes / 2**20:.2f}",
                       e.status if e.status == "ok" else f"{e.status}: {e.message}")
+    notes = sorted({e.message for e in profile.entries if e.status == "ok" and e.message})
+    if notes:
+        table.caption = "; ".join(notes)
     return table
 
 

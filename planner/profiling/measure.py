@@ -49,6 +49,8 @@ MEMORY_HEADROOM = 0.9  # fraction of free memory a shape may plan to use (alloca
 
 EntryCallback = Callable[[Profile], None]
 ProgressCallback = Callable[[int, int, str], None]
+# build(spec, layer_type, *, tp, ep, microbatch_size, seq_len, device, param_dtype) -> LayerCase
+Builder = Callable[..., LayerCase]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -96,11 +98,11 @@ def free_memory_bytes(device: torch.device) -> int:
 
 
 def meta_bound_bytes(spec: ModelSpec, layer_type: str, *, tp: int, ep: int, microbatch_size: int, seq_len: int,
-                     param_dtype: torch.dtype) -> int:
+                     param_dtype: torch.dtype, build: Builder = build_case) -> int:
     """Upper bound of one shape's memory from a meta-device build: params, grads, and every saved
     activation counted without deduplication (meta tensors share no storage addresses)."""
-    case = build_case(spec, layer_type, tp=tp, ep=ep, microbatch_size=microbatch_size, seq_len=seq_len,
-                      device=torch.device("meta"), param_dtype=param_dtype)
+    case = build(spec, layer_type, tp=tp, ep=ep, microbatch_size=microbatch_size, seq_len=seq_len,
+                 device=torch.device("meta"), param_dtype=param_dtype)
     saved: list[int] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -198,19 +200,20 @@ def _not_fitting(layer_type: str, tp: int, ep: int, mbs: int, seq_len: int, mess
 
 
 def profile_shape(spec: ModelSpec, layer_type: str, opts: ProfileOptions, *, device: torch.device, tp: int, ep: int,
-                  microbatch_size: int) -> LayerProfile:
+                  microbatch_size: int, build: Builder = build_case) -> LayerProfile:
     """One layer type at one shape, or a recorded "does not fit"."""
     param_dtype, _ = DTYPES[opts.dtype]
     shape = {"tp": tp, "ep": ep, "microbatch_size": microbatch_size, "seq_len": opts.seq_len}
-    need = meta_bound_bytes(spec, layer_type, param_dtype=param_dtype, **shape)
+    need = meta_bound_bytes(spec, layer_type, param_dtype=param_dtype, build=build, **shape)
     free = free_memory_bytes(device)
     if need > MEMORY_HEADROOM * free:
         return _not_fitting(layer_type, tp, ep, microbatch_size, opts.seq_len,
                             f"does not fit: needs up to {need / GiB:.2f} GiB, {free / GiB:.2f} GiB free on {device}")
     torch.manual_seed(0)
     try:
-        case = build_case(spec, layer_type, device=device, param_dtype=param_dtype, **shape)
-        return measure_case(case, opts, device=device, **shape)
+        case = build(spec, layer_type, device=device, param_dtype=param_dtype, **shape)
+        entry = measure_case(case, opts, device=device, **shape)
+        return entry.model_copy(update={"message": case.note}) if case.note else entry
     except (RuntimeError, torch.OutOfMemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
@@ -238,8 +241,8 @@ def shapes(spec: ModelSpec, opts: ProfileOptions) -> list[tuple[str, int, int, i
     return out
 
 
-def profile_model(spec: ModelSpec, opts: ProfileOptions, *, command: str = "",
-                  on_entry: EntryCallback | None = None, progress: ProgressCallback | None = None) -> Profile:
+def profile_model(spec: ModelSpec, opts: ProfileOptions, *, command: str = "", on_entry: EntryCallback | None = None,
+                  progress: ProgressCallback | None = None, build: Builder = build_case) -> Profile:
     """Measure every shape; `on_entry` gets the partial profile after each one (to save it as it grows)."""
     device = resolve_device(opts.device)
     todo = shapes(spec, opts)
@@ -248,7 +251,7 @@ def profile_model(spec: ModelSpec, opts: ProfileOptions, *, command: str = "",
     for done, (kind, tp, ep, mbs) in enumerate(todo):
         if progress is not None:
             progress(done, len(todo), f"{kind} tp={tp} ep={ep} mbs={mbs}")
-        entry = profile_shape(spec, kind, opts, device=device, tp=tp, ep=ep, microbatch_size=mbs)
+        entry = profile_shape(spec, kind, opts, device=device, tp=tp, ep=ep, microbatch_size=mbs, build=build)
         profile = profile.model_copy(update={"entries": (*profile.entries, entry)})
         if on_entry is not None:
             on_entry(profile)

@@ -50,6 +50,7 @@ class LayerCase:
     ops: tuple[OpSpec, ...]
     constants: tuple[torch.Tensor, ...] = ()
     selective_module: str | None = None  # recomputed under selective recompute (Korthikanti et al. 2022, sec. 4.2)
+    note: str = ""  # what this build approximates, recorded in the entry's message
 
 
 class EmbeddingLayer(nn.Module):
