@@ -9,6 +9,7 @@ which part dominates).
 
 from __future__ import annotations
 
+from planner.cost.calibration import DeviceCalibration
 from planner.cost.model import Candidate, CostModel, CostOptions
 from planner.cost.validity import input_reasons
 from planner.errors import BadInputError, InfeasibleError
@@ -55,10 +56,11 @@ def model_notes(model: CostModel) -> list[str]:
     return notes
 
 
-def estimate(request: PlanRequest, config: Configuration, *, options: CostOptions | None = None) -> LaunchPlan:
+def estimate(request: PlanRequest, config: Configuration, *, options: CostOptions | None = None,
+             calibration: DeviceCalibration | None = None) -> LaunchPlan:
     """Evaluate `config` on `request`; the LaunchPlan says whether it fits and why not."""
     cand = candidate_of(request, config)
-    model = CostModel(request, options=options)
+    model = CostModel(request, options=options, calibration=calibration)
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))

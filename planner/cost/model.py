@@ -15,7 +15,7 @@ import numpy as np
 
 from planner.cost import layers as L
 from planner.cost import memory
-from planner.cost.calibration import device_calibration, memory_calibration
+from planner.cost.calibration import DeviceCalibration, device_calibration, memory_calibration
 from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
 from planner.cost.validity import validity_reasons as _validity
@@ -114,12 +114,13 @@ class Detail:
 class CostModel:
     """Analytic (or profiled) cost of candidates for one PlanRequest."""
 
-    def __init__(self, request: PlanRequest, profile: Profile | None = None, *, options: CostOptions | None = None):
+    def __init__(self, request: PlanRequest, profile: Profile | None = None, *, options: CostOptions | None = None,
+                 calibration: DeviceCalibration | None = None):
         self.request = request
         self.spec = request.model
         self.topology = request.topology
         self.device = request.topology.device
-        self.cal = device_calibration(self.device)
+        self.cal = calibration or device_calibration(self.device)
         self.mem_cal = memory_calibration()
         self.recipe = memory.RECIPES[request.precision]
         self.options = options or CostOptions()
