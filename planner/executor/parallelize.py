@@ -167,12 +167,14 @@ def mp_policy(precision: str):
 
 
 def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precision: str = "fp32",
-             expert_dp_group: dist.ProcessGroup | None = None) -> nn.Module:
+             expert_dp_group: dist.ProcessGroup | None = None, use_ddp: bool = True) -> nn.Module:
     """Data parallelism: ZeRO-3 = FSDP2 fully_shard per block then root; ZeRO-2 = the same without
     resharding after forward (Rajbhandari et al. 2020, sec. 5); a 2-D dp_mesh gives HSDP. ZeRO-0/1 = DDP
     (plain tensors, Domino's manual TP shards included) or, when TP DTensors are present, an explicit gradient
     all-reduce in `sync_gradients`. EP experts never join the dp wrapper: their gradients are summed over
     `expert_dp_group` (the dp ranks that hold the same experts; None = none) and divided by the dp size.
+    `use_ddp=False` takes the explicit all-reduce for ZeRO-0/1 even where DDP would work (pipeline stages:
+    DDP's reducer does not follow torch.distributed.pipelining's per-micro-batch backwards).
     Returns the module to train (the DDP wrapper or `model` itself)."""
     dp_size = dp_mesh.size()
     experts = expert_params(model)
@@ -193,7 +195,7 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precisio
         raise BadInputError(f"zero_stage={zero_stage} is unknown: choose 0, 1, 2 or 3")
     if dp_size == 1:
         return model
-    if any(isinstance(p, DTensor) for p in model.parameters()) or dp_mesh.ndim > 1:
+    if not use_ddp or dp_mesh.ndim > 1 or any(isinstance(p, DTensor) for p in model.parameters()):
         dense = [p for p in _unique_params(model) if all(p is not e for e in experts)]
         _add_grad_sync(model, _all_reduce_mean(dense, _flat_group(dp_mesh), dp_size))
         return model

@@ -37,7 +37,7 @@ LLAMA = ModelSpec(name="tiny-llama", num_layers=2, hidden_size=32, ffn_hidden_si
                   num_kv_heads=2, vocab_size=64, seq_len=SEQ, activation="swiglu", norm="rmsnorm", qk_norm=True)
 GPT = ModelSpec(name="tiny-gpt", num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
                 vocab_size=64, seq_len=SEQ, activation="gelu", norm="layernorm", position="learned",
-                linear_bias=True, tied_embeddings=True)
+                linear_bias=True, tied_embeddings=True, embedding_norm=True)
 MOE = ModelSpec(name="tiny-moe", num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
                 vocab_size=64, seq_len=SEQ, activation="swiglu", norm="rmsnorm",
                 moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, num_shared_experts=1,
@@ -71,7 +71,8 @@ def reference(spec, *, num_microbatches=1, optimizer="sgd"):
 
 
 def run_layout(spec, *, dp_mesh=None, tp_mesh=None, sp=False, zero_stage=0, ep_group=None, domino=False,
-               ac=None, loss_parallel=False, precision="fp32", expert_dp_group=None, optimizer="sgd"):
+               ac=None, loss_parallel=False, precision="fp32", expert_dp_group=None, optimizer="sgd",
+               use_ddp=True):
     """Apply a layout in the documented order and train; returns (losses averaged over dp, dropped, routed)."""
     from torch.distributed.tensor.parallel import loss_parallel as lp_context
 
@@ -95,7 +96,8 @@ def run_layout(spec, *, dp_mesh=None, tp_mesh=None, sp=False, zero_stage=0, ep_g
         dp_group = _flat_group(dp_mesh)
         rank, size = dist.get_rank(dp_group), dist.get_world_size(dp_group)
         batches = [shard_batch(b, rank=rank, size=size) for b in batches]
-        model = apply_dp(model, dp_mesh, zero_stage=zero_stage, precision=precision, expert_dp_group=expert_dp_group)
+        model = apply_dp(model, dp_mesh, zero_stage=zero_stage, precision=precision, expert_dp_group=expert_dp_group,
+                         use_ddp=use_ddp)
     opt = build_optimizer(model, zero_stage=zero_stage, dp_group=dp_group, lr=LR[optimizer], optimizer=optimizer)
     local_numel = sum(_local_numel(p) for p in {id(p): p for p in model.parameters()}.values())
     losses = train_steps(model, opt, batches, loss_group=dp_group, loss_context=lp_context if loss_parallel else None)
@@ -152,9 +154,12 @@ def _layouts_2(mesh):
         "tp2_sp_selective_ac": (GPT, 1, dict(tp_mesh=mesh, sp=True, ac=("selective", 1))),
         "domino_tp2": (LLAMA, 1, dict(tp_mesh=mesh, domino=True)),
         "domino_tp2_gpt": (GPT, 1, dict(tp_mesh=mesh, domino=True)),
+        "domino_tp2_full_ac": (LLAMA, 1, dict(tp_mesh=mesh, domino=True, ac=("full", 0))),
+        "tp2_moe_replicated": (MOE, 1, dict(tp_mesh=mesh)),
         "ep2_ddp": (MOE, 2, dict(dp_mesh=mesh, ep_group=group, zero_stage=0)),
         "ep2_zero3_fsdp": (MOE, 2, dict(dp_mesh=mesh, ep_group=group, zero_stage=3)),
         "ep2_zero1_adamw": (MOE, 2, dict(dp_mesh=mesh, ep_group=group, zero_stage=1, optimizer="adamw")),
+        "ep2_zero0_no_ddp": (MOE, 2, dict(dp_mesh=mesh, ep_group=group, zero_stage=0, use_ddp=False)),
     }
 
 

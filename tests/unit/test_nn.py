@@ -186,3 +186,30 @@ def test_train_steps_lowers_the_loss_and_bf16_runs():
     bf16 = Transformer(LLAMA, dtype=torch.bfloat16)
     bf16.init_weights(0)
     assert bf16(tokens(LLAMA)).dtype == torch.bfloat16
+
+
+def test_mla_runs_as_standard_attention_with_its_head_dims_and_alibi_runs_without_bias():
+    from planner.schemas.model import MLASpec
+
+    mla = ModelSpec(name="mla", activation="swiglu", norm="rmsnorm", **BASE,
+                    mla=MLASpec(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6))
+    model = build(mla)
+    att = model.layers["0"].attention
+    assert att.wq.weight.shape == (4 * 12, 32) and att.wv.weight.shape == (4 * 6, 32) and att.wo.weight.shape == (32, 24)
+    assert model(tokens(mla)).shape == (2, 12, 50)
+    alibi = build(ModelSpec(name="bloom", position="alibi", **BASE))
+    assert alibi.pos_embeddings is None and alibi.rope.numel() == 0
+    assert torch.isfinite(alibi(tokens(GPT))).all()
+
+
+def test_optimizer_and_precision_choices_are_checked():
+    from planner.executor.parallelize import build_optimizer, mp_policy
+
+    model = build(LLAMA)
+    assert isinstance(build_optimizer(model, zero_stage=0, optimizer="sgd"), torch.optim.SGD)
+    assert isinstance(build_optimizer(model, zero_stage=1), torch.optim.AdamW)  # no dp group: nothing to shard
+    with pytest.raises(BadInputError, match="optimizer='lion'"):
+        build_optimizer(model, zero_stage=0, optimizer="lion")
+    assert mp_policy("fp32") is None and mp_policy("bf16").param_dtype == torch.bfloat16
+    with pytest.raises(BadInputError, match="precision='fp8'"):
+        mp_policy("fp8")
