@@ -65,21 +65,22 @@ def _collect(results_dir: Path, world: int) -> list[RankResult]:
     return results
 
 
-def run_plan(plan_path: str | Path, *, options: RunOptions, report_path: str | Path | None = None,
+def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_path: str | Path | None = None,
              warmup_steps: int = 1, nproc: int | None = None, env: dict[str, str] | None = None) -> RunReport:
     """Run the plan with torchrun on this machine; returns the report (also written to `report_path`).
 
     `nproc` overrides the number of processes started (default: the plan's world size): a mismatch is
     refused by every rank, which is how the tests check that refusal. `env` adds environment variables."""
-    plan = load_file(LaunchPlan, plan_path)
+    plan = plan_ref if isinstance(plan_ref, LaunchPlan) else load_file(LaunchPlan, plan_ref)
     notes = check_runnable(plan)
     world = plan.parallelism.world_size
     started = nproc if nproc is not None else world
     results_dir = Path(tempfile.mkdtemp(prefix="planner-run-"))
+    plan_path = Path(plan_ref).resolve() if not isinstance(plan_ref, LaunchPlan) else atomic_write_text(results_dir / "plan.json", canonical_json(plan))
     options = options.replace(results_dir=str(results_dir))
     try:
         completed = subprocess.run(
-            torchrun_argv(Path(plan_path).resolve(), started, options), env={**os.environ, **(env or {})},
+            torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {})},
             capture_output=True, text=True, timeout=options.timeout_s + STARTUP_ALLOWANCE_S, check=False,
         )
         if completed.returncode != 0:

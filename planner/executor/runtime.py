@@ -177,7 +177,37 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
         job.autocast_dtype = torch.bfloat16  # FSDP2 carries the recipe itself (MixedPrecisionPolicy)
     if par.dp == 1 and ep_group is None:
         return module
+    if par.pp > 1 and zero in (0, 1):
+        return average_gradients_over_dp(module, job.dp_group, par.dp, replica_group, fns)
     return fns.apply_dp(module, mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group)
+
+
+def average_gradients_over_dp(module: nn.Module, dp_group, dp: int, replica_group, fns) -> nn.Module:
+    """ZeRO-0/1 inside a pipeline stage, without DDP: DDP's reducer fails under torch.distributed.pipelining
+    (its bucket rebuild after the first step counts every parameter once per micro-batch backward). Same
+    arithmetic as DDP, once per step after the schedule: dense gradients all-reduced over dp and divided
+    by dp; EP experts summed over the ranks holding the same experts, divided by dp."""
+    experts = {id(p) for p in fns.expert_params(module)}
+    dense = [p for p in {id(p): p for p in module.parameters()}.values() if id(p) not in experts and p.requires_grad]
+    expert_list = fns.expert_params(module)
+
+    def sync(_module: nn.Module) -> None:
+        for p in dense:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=dp_group)
+                p.grad.div_(dp)
+        for p in expert_list:
+            if p.grad is not None:
+                if replica_group is not None and dist.get_world_size(replica_group) > 1:
+                    dist.all_reduce(p.grad, group=replica_group)
+                p.grad.div_(dp)
+
+    hooks = getattr(module, fns.GRAD_SYNC_ATTR, None)
+    if hooks is None:
+        hooks = []
+        setattr(module, fns.GRAD_SYNC_ATTR, hooks)
+    hooks.append(sync)
+    return module
 
 
 # ----------------------------------------------------------------------------------------------- training

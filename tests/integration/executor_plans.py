@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.io import atomic_write_text, canonical_json
-from planner.schemas.model import ModelSpec
+from planner.schemas.model import ModelSpec, MoESpec
 from planner.schemas.plan import (
     Batch, Breakdown, LaunchPlan, MemoryReport, Parallelism, PlanRequest, Prediction, RankEntry, Recompute, Stage,
 )
@@ -15,6 +15,9 @@ from planner.schemas.topology import DeviceSpec, InterNodeFabric, IntraNodeFabri
 SEQ = 16
 TINY = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
                  num_kv_heads=2, vocab_size=64, seq_len=SEQ, activation="swiglu", norm="rmsnorm")
+TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
+                     vocab_size=64, seq_len=SEQ, activation="swiglu", norm="rmsnorm",
+                     moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, first_k_dense=1, capacity_factor=1.0))
 CPU = Topology(
     name="cpu-test", device=DeviceSpec(name="cpu", memory_bytes=2**31, peak_bf16_tflops=0.05, peak_fp32_tflops=0.05,
                                        hbm_bandwidth_GBps=10.0),
