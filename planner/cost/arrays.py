@@ -16,21 +16,23 @@ if TYPE_CHECKING:
 
 
 def _module_costs(model: "CostModel", cand: "Candidate") -> list[ModuleCost]:
+    """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it."""
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
               shape=model.shape(cand), links=model.links(cand), tp_overlap=cand.tp_overlap)
-    kinds = {False: decoder_cost(env, moe_layer=False)}
+    kinds = {"embedding": embedding_cost(env), "decoder": decoder_cost(env, moe_layer=False), "head": head_cost(env)}
     if model.moe_mask.any():
-        kinds[True] = decoder_cost(env, moe_layer=True)
+        kinds["moe_decoder"] = decoder_cost(env, moe_layer=True)
+    if model.moe_mask.size and model.moe_mask.all():
+        kinds.pop("decoder")  # every decoder layer is MoE
     if model.profile is not None:
         kinds = apply_profile(model, cand, kinds)
     else:
-        model.analytic_shapes.update(_shape_names(model, cand, kinds))
-    return [embedding_cost(env), *(kinds[bool(flag)] for flag in model.moe_mask), head_cost(env)]
-
-
-def _shape_names(model: "CostModel", cand: "Candidate", kinds: dict) -> set[str]:
-    return {f"{'moe_decoder' if moe else 'decoder'}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, "
-            f"seq_len={model.request.seq_len})" for moe in kinds}
+        model.analytic_shapes.update(
+            f"{kind}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
+            for kind in kinds if kind in ("decoder", "moe_decoder")
+        )
+    layer_kinds = ["moe_decoder" if flag else "decoder" for flag in model.moe_mask]
+    return [kinds["embedding"], *(kinds[kind] for kind in layer_kinds), kinds["head"]]
 
 
 def _flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:

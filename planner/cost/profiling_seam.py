@@ -29,22 +29,31 @@ def _lookup(model: "CostModel", cand: "Candidate", layer_type: str):
                                 microbatch_size=cand.microbatch_size, seq_len=model.request.seq_len)
 
 
-def apply_profile(model: "CostModel", cand: "Candidate", kinds: dict[bool, ModuleCost]) -> dict[bool, ModuleCost]:
-    """Replace the compute times of the profiled decoder layer types; keep the analytic ones for the rest."""
-    out: dict[bool, ModuleCost] = {}
-    for moe_layer, analytic in kinds.items():
-        layer_type = "moe_decoder" if moe_layer else "decoder"
+def _measured_cost(analytic: ModuleCost, measured) -> ModuleCost:
+    """The analytic module with measured compute times and, when the profile has them, measured saved bytes."""
+    changes = {
+        "compute_fwd_s": float(measured.forward_s),
+        "compute_bwd_s": float(measured.backward_s),
+        "selective_s": float(getattr(measured, "recompute_selective_s", 0.0) or 0.0),
+    }
+    for ours, theirs in (("act_none", "saved_bytes"), ("act_selective", "saved_bytes_selective"), ("act_full", "saved_bytes_full")):
+        value = getattr(measured, theirs, None)
+        if value:
+            changes[ours] = float(value)
+    return dataclasses.replace(analytic, **changes)
+
+
+def apply_profile(model: "CostModel", cand: "Candidate", kinds: dict[str, ModuleCost]) -> dict[str, ModuleCost]:
+    """Replace the compute times of the profiled module types ("embedding", "decoder", "moe_decoder", "head");
+    keep the analytic ones for the rest."""
+    out: dict[str, ModuleCost] = {}
+    for layer_type, analytic in kinds.items():
         name = f"{layer_type}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
         measured = _lookup(model, cand, layer_type)
         if measured is None:
             model.analytic_shapes.add(name)
-            out[moe_layer] = analytic
-            continue
-        model.profiled_shapes.add(name)
-        out[moe_layer] = dataclasses.replace(
-            analytic,
-            compute_fwd_s=float(measured.forward_s),
-            compute_bwd_s=float(measured.backward_s),
-            selective_s=float(measured.recompute_selective_s),
-        )
+            out[layer_type] = analytic
+        else:
+            model.profiled_shapes.add(name)
+            out[layer_type] = _measured_cost(analytic, measured)
     return out
