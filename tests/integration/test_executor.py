@@ -49,12 +49,21 @@ def options(**kw) -> RunOptions:
 
 @pytest.fixture(scope="module")
 def pp2_1f1b(tmp_path_factory):
-    """PP2 with 1F1B, 4 steps, uninterrupted: shared by the equality and the resume tests."""
+    """PP2 with 1F1B, 4 steps, uninterrupted, through the real `planner run` command: shared by the
+    equality and the resume tests."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.executor.report import RunReport
+
     folder = tmp_path_factory.mktemp("pp2")
     plan = make_plan(pp=2, schedule="1f1b", num_microbatches=2)
     path = write_plan(plan, folder / "plan.json")
-    report = run_plan(path, options=options(steps=4), report_path=folder / "run.json")
-    return plan, path, report
+    args = ["run", str(path), "--steps", "4", "--lr", str(LR), "--seed", str(SEED), "--timeout-s", "60", "--report", str(folder / "run.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "step time (s)" in result.output and "predicted" in result.output
+    return plan, path, RunReport.model_validate_json((folder / "run.json").read_text())
 
 
 def test_pp2_1f1b_matches_single_process_and_reports(pp2_1f1b):
