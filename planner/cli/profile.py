@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 import typer
@@ -24,8 +23,21 @@ profile_app = typer.Typer(
 )
 
 
-def _command_line() -> str:
-    return "planner " + shlex.join(sys.argv[1:])
+def _command_line(ctx: typer.Context, words: str) -> str:
+    """The command, rebuilt from the parsed options (every option spelled out, so it re-runs the same way
+    whichever defaults change later, and is exact also when invoked programmatically)."""
+    parts = shlex.split(words)
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or not param.opts or not param.opts[0].startswith("--"):
+            continue
+        flag = param.opts[0]
+        if isinstance(value, bool):
+            if value:
+                parts.append(flag)
+            continue
+        parts += [flag, str(value)]
+    return shlex.join(parts)
 
 
 def _progress():
@@ -75,8 +87,9 @@ def profile_compute(
     ep: str = typer.Option("1", "--ep", help="Comma-separated EP degrees for MoE layers (experts/ep)."),
     layer_types: str = typer.Option(None, "--layer-types", help="Comma-separated subset of embedding,decoder,moe_decoder,head."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed iterations before timing."),
-    repeats: int = typer.Option(5, "--repeats", help="Timed iterations (the median is kept)."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed iterations (median kept on CUDA, minimum on CPU)."),
     no_ops: bool = typer.Option(False, "--no-ops", help="Skip the per-operator breakdown (faster)."),
+    threads: int = typer.Option(None, "--threads", help="CPU only: intra-op threads (e.g. 1 = one gloo rank per core)."),
     output: Path = typer.Option(None, "--output", "-o", help="Profile JSON to write (kept up to date after every shape)."),
 ) -> None:
     """Measure forward/backward/recompute time, FLOPs, parameter and saved bytes of every layer type.
@@ -96,13 +109,13 @@ def profile_compute(
     opts = ProfileOptions(
         device=device, dtype=dtype, seq_len=seq_len or spec.seq_len,
         microbatch_sizes=parse_int_list(microbatch_size, name="--microbatch-size"), tp=parse_int_list(tp, name="--tp"),
-        ep=parse_int_list(ep, name="--ep"), warmup=warmup, repeats=repeats, ops=not no_ops,
+        ep=parse_int_list(ep, name="--ep"), warmup=warmup, repeats=repeats, ops=not no_ops, threads=threads,
         layer_types=tuple(k.strip() for k in layer_types.split(",")) if layer_types else None,
     )
-    _run_profile(spec, opts, hf=hf, model_ref=model, output=output)
+    _run_profile(spec, opts, hf=hf, model_ref=model, output=output, command=_command_line(ctx, "planner profile"))
 
 
-def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path) -> None:
+def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path, command: str) -> None:
     from planner.io import atomic_write_text, canonical_json
     from planner.report import console
 
@@ -119,7 +132,7 @@ def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path) -> None:
 
     try:
         with bar:
-            result = run(spec, opts, command=_command_line(), on_entry=save, progress=advance, **({"model_ref": model_ref} if hf else {}))
+            result = run(spec, opts, command=command, on_entry=save, progress=advance, **({"model_ref": model_ref} if hf else {}))
     except KeyboardInterrupt:
         console(stderr=True).print(f"interrupted: {written['entries']} measured shapes kept in {output}")
         raise typer.Exit(code=130) from None
@@ -132,6 +145,7 @@ def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path) -> None:
 @profile_app.command("comm")
 @guarded
 def profile_comm(
+    ctx: typer.Context,
     nprocs: int = typer.Option(2, "--nprocs", "-n", help="Local processes (one per GPU with --device cuda)."),
     device: str = typer.Option("cpu", "--device", help="cpu (gloo) or cuda (NCCL)."),
     sizes: str = typer.Option("4096,65536,1048576,4194304,16777216", "--sizes", help="Message sizes in bytes, comma-separated."),
@@ -152,7 +166,7 @@ def profile_comm(
     calibration = run_comm_benchmark(
         nprocs=nprocs, device=device, sizes_bytes=parse_int_list(sizes, name="--sizes"),
         collectives=tuple(c.strip() for c in collectives.split(",") if c.strip()), warmup=warmup, repeats=repeats,
-        command=_command_line(),
+        command=_command_line(ctx, "planner profile comm"),
     )
     atomic_write_text(output, canonical_json(calibration))
     out = console()

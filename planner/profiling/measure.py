@@ -245,6 +245,8 @@ def profile_model(spec: ModelSpec, opts: ProfileOptions, *, command: str = "", o
                   progress: ProgressCallback | None = None, build: Builder = build_case) -> Profile:
     """Measure every shape; `on_entry` gets the partial profile after each one (to save it as it grows)."""
     device = resolve_device(opts.device)
+    if device.type == "cpu" and opts.threads is not None:
+        torch.set_num_threads(opts.threads)
     todo = shapes(spec, opts)
     profile = Profile(kind="measured", model_name=spec.name, device=device_description(device), dtype=opts.dtype,
                       software=software_versions(), command=command or " ".join(sys.argv))

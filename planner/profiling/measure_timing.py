@@ -3,8 +3,10 @@
 Generic machinery (no knowledge of transformer layers): `planner.profiling.measure_layers` builds the layers
 and says which submodules form which operator.
 
-- Time: warm-up iterations, then the median of `repeats` timed iterations. CUDA: `torch.cuda.Event` pairs
-  read after one synchronize per iteration; CPU: `time.perf_counter` (monotonic, sub-microsecond).
+- Time: warm-up iterations, then `repeats` timed iterations. CUDA: `torch.cuda.Event` pairs read after one
+  synchronize per iteration, summarised by the median; CPU: `time.perf_counter` (monotonic, sub-microsecond),
+  summarised by the minimum, because on a shared CPU interference only ever adds time and the least
+  disturbed run is the best estimate of the cost (the convention of Python's timeit).
   Gradients accumulate across iterations (the steady state of gradient accumulation).
 - FLOPs: `torch.utils.flop_counter.FlopCounterMode`, forward and backward counted in separate modes so
   that neither borrows from the other. SDPA runs under the MATH backend while counting (FlopCounterMode
@@ -34,7 +36,7 @@ Forward = Callable[[], Sequence[torch.Tensor]]
 
 @dataclass(frozen=True)
 class Timing:
-    """Median forward and backward seconds over the timed repeats (after warm-up)."""
+    """Forward and backward seconds over the timed repeats (after warm-up): median on CUDA, minimum on CPU."""
 
     forward_s: float
     backward_s: float
@@ -83,7 +85,7 @@ def output_grads(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
 
 
 def time_forward_backward(step: Forward, *, device: torch.device, warmup: int, repeats: int) -> Timing:
-    """Median forward and backward time of `step` (a fresh forward each iteration)."""
+    """Forward and backward time of `step` (a fresh forward each iteration); see the module docstring."""
     grads = None
     forward_s, backward_s = [], []
     for i in range(warmup + repeats):
@@ -102,7 +104,8 @@ def time_forward_backward(step: Forward, *, device: torch.device, warmup: int, r
             forward_s.append(fwd)
             backward_s.append(bwd)
         del outputs
-    return Timing(forward_s=statistics.median(forward_s), backward_s=statistics.median(backward_s))
+    summary = statistics.median if device.type == "cuda" else min
+    return Timing(forward_s=summary(forward_s), backward_s=summary(backward_s))
 
 
 def count_flops(step: Forward) -> tuple[float, float]:

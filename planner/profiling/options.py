@@ -26,6 +26,7 @@ class ProfileOptions:
     op_warmup: int = 1
     op_repeats: int = 3
     ops: bool = True
+    threads: int | None = None  # CPU intra-op threads (torch.set_num_threads); None = torch's default
 
     def __post_init__(self) -> None:
         if self.dtype not in PROFILE_DTYPES:
@@ -40,6 +41,8 @@ class ProfileOptions:
             unknown = [k for k in self.layer_types if k not in LAYER_TYPES]
             if unknown:
                 raise BadInputError(f"layer_types={unknown} unknown: choose from {', '.join(LAYER_TYPES)}")
+        if self.threads is not None and self.threads <= 0:
+            raise BadInputError(f"threads={self.threads} must be a positive integer")
         if self.repeats <= 0 or self.warmup < 0 or self.op_repeats <= 0 or self.op_warmup < 0:
             raise BadInputError("repeats and op_repeats must be positive, warmup and op_warmup non-negative")
 
