@@ -31,13 +31,15 @@ from planner.schemas.model import ModelSpec
 
 class Router(nn.Module):
     """Linear gate -> softmax (fp32) -> top-k, renormalised. Also computes the Switch load-balancing loss
-    (Fedus et al. 2021, eq. 4: E * sum_e f_e * P_e), kept in `aux_loss` for whoever wants to add it."""
+    (Fedus et al. 2021, eq. 4: E * sum_e f_e * P_e) into `aux_loss`: detached (for reports) unless
+    `keep_aux_loss` is set, in which case it keeps its graph so a training loop can add it to the loss."""
 
     def __init__(self, dim: int, num_experts: int, top_k: int, *, dtype: torch.dtype | None = None):
         super().__init__()
         self.top_k = top_k
         self.gate = nn.Linear(dim, num_experts, bias=False, dtype=dtype)
         self.aux_loss: torch.Tensor | None = None
+        self.keep_aux_loss = False
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (tokens, dim) -> (weights (tokens, k) in x.dtype, expert ids (tokens, k))."""
@@ -46,7 +48,8 @@ class Router(nn.Module):
         weights = weights / weights.sum(dim=-1, keepdim=True)
         num_experts = probs.shape[-1]
         fraction = torch.bincount(experts.reshape(-1), minlength=num_experts).float() / max(experts.numel(), 1)
-        self.aux_loss = num_experts * (fraction * probs.mean(dim=0)).sum()
+        aux_loss = num_experts * (fraction * probs.mean(dim=0)).sum()
+        self.aux_loss = aux_loss if self.keep_aux_loss else aux_loss.detach()
         return weights.to(x.dtype), experts
 
 

@@ -152,6 +152,10 @@ def test_moe_matches_naive_routing_and_counts_drops(capacity_factor):
     if capacity_factor == 0.5:
         assert dropped > 0
     assert moe.router.aux_loss is not None and moe.router.aux_loss.item() >= 1.0 - 1e-5  # E*sum f*P >= 1
+    moe.router.keep_aux_loss = True
+    moe(x.requires_grad_())
+    moe.router.aux_loss.backward()
+    assert moe.router.gate.weight.grad is not None and moe.router.gate.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("mode,full_layers", [("full", 0), ("selective", 0), ("selective", 1), ("none", 2)])
