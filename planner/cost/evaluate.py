@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 # Rows of the per-module matrix whose prefix sums give every stage sum in one numpy operation.
 ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weights", "grads", "optimizer", "act",
         "dense", "expert", "rec_flops", "full_dt", "full_dact", "full_dflops")
+MEMORY_ROWS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "peak_bytes")
+TIME_ROWS = tuple(ROWS.index(k) for k in ("fwd", "bwd", "rec", "tp"))
 REC, ACT, REC_FLOPS = ROWS.index("rec"), ROWS.index("act"), ROWS.index("rec_flops")
 FULL_DT, FULL_DACT, FULL_DFLOPS = ROWS.index("full_dt"), ROWS.index("full_dact"), ROWS.index("full_dflops")
 
@@ -53,8 +55,8 @@ class Evaluation:
     stage_layers: tuple[int, ...] = ()  # decoder layers per virtual stage actually used (extension)
     full_recompute_layers: tuple[int, ...] = ()  # fully recomputed decoder layers per virtual stage (extension)
     raw_breakdown: dict = field(default_factory=dict, repr=False)
-    raw_stage_memory: tuple[dict, ...] = field(default=(), repr=False)
-    raw_stage_times: tuple[dict, ...] = field(default=(), repr=False)
+    raw_stage_memory: np.ndarray | None = field(default=None, repr=False)  # MEMORY_ROWS x pp
+    raw_stage_times: np.ndarray | None = field(default=None, repr=False)  # (fwd, bwd, rec, tp) x pp*vpp
 
     @cached_property
     def breakdown(self) -> Breakdown:
@@ -63,12 +65,18 @@ class Evaluation:
     @cached_property
     def stage_memory(self) -> tuple[StageMemory, ...]:
         """One per pipeline rank."""
-        return tuple(StageMemory(**item) for item in self.raw_stage_memory)
+        if self.raw_stage_memory is None:
+            return ()
+        return tuple(StageMemory(stage=r, **{k: int(v) for k, v in zip(MEMORY_ROWS, column)})
+                     for r, column in enumerate(self.raw_stage_memory.T.tolist()))
 
     @cached_property
     def stage_times(self) -> tuple[StageTime, ...]:
-        """One per virtual stage."""
-        return tuple(StageTime(**item) for item in self.raw_stage_times)
+        """One per virtual stage (backward_s includes the recompute)."""
+        if self.raw_stage_times is None:
+            return ()
+        return tuple(StageTime(forward_s=f, backward_s=b + r, recompute_s=r, tp_comm_s=t)
+                     for f, b, r, t in self.raw_stage_times.T.tolist())
 
 
 def balanced_split(num_layers: int, stages: int) -> tuple[int, ...]:
@@ -251,51 +259,48 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     return _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown)
 
 
-def _memory(model: "CostModel", fixed: _Fixed, row: dict) -> tuple[np.ndarray, tuple[dict, ...], tuple[str, ...]]:
-    """Peak bytes per pipeline rank: allocated = static + inflight * activations + other; peak = allocated *
-    (1 + fragmentation fraction) + fixed allowance (calibration.yaml)."""
+def _memory(model: "CostModel", fixed: _Fixed, row: dict) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Per pipeline rank (MEMORY_ROWS x pp): allocated = static + inflight * activations + other; peak = allocated *
+    (1 + fragmentation fraction) + fixed allowance (calibration.yaml). Reasons name the worst rank over capacity."""
     cal = model.mem_cal
-    usable = model.device_usable_bytes()
     acts = fixed.inflight * row["act"]
     static = row["weights"] + row["grads"] + row["optimizer"]
     peak = (static + acts + fixed.other) * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
-    raw = tuple(
-        {"stage": r, "params_bytes": int(row["weights"][r]), "grads_bytes": int(row["grads"][r]),
-         "optimizer_bytes": int(row["optimizer"][r]), "activations_bytes": int(acts[r]),
-         "other_bytes": int(peak[r] - static[r] - acts[r]), "peak_bytes": int(peak[r])}
-        for r in range(len(peak))
-    )
-    reasons = tuple(_over_reason(raw[r], fixed.inflight[r], usable) for r in np.flatnonzero(peak > usable))
-    return peak, raw, reasons
+    table = np.vstack([row["weights"], row["grads"], row["optimizer"], acts, peak - static - acts, peak])
+    usable = model.device_usable_bytes()
+    worst = int(np.argmax(peak))
+    if peak[worst] <= usable:
+        return table, ()
+    over = int((peak > usable).sum())
+    return table, (_over_reason(worst, table[:, worst], float(fixed.inflight[worst]), usable, over - 1),)
 
 
-def _over_reason(mem: dict, inflight: float, usable: int) -> str:
-    parts = {"params": mem["params_bytes"], "grads": mem["grads_bytes"], "optimizer states": mem["optimizer_bytes"],
-             f"activations ({inflight:g} micro-batches in flight)": mem["activations_bytes"],
-             "other (logits, allocator allowance)": mem["other_bytes"]}
+def _over_reason(rank: int, column: np.ndarray, inflight: float, usable: int, others: int) -> str:
+    params, grads, optimizer, acts, other, peak = column.tolist()
+    parts = {"params": params, "grads": grads, "optimizer states": optimizer,
+             f"activations ({inflight:g} micro-batches in flight)": acts, "other (logits, allocator allowance)": other}
     largest = max(parts, key=parts.get)
-    return (f"pipeline rank {mem['stage']} needs {mem['peak_bytes'] / GiB:.1f} GiB of {usable / GiB:.1f} GiB usable: "
-            f"over by {(mem['peak_bytes'] - usable) / GiB:.1f} GiB; largest part {largest} {parts[largest] / GiB:.1f} GiB")
+    more = f" (and {others} more pipeline ranks)" if others else ""
+    return (f"pipeline rank {rank} needs {peak / GiB:.1f} GiB of {usable / GiB:.1f} GiB usable: over by "
+            f"{(peak - usable) / GiB:.1f} GiB; largest part {largest} {parts[largest] / GiB:.1f} GiB{more}")
 
 
 def _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown) -> Evaluation:
-    peak, raw_memory, reasons = _memory(model, fixed, row)
+    memory_table, reasons = _memory(model, fixed, row)
     request = model.request
     sequences = request.global_batch_size
-    rec_flops = float(sums[ROWS.index("rec_flops")].sum())
+    rec_flops = float(sums[REC_FLOPS].sum())
     model_flops = 3 * detail.model_fwd_total * sequences
     hw_flops = (3 * detail.hw_fwd_total + rec_flops) * sequences
     gpus = cand.world_size
     model_tflops = model_flops / step / gpus / 1e12
     hw_tflops = hw_flops / step / gpus / 1e12
-    stage_rows = [sums[ROWS.index(k)].tolist() for k in ("fwd", "bwd", "rec", "tp")]
-    times = tuple({"forward_s": f, "backward_s": bw + rc, "recompute_s": rc, "tp_comm_s": tp} for f, bw, rc, tp in zip(*stage_rows))
     return Evaluation(
-        step_time_s=step, peak_bytes=int(peak.max()), capacity_bytes=model.device_usable_bytes(), fits=not reasons,
-        reasons=reasons, tokens_per_s=sequences * request.seq_len / step, model_tflops_per_gpu=model_tflops,
-        hardware_tflops_per_gpu=hw_tflops, mfu=model_tflops / fixed.peak_tflops, hfu=hw_tflops / fixed.peak_tflops,
-        stage_layers=split, full_recompute_layers=full, raw_breakdown=breakdown, raw_stage_memory=raw_memory,
-        raw_stage_times=times,
+        step_time_s=step, peak_bytes=int(memory_table[-1].max()), capacity_bytes=model.device_usable_bytes(),
+        fits=not reasons, reasons=reasons, tokens_per_s=sequences * request.seq_len / step,
+        model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hw_tflops, mfu=model_tflops / fixed.peak_tflops,
+        hfu=hw_tflops / fixed.peak_tflops, stage_layers=split, full_recompute_layers=full, raw_breakdown=breakdown,
+        raw_stage_memory=memory_table, raw_stage_times=sums[list(TIME_ROWS)],
     )
 
 
