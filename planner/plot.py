@@ -22,6 +22,8 @@ from planner.errors import BadInputError
 from planner.schemas.plan import LaunchPlan
 
 MAX_DRAWN_MICROBATCHES = 8
+DRAWN_AS_1F1B = {"2bw": "2BW has no flush: its bubble is amortised across steps",
+                 "zero-bubble": "ZB-H1 fills bubbles with weight-gradient work, not drawn"}
 MEMORY_PARTS = (("params_bytes", "weights", "#4C72B0"), ("grads_bytes", "gradients", "#55A868"),
                 ("optimizer_bytes", "optimizer", "#C44E52"), ("activations_bytes", "activations", "#8172B2"),
                 ("other_bytes", "other", "#CCB974"))
@@ -132,7 +134,8 @@ def _draw_timeline(ax, plan: LaunchPlan) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
     shown = f"{m} of {plan.batch.num_microbatches} micro-batches" + (" (capped)" if m < plan.batch.num_microbatches else "")
-    ax.set_title(f"{plan.schedule} pipeline, pp={pp}" + (f" vpp={vpp}" if vpp > 1 else "") +
+    drawn_as = f" (drawn in 1F1B order; {DRAWN_AS_1F1B[plan.schedule]})" if plan.schedule in DRAWN_AS_1F1B and vpp == 1 else ""
+    ax.set_title(f"{plan.schedule} pipeline, pp={pp}" + (f" vpp={vpp}" if vpp > 1 else "") + drawn_as +
                  f": {shown}; idle (bubble) {1 - busy / (end * pp):.0%} in this window", fontsize=9)
     from matplotlib.patches import Patch
 
@@ -159,23 +162,34 @@ def _draw_memory(ax, plan: LaunchPlan) -> None:
 
 
 def _draw_candidates(ax, plan: LaunchPlan) -> None:
+    """Throughput vs peak memory: the chosen plan (star) and the plan's alternatives, on the same formula."""
     from planner.explain import degrees_text
     from planner.units import GiB
 
     tokens = plan.batch.global_batch_size * plan.batch.seq_len
-    for alt in plan.alternatives:
-        ax.scatter(alt.peak_bytes / GiB, tokens / alt.step_time_s if alt.step_time_s > 0 else 0, color="#8C8C8C", s=25)
-        ax.annotate(degrees_text(alt.parallelism), (alt.peak_bytes / GiB, tokens / alt.step_time_s if alt.step_time_s > 0 else 0),
-                    fontsize=6, xytext=(3, 3), textcoords="offset points")
-    chosen_x, chosen_y = plan.memory.peak_bytes / GiB, plan.prediction.tokens_per_s
-    ax.scatter(chosen_x, chosen_y, marker="*", s=220, color="#C44E52", edgecolor="black", zorder=3, label="chosen")
-    ax.annotate(degrees_text(plan.parallelism), (chosen_x, chosen_y), fontsize=7, xytext=(5, -10), textcoords="offset points")
-    ax.axvline(plan.memory.capacity_bytes / GiB, color="red", linestyle="--", linewidth=1, label="capacity")
+    cap = plan.memory.capacity_bytes / GiB
+    points = [(alt.peak_bytes / GiB, tokens / alt.step_time_s, degrees_text(alt.parallelism) + f" {alt.schedule}")
+              for alt in plan.alternatives if alt.step_time_s > 0]
+    chosen = (plan.memory.peak_bytes / GiB, tokens / plan.prediction.step_time_s if plan.prediction.step_time_s > 0 else 0.0)
+    for index, (x, y, label) in enumerate(points):
+        ax.scatter(x, y, color="#8C8C8C", s=25)
+        left = x > 0.5 * cap
+        ax.annotate(label, (x, y), fontsize=6, xytext=(-4 if left else 4, 4 + 7 * (index % 3)), textcoords="offset points",
+                    ha="right" if left else "left")
+    ax.scatter(*chosen, marker="*", s=220, color="#C44E52", edgecolor="black", zorder=3, label="chosen")
+    left = chosen[0] > 0.5 * cap
+    ax.annotate(degrees_text(plan.parallelism) + f" {plan.schedule} (chosen)", chosen, fontsize=7, xytext=(-6 if left else 6, -14),
+                textcoords="offset points", ha="right" if left else "left")
+    ax.axvline(cap, color="red", linestyle="--", linewidth=1, label="capacity")
+    ys = [y for _, y, _ in points] + [chosen[1]]
+    ax.set_ylim(min(ys) * 0.9, max(ys) * 1.1)
+    ax.set_xlim(0, cap * 1.08)
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("tokens / s")
-    count = len(plan.alternatives)
-    ax.set_title(f"chosen plan vs {count} alternative{'s' if count != 1 else ''}", fontsize=9)
-    ax.legend(fontsize=7)
+    count = len(points)
+    ax.set_title(f"chosen plan vs {count} recorded alternative{'s' if count != 1 else ''} (plan.alternatives)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
 
 
 def plot_plan(plan: LaunchPlan, output: str | Path) -> Path:
