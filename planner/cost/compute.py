@@ -144,7 +144,8 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
 
     Per GPU, bf16 (2 bytes): two norms (read + write: 2*2*T*h each), two residual adds (2 reads + 1 write),
     RoPE on q and k (read + write), the FFN activation (plain: read f, write f; gated: read 2f, write f) on
-    tokens * top_k * capacity for MoE experts, dropout when enabled (read, write, 1-byte mask) after attention
+    tokens * top_k * capacity for MoE experts (plus the permutation and un-permutation of the routed tokens, read +
+    write each), dropout when enabled (read, write, 1-byte mask) after attention
     and FFN. Without flash attention: scale-mask-softmax reads and writes the b*a*s^2/t scores (plus the
     dropout of the probabilities when enabled); that part is the attention core (recomputed by selective).
     With sequence parallelism the norm/residual/dropout regions are split by tp (Korthikanti et al. 2022).
@@ -163,6 +164,7 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
         cfg = spec.moe
         routed = tokens * cfg.top_k * (cfg.capacity_factor or 1.0)
         rest += act_io * (routed * cfg.expert_ffn_hidden_size + tokens * cfg.shared_ffn_hidden_size) * ACT_BYTES / t
+        rest += 2 * 2 * routed * h * ACT_BYTES  # token permutation before the experts and un-permutation after
     core = 0.0
     if not shape.flash_attention:
         scores = shape.microbatch_size * spec.num_attention_heads * (shape.seq_len / shape.cp) * shape.seq_len / t
