@@ -57,7 +57,8 @@ def _render(report) -> None:
 
     out = console()
     for result in report.results:
-        change = f" ({result.relative_change:+.1%})" if result.relative_change is not None else ""
+        rel = result.relative_change
+        change = "" if rel is None else " (+0.0%)" if abs(rel) < 5e-4 else f" ({rel:+.1%})"
         out.print(f"[{STYLE[result.status]}]{result.status.upper():>14}[/] {result.path}{change}")
         for message in result.messages:
             out.print(f"               {message}", markup=False)

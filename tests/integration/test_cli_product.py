@@ -100,3 +100,22 @@ def test_check_exit_codes(plan_file, tmp_path):
 def test_help_has_examples(command):
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0 and "Examples" in result.output and f"planner {command}" in result.output
+
+
+def test_check_cli_on_real_estimates_passes_then_fails_on_worse_cost_model(tmp_path, monkeypatch):
+    from planner import api
+    from planner.cost import compute
+    from planner.schemas.plan import Configuration, Parallelism
+
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096)
+    for name, (tp, pp) in {"a": (4, 2), "b": (8, 1)}.items():
+        config = Configuration(parallelism=Parallelism(dp=16 // (tp * pp), tp=tp, pp=pp, sp=True, zero_stage=1), recompute="selective")
+        (tmp_path / f"{name}.json").write_text(canonical_json(api.estimate(request, config)))
+    ok = runner.invoke(app, ["check", str(tmp_path)])
+    assert ok.exit_code == 0 and "passed: 2 plan(s), 0 failing" in ok.output
+    original = compute.gemm_time_s
+    monkeypatch.setattr(compute, "gemm_time_s", lambda *a, **k: 1.2 * original(*a, **k))
+    worse = runner.invoke(app, ["check", str(tmp_path)])
+    assert worse.exit_code == 1 and "REGRESSED" in worse.output and "step time" in worse.output
+    report = json.loads(runner.invoke(app, ["check", str(tmp_path), "--json", "--tolerance", "0.5"]).stdout)
+    assert report["failed"] is False and all(r["relative_change"] > 0.02 for r in report["results"])

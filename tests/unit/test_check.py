@@ -73,3 +73,50 @@ def test_bad_inputs(tmp_path):
 def test_configuration_of_keeps_the_stage_split():
     config = configuration_of(make_plan(dp=1, tp=2, pp=4, counts=[7, 9, 9, 7], gbs=32))
     assert config.stage_layers == (7, 9, 9, 7) and config.parallelism.pp == 4
+
+
+# ---- the real thing: api.estimate / api.plan with the real cost model --------------------------------------
+
+def real_estimate_plan():
+    from planner import api
+    from planner.schemas.plan import Configuration, Parallelism
+
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096)
+    config = Configuration(parallelism=Parallelism(dp=2, tp=4, pp=2, sp=True, zero_stage=1), microbatch_size=1, schedule="1f1b", recompute="selective")
+    return api.estimate(request, config)
+
+
+def slower_gemms(monkeypatch, factor):
+    """Make the cost model deliberately worse: every GEMM takes `factor` times longer."""
+    from planner.cost import compute
+
+    original = compute.gemm_time_s
+    monkeypatch.setattr(compute, "gemm_time_s", lambda *args, **kwargs: factor * original(*args, **kwargs))
+
+
+def test_real_estimate_passes_unchanged_and_fails_on_a_worse_cost_model(tmp_path, monkeypatch):
+    plan = real_estimate_plan()
+    assert plan.kind == "estimate" and plan.feasible
+    path = write(tmp_path, plan)
+    unchanged = check_plans(path)
+    assert not unchanged.failed and unchanged.results[0].relative_change == pytest.approx(0.0, abs=1e-9)
+    slower_gemms(monkeypatch, 1.10)
+    worse = check_plans(path)
+    result = worse.results[0]
+    assert worse.failed and result.status == "regressed" and result.relative_change > 0.02
+    assert "predicted step time +" in result.messages[0]
+    assert {d.what for d in result.differences} >= {"degrees", "stages (decoder layers)", "peak memory", "step time"}
+
+
+def test_real_search_plan_recomputed_by_check(tmp_path, monkeypatch):
+    from planner import api
+    from planner.schemas.plan import SearchLimits
+
+    narrow = SearchLimits(schedules=("1f1b",), zero_stages=(1, 2), recompute_modes=("none", "selective"), tp_overlap=("none",), max_microbatch_size=4)
+    request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=8, global_batch_size=64, seq_len=2048, search=narrow)
+    plan = api.plan(request)
+    path = write(tmp_path, plan)
+    assert not check_plans(path).failed
+    slower_gemms(monkeypatch, 1.5)
+    report = check_plans(path, allow_change=True)
+    assert report.failed and report.results[0].status == "regressed"
