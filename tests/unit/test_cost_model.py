@@ -135,3 +135,28 @@ def test_evaluate_is_fast(model):
         model.evaluate(c)
     per_call = (time.perf_counter() - start) / 200
     assert per_call < 2e-3  # ~0.1 ms unloaded; loose for a shared 2-core CI box
+
+
+def test_profile_replaces_compute_of_the_shapes_it_covers(tmp_path):
+    from planner.io import atomic_write_text, canonical_json
+    from planner.schemas.profile import LayerProfile, Profile
+
+    entry = LayerProfile(layer_type="decoder", tp=1, microbatch_size=1, seq_len=2048, forward_s=0.01, backward_s=0.02,
+                         saved_bytes=123_000_000, saved_bytes_selective=100_000_000, saved_bytes_full=8_000_000)
+    profile = Profile(kind="measured", model_name="tinyllama-1.1b", device="test", dtype="amp-bf16", entries=(entry,))
+    path = tmp_path / "profile.json"
+    atomic_write_text(path, canonical_json(profile))
+    request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=4, seq_len=2048,
+                                precision="amp-bf16", profile=str(path))
+    measured = CostModel(request)
+    c = Candidate(dp=1, tp=1, pp=1, microbatch_size=1, num_microbatches=4)
+    costs = measured.layer_costs(c)
+    assert costs.forward_s[1] == pytest.approx(0.01) and costs.backward_s[1] == pytest.approx(0.02)
+    assert costs.activation_bytes[1] == pytest.approx(123_000_000)
+    assert any(s.startswith("decoder") for s in measured.profiled_shapes)
+    assert not any(s.startswith("decoder") for s in measured.analytic_shapes)  # embedding and head stay analytic
+    other = measured.layer_costs(Candidate(dp=1, tp=1, pp=1, microbatch_size=1, num_microbatches=4, recompute="full"))
+    assert other.forward_s[1] == pytest.approx(0.01)
+    from planner.cost.estimate import model_notes
+
+    assert any(note.startswith("compute measured") for note in model_notes(measured))
