@@ -21,7 +21,9 @@ import dataclasses
 import json
 import statistics
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from pathlib import Path
 
 from planner import api
@@ -57,7 +59,7 @@ class Setup:
     inter_node: dict | None = None
 
 
-SETUPS = {
+SETUPS: Mapping[str, Setup] = MappingProxyType({
     "bloom176b_production": Setup(
         "bloom-176b", "dgx-a100-80g", dropout=False,
         assumptions="4 Omni-Path 100 Gb/s NICs per node (11.5 GB/s achieved each, fat tree); no dropout (tr11 config)",
@@ -84,8 +86,8 @@ SETUPS = {
         "costed as sequential; '117' compared as hardware TFLOPs (gpt-neox counts recompute)",
         inter_node={"nics_per_node": 4, "topology": "fat_tree"},
     ),
-}
-SKIPPED = {"codegeex13b_production": "Ascend 910, not an NVIDIA GPU, and no throughput published"}
+})
+SKIPPED: Mapping[str, str] = MappingProxyType({"codegeex13b_production": "Ascend 910, not an NVIDIA GPU, and no throughput published"})
 
 
 def model_spec(run: dict, setup: Setup) -> tuple[ModelSpec, list[str]]:

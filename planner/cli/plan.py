@@ -137,7 +137,8 @@ def _render(plan, output: Optional[Path]) -> None:
     for alt in plan.alternatives:
         p = alt.parallelism
         out.print(f"  alternative dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep} vpp={p.vpp} zero={p.zero_stage} "
-                  f"{alt.schedule}: {alt.step_time_s:.3f} s ({alt.why_not})", markup=False)
+                  f"mbs={alt.batch.microbatch_size} {alt.schedule} recompute={alt.recompute}: {alt.step_time_s:.3f} s "
+                  f"({alt.why_not})", markup=False)
     considered = plan.solver.configurations_considered
     out.print(f"searched {considered:,} configurations: {plan.solver.configurations_evaluated:,} evaluated, "
               f"pruned {', '.join(f'{k} {v:,}' for k, v in sorted(plan.pruned.items()))}", markup=False)

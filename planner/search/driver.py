@@ -26,8 +26,8 @@ from planner.errors import InfeasibleError
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search import bounds
 from planner.search.outcome import Ranking, Scored, describe, infeasible_message, rank_key
-from planner.search.refine import Counters, partial_recompute, split_for
-from planner.search.space import Factorisation, Group, Options, Space
+from planner.search.refine import Counters, partial_recompute, rank_excess_bytes, rank_of_modules, rank_sums, split_for
+from planner.search.space import Factorisation, Group, Options, Space, axis_orders
 
 ProgressFn = Callable[[int, int], None]
 ILP_B_MAX_VARIABLES = 400  # joint assignment ILP only for n_layers * pp up to this (CBC time grows fast)
@@ -68,6 +68,10 @@ class _Search:
         self.floor: tuple[float, str] | None = None
         self.evaluated = 0
         self._arrays: dict[tuple, _Arrays] = {}
+        self._static: dict[tuple, np.ndarray] = {}
+        self._times: dict[tuple, tuple[float, float]] = {}
+        self._acts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._ranks: dict[tuple, np.ndarray] = {}
         self.partial_ok = "full" in opts.recompute_modes
 
     # ---- bounds -------------------------------------------------------------------------------------------
@@ -79,23 +83,27 @@ class _Search:
         return Candidate(**fields)
 
     def group_arrays(self, group: Group) -> _Arrays:
-        """Time sum and activation floor of a group. The per-layer times see the TP, CP and EP groups; TP is
-        innermost and inside a node whatever the order of the other axes, so with cp = ep = 1 one order stands for
-        all; otherwise the minimum over the orders is taken (a bound must hold for every member)."""
-        from planner.search.space import axis_orders
-
+        """Time sum and activation floor of a group: the minimum over its axis orders (a bound must hold for every
+        member). The per-layer times depend on the micro-batch shape, recompute, tp_overlap and the links of the
+        TP, CP and EP groups only (planner.cost.layers reads no other link), so they are shared by every
+        factorisation and order with the same links: computed once per such key."""
         key = (group.fact, group.microbatch_size, group.sp, group.recompute, group.tp_overlap)
         if key not in self._arrays:
-            fact = group.fact
-            orders = axis_orders(fact) if fact.cp > 1 or fact.ep > 1 else axis_orders(fact)[:1]
             time_sum, act = np.inf, np.inf
-            for order in orders:
-                lc = self.cost.layer_costs(self._candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
-                time_sum = min(time_sum, float(np.sum(lc.forward_s) + np.sum(lc.backward_s) + np.sum(lc.recompute_s)))
-                a = np.asarray(lc.activation_bytes, dtype=np.float64)
-                if self.partial_ok:
-                    a = np.minimum(a, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
-                act = min(act, float(a.sum()))
+            for order in axis_orders(group.fact):
+                cand = self._candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order)
+                links = self.cost.links(cand)
+                tkey = (group.fact.tp, group.fact.cp, group.fact.ep, group.microbatch_size, group.sp,
+                        group.recompute, group.tp_overlap, links.tp, links.cp, links.ep)
+                if tkey not in self._times:
+                    lc = self.cost.layer_costs(cand)
+                    a = np.asarray(lc.activation_bytes, dtype=np.float64)
+                    if self.partial_ok:
+                        a = np.minimum(a, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
+                    total = float(np.sum(lc.forward_s) + np.sum(lc.backward_s) + np.sum(lc.recompute_s))
+                    self._times[tkey] = (total, float(a.sum()))
+                time_sum = min(time_sum, self._times[tkey][0])
+                act = min(act, self._times[tkey][1])
             self._arrays[key] = _Arrays(time_sum, act)
         return self._arrays[key]
 
@@ -163,21 +171,47 @@ class _Search:
             if not self.exhaustive and self.time_bound(group, schedule, vpp) > self.ranking.threshold_s:
                 self.space.pruned["time_lower_bound"] += count
                 continue
-            for member in self.space.members(group, schedule, vpp):
-                self.visit(self._candidate(group, zero_stage=member.zero_stage, schedule=schedule, vpp=vpp,
-                                           axis_order=member.axis_order))
+            per_zero = count // len(self.opts.zero_stages)
+            for zero in self.opts.zero_stages:
+                if not self.exhaustive and self.member_memory_floor(group, schedule, vpp, zero) > self.capacity:
+                    self.space.pruned["memory_lower_bound"] += per_zero
+                    continue
+                for order in axis_orders(group.fact):
+                    self.visit(self._candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
+
+    def member_memory_floor(self, group: Group, schedule: str, vpp: int, zero: int) -> float:
+        """Bound (2) per pipeline rank for the balanced split the members are evaluated with: the rank's static
+        bytes at this ZeRO stage + in-flight x its activation floor + its other bytes at the lowest ZeRO stage;
+        the most loaded rank. Static bytes (params, grads, optimizer states) do not depend on the micro-batch,
+        sp, recompute or the axis order, so they are taken once per (factorisation, ZeRO stage)."""
+        fact = group.fact
+        split = split_for(self.request.model.num_layers, _Shape(fact.pp, vpp))
+        ranks = self._ranks.setdefault((split, fact.pp), rank_of_modules(split, fact.pp))
+        skey = (fact, zero, split)
+        if skey not in self._static:
+            lc = self.cost.layer_costs(self._candidate(group, zero_stage=zero))
+            self._static[skey] = rank_sums(lc.static_bytes, ranks, fact.pp)
+        akey = (group, split)
+        if akey not in self._acts:
+            cand = self._candidate(group, zero_stage=min(self.opts.zero_stages))
+            lc = self.cost.layer_costs(cand)
+            act = np.asarray(lc.activation_bytes, dtype=np.float64)
+            if self.partial_ok:
+                act = np.minimum(act, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
+            other = np.array([float(self.cost.stage_other_bytes(cand, r)) for r in range(fact.pp)])
+            self._acts[akey] = (rank_sums(act, ranks, fact.pp), other)
+        act, other = self._acts[akey]
+        probe = _Shape(fact.pp, vpp, schedule, group.num_microbatches)
+        inflight = np.array([float(self.cost.inflight_microbatches(probe, r)) for r in range(fact.pp)])
+        return float(np.max(self._static[skey] + inflight * act + other))
 
     def visit(self, cand) -> None:
         reasons = self.cost.validity_reasons(cand)
         if reasons:
             self.space.pruned[_slug(reasons[0])] += 1
             return
-        ev = self.cost.evaluate(cand)
+        item = self.evaluate(cand)
         self.evaluated += 1
-        self.counters.evaluations += 1
-        item = Scored(rank_key(cand, ev), cand, ev)
-        if not ev.fits and self.partial_ok and cand.recompute != "full":
-            item = self.with_partial_recompute(cand, item)
         if item.ev.fits:
             self.ranking.offer(item)
             return
@@ -186,15 +220,31 @@ class _Search:
         if self.closest is None or (over, item.key) < (self.closest.ev.peak_bytes - self.closest.ev.capacity_bytes, self.closest.key):
             self.closest = item
 
-    def with_partial_recompute(self, cand, item: Scored) -> Scored:
-        split = split_for(self.request.model.num_layers, cand)
-        lc = self.cost.layer_costs(cand)
-        counts = partial_recompute(self.cost, cand, lc, split, self.counters, self.limits.time_limit_s)
-        if counts is None or not any(counts):
-            return item
-        ev = self.cost.evaluate(cand, stage_layers=split, full_recompute_layers=counts)
+    def evaluate(self, cand) -> Scored:
+        """Evaluate with balanced stages; when a rank would not fit and the base recompute is not "full", with the
+        partial full recompute per stage that makes every rank fit at the least extra time (refine.py)."""
         self.counters.evaluations += 1
-        return Scored(rank_key(cand, ev), cand, ev, split, counts) if ev.fits else item
+        if self.partial_ok and cand.recompute != "full":
+            split = split_for(self.request.model.num_layers, cand)
+            lc = self.cost.layer_costs(cand)
+            if max(rank_excess_bytes(self.cost, cand, lc, split)) > 0:
+                counts = partial_recompute(self.cost, cand, lc, split, self.counters, self.limits.time_limit_s)
+                if counts is not None and any(counts):
+                    ev = self.cost.evaluate(cand, stage_layers=split, full_recompute_layers=counts)
+                    if ev.fits:
+                        return Scored(rank_key(cand, ev), cand, ev, split, counts)
+        ev = self.cost.evaluate(cand)
+        return Scored(rank_key(cand, ev), cand, ev)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The fields of a candidate that the split and CostModel.inflight_microbatches read."""
+
+    pp: int
+    vpp: int
+    schedule: str = "1f1b"
+    num_microbatches: int = 1
 
 
 def _group_tie(group: Group) -> tuple:

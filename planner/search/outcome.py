@@ -100,12 +100,27 @@ def why_not(best: Scored, other: Scored) -> str:
     """`2.1% slower: larger pipeline bubble (+0.31 s)`, naming the breakdown part that grew most."""
     a, b = best.ev, other.ev
     if b.step_time_s <= a.step_time_s:
-        more = (b.peak_bytes - a.peak_bytes) / GiB
-        return f"same predicted step time, ranked lower by the tie-break (peak memory {more:+.2f} GiB, then degrees)"
+        return f"same predicted step time; loses the tie-break on {_first_difference(best, other)}"
     pct = 100.0 * (b.step_time_s - a.step_time_s) / a.step_time_s
     deltas = {name: getattr(b.breakdown, name) - getattr(a.breakdown, name) for name in BREAKDOWN_WORDS}
     name = max(sorted(deltas), key=lambda n: deltas[n])
     return f"{pct:.1f}% slower: {BREAKDOWN_WORDS[name]} (+{deltas[name]:.3g} s)"
+
+
+TIE_FIELDS = ("step time", "peak memory", "tp", "pp", "cp", "ep", "dp", "vpp", "zero_stage", "microbatch_size",
+              "schedule", "recompute", "tp_overlap", "sp", "axis_order")
+
+
+def _first_difference(best: Scored, other: Scored) -> str:
+    """The first ranking-key field in which `other` loses to `best`."""
+    for name, mine, theirs in zip(TIE_FIELDS, best.key, other.key):
+        if mine != theirs:
+            if name == "peak memory":
+                return f"peak memory (+{(theirs - mine) / GiB:.2f} GiB)"
+            if name == "microbatch_size":
+                return f"microbatch_size ({-theirs} < {-mine})"
+            return f"{name} ({getattr(other.cand, name, theirs)} vs {getattr(best.cand, name, mine)})"
+    return "nothing (identical)"
 
 
 def infeasible_message(*, gpus: int, gpus_per_node: int, capacity_bytes: float, closest: Scored | None,

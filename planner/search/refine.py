@@ -51,6 +51,17 @@ def chunk_ranges(stage_layers: Sequence[int]) -> list[range]:
     return out
 
 
+def rank_of_modules(stage_layers: Sequence[int], pp: int) -> np.ndarray:
+    """Pipeline rank of every module (embedding, decoder layers, head): virtual stage v runs on rank v % pp."""
+    ranks = [0] + [v % pp for v, count in enumerate(stage_layers) for _ in range(count)] + [(len(stage_layers) - 1) % pp]
+    return np.asarray(ranks, dtype=np.int64)
+
+
+def rank_sums(values: np.ndarray, ranks: np.ndarray, pp: int) -> np.ndarray:
+    """Per pipeline rank sums of a per-module array."""
+    return np.bincount(ranks, weights=np.asarray(values, dtype=np.float64), minlength=pp)
+
+
 def rank_excess_bytes(cost, cand, lc, stage_layers: Sequence[int]) -> list[float]:
     """Per pipeline rank: bytes over capacity (<= 0 when it fits), by the contract's per-stage memory formula."""
     ranges = chunk_ranges(stage_layers)
