@@ -15,7 +15,9 @@ stage 2 also the gradients, stage 3 also the weights (plus the working set of ga
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from planner.cost.compute import ACT_BYTES, Shape
 from planner.schemas.model import ModelSpec
@@ -36,14 +38,14 @@ class Recipe:
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
 
 
-RECIPES: dict[str, Recipe] = {
+RECIPES: Mapping[str, Recipe] = MappingProxyType({
     "bf16": Recipe(weight_bytes=2, grad_bytes=4, optimizer_bytes=12, grad_reduce_bytes=4, gather_bytes=2),
     "amp-bf16": Recipe(weight_bytes=4 + 2, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=4),
     "fp32": Recipe(weight_bytes=4, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=4),
     "fp8": Recipe(weight_bytes=2 + 1, grad_bytes=4, optimizer_bytes=12, grad_reduce_bytes=4, gather_bytes=2),
-}
+})
 
-OPTIMIZER_BYTES_TOUCHED = {"bf16": 30, "amp-bf16": 28, "fp32": 28, "fp8": 31}
+OPTIMIZER_BYTES_TOUCHED: Mapping[str, int] = MappingProxyType({"bf16": 30, "amp-bf16": 28, "fp32": 28, "fp8": 31})
 """HBM bytes an Adam step moves per parameter: read master/weights, grads, m, v; write master, m, v (and the
 low-precision copy). bf16: read 4+4+4+4, write 4+4+4+2 = 30; fp32/amp-bf16: read 16, write 12 = 28."""
 
