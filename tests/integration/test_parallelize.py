@@ -11,6 +11,7 @@ import json
 import math
 import os
 import socket
+import time
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from planner.schemas.model import ModelSpec, MoESpec  # noqa: E402
+
+pytestmark = pytest.mark.slow  # multi-process; CI runs it (deselect locally with -m "not slow")
 
 STEPS, GLOBAL_BATCH, SEQ, SEED = 3, 4, 16, 0
 # SGD by default: its update is proportional to the gradient, so a wrong gradient scale shows in the loss
@@ -196,13 +199,19 @@ def _worker(rank, world, port, out_path):
         results = {}
         if world == 2:
             results["_domino_timing"] = _domino_timing()
+        references = {}
         for name, (spec, ref_mb, kwargs) in layouts.items():
-            ref_losses, ref_drops, ref_model = reference(spec, num_microbatches=ref_mb, optimizer=kwargs.get("optimizer", "sgd"))
+            key = (spec.name, ref_mb, kwargs.get("optimizer", "sgd"))
+            if key not in references:
+                references[key] = reference(spec, num_microbatches=ref_mb, optimizer=key[2])
+            ref_losses, ref_drops, ref_model = references[key]
+            started = time.perf_counter()
             losses, drops, local_numel, model, shard_rank = run_layout(spec, **kwargs)
             full_numel = sum(p.numel() for p in _model(spec).parameters())
             results[name] = {"ref": ref_losses, "got": losses, "ref_drops": list(ref_drops), "drops": list(drops),
                              "sharded": local_numel < full_numel,
-                             "param_error": param_error(model, ref_model, shard_rank)}
+                             "param_error": param_error(model, ref_model, shard_rank),
+                             "wall_s": time.perf_counter() - started}
         if rank == 0:
             with open(out_path, "w") as f:
                 json.dump(results, f)
