@@ -102,8 +102,9 @@ def estimate(
     Example: planner estimate --model llama3-70b --nodes 8 --tp 8 --pp 4 --sp --recompute selective --zero 1
     """
     from planner import api
-    from planner.cli.estimate_args import configuration
+    from planner.cli.estimate_args import check_request_flags, configuration
 
+    check_request_flags(precision=precision, global_batch_size=global_batch_size, seq_len=seq_len)
     request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
                                 seq_len=seq_len, precision=precision, profile=profile)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,

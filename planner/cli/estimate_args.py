@@ -13,7 +13,17 @@ CHOICES = {
     "schedule": ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble"),
     "tp_overlap": ("none", "domino"),
     "zero": (0, 1, 2, 3),
+    "precision": ("bf16", "amp-bf16", "fp32", "fp8"),
 }
+
+
+def check_request_flags(*, precision: str, global_batch_size: int | None, seq_len: int | None) -> None:
+    """Flags that go into the PlanRequest, checked first so that bad values are one line, not a traceback."""
+    if precision not in CHOICES["precision"]:
+        raise BadInputError(f"--precision={precision}: choose one of {', '.join(CHOICES['precision'])}")
+    for name, value in (("global-batch-size", global_batch_size), ("seq-len", seq_len)):
+        if value is not None and value < 1:
+            raise BadInputError(f"--{name}={value} must be at least 1")
 
 
 def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep: int, cp: int, sp: bool, vpp: int,

@@ -43,5 +43,6 @@ def test_bad_input_exit_2_one_line():
     assert "tp=3 must divide num_attention_heads=32" in result.output and "Traceback" not in result.output
     result = runner.invoke(app, ["estimate", "--nodes", "1", "--gpus", "16"])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    result = runner.invoke(app, ["estimate", "--schedule", "bogus"])
-    assert result.exit_code == 2
+    for flags in (["--schedule", "bogus"], ["--precision", "fp64"], ["--global-batch-size", "0"], ["--tp", "0"]):
+        result = runner.invoke(app, ["estimate", *flags])
+        assert result.exit_code == 2 and "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
