@@ -11,6 +11,7 @@ all-reduce backward) before the column-parallel linears and `g` (all-reduce forw
 after the row-parallel ones. Embedding, final norm and LM head stay replicated. The backward pass is not
 overlapped (its all-reduces are synchronous). MoE blocks are refused (no expert TP in the executor).
 With num_pieces=1 the same code is plain synchronous Megatron TP: the baseline `time_tp_overlap` uses.
+A micro-batch of one sequence cannot be split along the batch and runs as one piece (no overlap).
 """
 
 from __future__ import annotations
