@@ -90,6 +90,7 @@ def profile_compute(
     repeats: int = typer.Option(5, "--repeats", help="Timed iterations (median kept on CUDA, minimum on CPU)."),
     no_ops: bool = typer.Option(False, "--no-ops", help="Skip the per-operator breakdown (faster)."),
     threads: int = typer.Option(None, "--threads", help="CPU only: intra-op threads (e.g. 1 = one gloo rank per core)."),
+    clock: str = typer.Option("wall", "--clock", help="CPU only: wall (perf_counter) or process (CPU time; robust on a shared box with --threads 1)."),
     output: Path = typer.Option(None, "--output", "-o", help="Profile JSON to write (kept up to date after every shape)."),
 ) -> None:
     """Measure forward/backward/recompute time, FLOPs, parameter and saved bytes of every layer type.
@@ -109,7 +110,7 @@ def profile_compute(
     opts = ProfileOptions(
         device=device, dtype=dtype, seq_len=seq_len or spec.seq_len,
         microbatch_sizes=parse_int_list(microbatch_size, name="--microbatch-size"), tp=parse_int_list(tp, name="--tp"),
-        ep=parse_int_list(ep, name="--ep"), warmup=warmup, repeats=repeats, ops=not no_ops, threads=threads,
+        ep=parse_int_list(ep, name="--ep"), warmup=warmup, repeats=repeats, ops=not no_ops, threads=threads, clock=clock,
         layer_types=tuple(k.strip() for k in layer_types.split(",")) if layer_types else None,
     )
     _run_profile(spec, opts, hf=hf, model_ref=model, output=output, command=_command_line(ctx, "planner profile"))

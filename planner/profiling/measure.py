@@ -175,7 +175,7 @@ def measure_case(case: LayerCase, opts: ProfileOptions, *, device: torch.device,
         with autocast_context(device, amp_dtype):
             return checkpoint(lambda *xs: tuple(case.apply(xs)), *inputs, use_reentrant=False)
 
-    timing_args = {"device": device, "warmup": opts.warmup, "repeats": opts.repeats}
+    timing_args = {"device": device, "warmup": opts.warmup, "repeats": opts.repeats, "clock": opts.clock}
     plain = time_forward_backward(step, **timing_args)
     selective_extra = 0.0
     if case.selective_module is not None:
@@ -185,7 +185,7 @@ def measure_case(case: LayerCase, opts: ProfileOptions, *, device: torch.device,
     saved, saved_selective, saved_full = _saved_bytes(case, amp_dtype, device)
     flops = count_flops(step)
     case.module.zero_grad(set_to_none=True)
-    ops = measure_ops(case, amp_dtype=amp_dtype, warmup=opts.op_warmup, repeats=opts.op_repeats,
+    ops = measure_ops(case, amp_dtype=amp_dtype, warmup=opts.op_warmup, repeats=opts.op_repeats, clock=opts.clock,
                       layer_times=(plain.forward_s, plain.backward_s), layer_flops=flops) if opts.ops else ()
     return LayerProfile(
         layer_type=case.layer_type, tp=tp, ep=ep, microbatch_size=microbatch_size, seq_len=seq_len,

@@ -94,14 +94,14 @@ def _saved_and_output_bytes(step, exclude) -> tuple[int, int]:
 
 
 def measure_op(case: LayerCase, op: OpSpec, captured: Captured, *, amp_dtype: torch.dtype | None,
-               warmup: int, repeats: int) -> OpRecord | None:
+               warmup: int, repeats: int, clock: str = "wall") -> OpRecord | None:
     """One operator alone; None when none of its submodules ran in the layer's forward."""
     memo: dict[int, torch.Tensor] = {}
     step, calls, modules = _op_step(case, op, captured, amp_dtype, memo)
     if not calls:
         return None
     device = next(iter(case.module.parameters())).device
-    timing = time_forward_backward(step, device=device, warmup=warmup, repeats=repeats)
+    timing = time_forward_backward(step, device=device, warmup=warmup, repeats=repeats, clock=clock)
     forward_flops, backward_flops = count_flops(step)
     saved, output = _saved_and_output_bytes(step, constant_keys(modules, case.constants))
     params = {id(p): p for m in modules for p in m.parameters()}
@@ -126,13 +126,13 @@ def other_record(layer_forward_s: float, layer_backward_s: float, layer_flops: t
     )
 
 
-def measure_ops(case: LayerCase, *, amp_dtype: torch.dtype | None, warmup: int, repeats: int,
+def measure_ops(case: LayerCase, *, amp_dtype: torch.dtype | None, warmup: int, repeats: int, clock: str = "wall",
                 layer_times: tuple[float, float], layer_flops: tuple[float, float]) -> tuple[OpRecord, ...]:
     """Every operator of the layer, then `other` (layer minus operators)."""
     captured = capture_op_inputs(case, amp_dtype=amp_dtype)
     records = []
     for op in case.ops:
-        record = measure_op(case, op, captured, amp_dtype=amp_dtype, warmup=warmup, repeats=repeats)
+        record = measure_op(case, op, captured, amp_dtype=amp_dtype, warmup=warmup, repeats=repeats, clock=clock)
         if record is not None:
             records.append(record)
     case.module.zero_grad(set_to_none=True)

@@ -6,7 +6,9 @@ and says which submodules form which operator.
 - Time: warm-up iterations, then `repeats` timed iterations. CUDA: `torch.cuda.Event` pairs read after one
   synchronize per iteration, summarised by the median; CPU: `time.perf_counter` (monotonic, sub-microsecond),
   summarised by the minimum, because on a shared CPU interference only ever adds time and the least
-  disturbed run is the best estimate of the cost (the convention of Python's timeit).
+  disturbed run is the best estimate of the cost (the convention of Python's timeit). `clock="process"`
+  reads `time.process_time` instead (CPU seconds of this process): on a box shared with other jobs it
+  excludes the time the profiler is descheduled; with one intra-op thread it equals the compute time.
   Gradients accumulate across iterations (the steady state of gradient accumulation).
 - FLOPs: `torch.utils.flop_counter.FlopCounterMode`, forward and backward counted in separate modes so
   that neither borrows from the other. SDPA runs under the MATH backend while counting (FlopCounterMode
@@ -45,8 +47,9 @@ class Timing:
 class _Clock:
     """Marks points in time: CUDA events on a GPU (read after synchronize), perf_counter on CPU."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, clock: str = "wall"):
         self.cuda = device.type == "cuda"
+        self.read = time.process_time if clock == "process" else time.perf_counter
         self.marks: list = []
 
     def mark(self) -> None:
@@ -55,7 +58,7 @@ class _Clock:
             event.record()
             self.marks.append(event)
         else:
-            self.marks.append(time.perf_counter())
+            self.marks.append(self.read())
 
     def intervals_s(self) -> list[float]:
         """Seconds between consecutive marks."""
@@ -84,22 +87,22 @@ def output_grads(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
     return grads
 
 
-def time_forward_backward(step: Forward, *, device: torch.device, warmup: int, repeats: int) -> Timing:
+def time_forward_backward(step: Forward, *, device: torch.device, warmup: int, repeats: int, clock: str = "wall") -> Timing:
     """Forward and backward time of `step` (a fresh forward each iteration); see the module docstring."""
     grads = None
     forward_s, backward_s = [], []
     for i in range(warmup + repeats):
-        clock = _Clock(device)
-        if clock.cuda:
+        marks = _Clock(device, clock)
+        if marks.cuda:
             torch.cuda.synchronize()
-        clock.mark()
+        marks.mark()
         outputs = step()
-        clock.mark()
+        marks.mark()
         if grads is None:
             grads = output_grads(outputs)
         backward_of(outputs, grads)
-        clock.mark()
-        fwd, bwd = clock.intervals_s()
+        marks.mark()
+        fwd, bwd = marks.intervals_s()
         if i >= warmup:
             forward_s.append(fwd)
             backward_s.append(bwd)

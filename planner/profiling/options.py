@@ -27,6 +27,7 @@ class ProfileOptions:
     op_repeats: int = 3
     ops: bool = True
     threads: int | None = None  # CPU intra-op threads (torch.set_num_threads); None = torch's default
+    clock: str = "wall"  # CPU only: "wall" (perf_counter) or "process" (process CPU time, see measure_timing)
 
     def __post_init__(self) -> None:
         if self.dtype not in PROFILE_DTYPES:
@@ -43,6 +44,8 @@ class ProfileOptions:
                 raise BadInputError(f"layer_types={unknown} unknown: choose from {', '.join(LAYER_TYPES)}")
         if self.threads is not None and self.threads <= 0:
             raise BadInputError(f"threads={self.threads} must be a positive integer")
+        if self.clock not in ("wall", "process"):
+            raise BadInputError(f"clock={self.clock!r} is unknown: choose wall or process")
         if self.repeats <= 0 or self.warmup < 0 or self.op_repeats <= 0 or self.op_warmup < 0:
             raise BadInputError("repeats and op_repeats must be positive, warmup and op_warmup non-negative")
 
