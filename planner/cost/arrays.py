@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from planner.cost import compute, memory
+from planner.cost.evaluate import prefix_sums
 from planner.cost.layers import Env, ModuleCost, decoder_cost, embedding_cost, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
 from planner.models import counting
@@ -80,13 +82,14 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
         names=model.names, forward_s=fwd, backward_s=bwd, recompute_s=rec, full_recompute_s=full_rec,
         static_bytes=weights + grads + optim, activation_bytes=act, full_recompute_activation_bytes=act_full,
     )
-    return Detail(
+    detail = Detail(
         costs=costs, compute_s=arr("compute_fwd_s") + arr("compute_bwd_s"), tp_s=arr("tp_fwd_s") + arr("tp_bwd_s"),
         ep_s=arr("ep_fwd_s") + arr("ep_bwd_s"), cp_s=arr("cp_fwd_s") + arr("cp_bwd_s"), bwd_compute_s=arr("compute_bwd_s"),
         weight_bytes=weights, grad_bytes=grads, optimizer_bytes=optim, dense_params=dense, expert_params=expert,
         model_fwd_flops=model_f, hw_fwd_flops=hw_f, core_fwd_flops=core_f,
         zero3_gather_bytes=float(np.max(dense + expert)) * model.recipe.gather_bytes,
     )
+    return dataclasses.replace(detail, prefix=prefix_sums(detail, cand.recompute))
 
 
 def _static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -90,16 +90,13 @@ def balanced_split(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _prefix(detail: "Detail", cand: "Candidate") -> np.ndarray:
-    """Prefix sums (rows x L+1) of the per-module quantities, memoised on the Detail object."""
-    cached = getattr(detail, "_prefix", None)
-    if cached is not None:
-        return cached
+def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:
+    """Prefix sums (len(ROWS) x L+1) of the per-module quantities of a Detail (stored on it by build_detail)."""
     c = detail.costs
-    rec_flops = detail.hw_fwd_flops * 0.0
-    if cand.recompute == "full":
+    rec_flops = np.zeros_like(detail.hw_fwd_flops)
+    if recompute == "full":
         rec_flops[1:-1] = detail.hw_fwd_flops[1:-1]
-    elif cand.recompute == "selective" and c.recompute_s[1:-1].any():
+    elif recompute == "selective" and c.recompute_s[1:-1].any():
         rec_flops[1:-1] = detail.core_fwd_flops[1:-1]
     full_dflops = detail.hw_fwd_flops - rec_flops
     full_dflops[0] = full_dflops[-1] = 0.0
@@ -111,7 +108,6 @@ def _prefix(detail: "Detail", cand: "Candidate") -> np.ndarray:
     ])
     prefix = np.zeros((rows.shape[0], rows.shape[1] + 1))
     np.cumsum(rows, axis=1, out=prefix[:, 1:])
-    object.__setattr__(detail, "_prefix", prefix)
     return prefix
 
 
@@ -238,7 +234,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     split, full = _check_split(model, cand, stage_layers, full_recompute_layers)
     detail = model.detail(cand)
     fixed = _fixed(model, cand)
-    sums = _stage_sums(_prefix(detail, cand), split, full, len(detail.costs.names))
+    sums = _stage_sums(detail.prefix, split, full, len(detail.costs.names))
     pp, m = cand.pp, cand.num_microbatches
     ranks = sums.reshape(len(ROWS), cand.vpp, pp).sum(axis=1) if cand.vpp > 1 else sums
     row = dict(zip(ROWS, ranks))

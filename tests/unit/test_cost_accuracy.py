@@ -14,10 +14,11 @@ from planner.schemas.topology import DeviceSpec
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
 RUNS = Path("/work/shared/validation/published_runs.json")
 
-pytestmark = pytest.mark.skipif(not RUNS.is_file(), reason="validation data not present")
+needs_runs = pytest.mark.skipif(not RUNS.is_file(), reason="validation data not present")
 
 
 @pytest.fixture(scope="module")
+@needs_runs
 def results():
     spec = importlib.util.spec_from_file_location("accuracy_bench", BENCH)
     module = importlib.util.module_from_spec(spec)
@@ -27,6 +28,7 @@ def results():
     return module, rows, skipped, ceilings
 
 
+@needs_runs
 def test_median_absolute_error_within_target(results):
     module, rows, skipped, _ = results
     assert len(rows) >= 6 and any(name.startswith("codegeex") for name, _ in skipped)
@@ -35,7 +37,19 @@ def test_median_absolute_error_within_target(results):
     assert "median absolute error" in module.render(rows, skipped)
 
 
+@needs_runs
 def test_a100_ceiling_is_the_median_implied_ceiling(results):
     _, _, _, ceilings = results
     a100 = DeviceSpec(name="A100-SXM4-80GB", memory_bytes=1, peak_bf16_tflops=312, peak_fp32_tflops=19.5, hbm_bandwidth_GBps=2039)
     assert device_calibration(a100).matmul_ceiling_fraction == pytest.approx(statistics.median(ceilings.values()), abs=0.005)
+
+
+def test_narayanan_table_1_implies_a_higher_a100_ceiling():
+    """NVIDIA's own Megatron-LM runs (Narayanan et al. 2021 Table 1) imply ~0.745, above the shipped value derived
+    from the Megatron-DeepSpeed-era validation runs: the YAML documents both."""
+    from planner.cost.derivation import derive_a100_ceiling
+
+    median, per_row = derive_a100_ceiling()
+    a100 = DeviceSpec(name="A100-SXM4-80GB", memory_bytes=1, peak_bf16_tflops=312, peak_fp32_tflops=19.5, hbm_bandwidth_GBps=2039)
+    assert len(per_row) == 10 and 0.70 < median < 0.80
+    assert median > device_calibration(a100).matmul_ceiling_fraction
