@@ -139,8 +139,11 @@ def _draw_timeline(ax, plan: LaunchPlan) -> None:
                  f": {shown}; idle (bubble) {1 - busy / (end * pp):.0%} in this window", fontsize=9)
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=colors["F"], label="forward"), Patch(color=colors["B"], label="backward"),
-                       Patch(facecolor="white", edgecolor="black", label="white gaps = bubble")], fontsize=7, loc="lower right")
+    handles = [Patch(color=colors["F"], label="forward"), Patch(color=colors["B"], label="backward"),
+               Patch(facecolor="white", edgecolor="black", label="white gaps = bubble")]
+    if vpp > 1:
+        handles.append(Patch(facecolor="#B0B0B0", label="lighter = later virtual stage"))
+    ax.legend(handles=handles, fontsize=7, loc="lower right")
 
 
 def _draw_memory(ax, plan: LaunchPlan) -> None:

@@ -20,6 +20,7 @@ from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, SearchL
 
 TOKEN = "s3cret-token"
 SMALL = {"model": "llama3-8b", "topology": "dgx-h100", "gpus": 8, "global_batch_size": 64, "seq_len": 4096}
+PLAN = {"model": "tinyllama-1.1b", "topology": "dgx-h100", "gpus": 8, "global_batch_size": 64, "seq_len": 2048}
 
 
 def free_port() -> int:
@@ -61,15 +62,16 @@ class Server:
             self.proc.wait()
 
 
-@pytest.fixture()
-def server(tmp_path):
-    srv = Server(tmp_path / "plans.sqlite")
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the tests that do not restart it (each start costs a few seconds on a shared box)."""
+    srv = Server(tmp_path_factory.mktemp("service") / "plans.sqlite")
     yield srv
     srv.stop()
 
 
 def estimate_body(tp: int, pp: int, mbs: int) -> dict:
-    return SMALL | {"tp": tp, "pp": pp, "microbatch_size": mbs, "zero_stage": 1, "sp": tp > 1}
+    return SMALL | {"gpus": 16, "tp": tp, "pp": pp, "microbatch_size": mbs, "zero_stage": 1, "sp": tp > 1}
 
 
 def local_estimate(body: dict) -> str:
@@ -81,12 +83,13 @@ def local_estimate(body: dict) -> str:
 
 
 def test_plan_returned_stored_and_fetched_by_id(server):
-    response = httpx.post(server.url + "/v1/plan", json=SMALL | {"time_limit_s": 60}, timeout=120)
+    response = httpx.post(server.url + "/v1/plan", json=PLAN | {"time_limit_s": 60}, timeout=120)
     assert response.status_code == 200, response.text
     plan = LaunchPlan.model_validate_json(response.text)
     assert plan.kind == "plan" and plan.feasible and plan.request.gpus == 8 and plan.parallelism.world_size == 8
+    assert plan.request.model.name == "tinyllama-1.1b" and plan.alternatives
     assert response.headers["x-cache"] == "miss"
-    again = httpx.post(server.url + "/v1/plan", json=SMALL | {"time_limit_s": 60}, timeout=60)
+    again = httpx.post(server.url + "/v1/plan", json=PLAN | {"time_limit_s": 60}, timeout=60)
     assert again.headers["x-cache"] == "hit" and again.text == response.text
     by_id = httpx.get(server.url + "/v1/plans/" + response.headers["x-plan-id"], timeout=10)
     assert by_id.status_code == 200 and by_id.text == response.text
