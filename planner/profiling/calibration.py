@@ -122,3 +122,23 @@ def load_calibration(path: str | Path) -> CommCalibration:
     from planner.io import load_file
 
     return load_file(CommCalibration, path)
+
+
+def calibrated_topology(topology, calibration: CommCalibration):
+    """The topology with its intra-node fabric replaced by the measured all-reduce fit: bandwidth_GBps = the
+    fitted bus bandwidth, latency_s = alpha per ring step. A calibration measures processes on one node, so
+    the inter-node fabric is left as it is. Returns a new (frozen) Topology."""
+    fit = calibration.fit("all_reduce") or calibration.fits[0]
+    intra = topology.intra_node.model_copy(update={"bandwidth_GBps": fit.bus_bandwidth_GBps, "latency_s": fit.latency_s})
+    return topology.model_copy(update={"intra_node": intra})
+
+
+def resolve_comm_calibration(topology, *, relative_to: str | Path | None = None):
+    """Apply the topology's `comm_calibration` file, if it names one (a relative path is taken from
+    `relative_to`, the folder of the topology file, else the working directory); unchanged otherwise."""
+    if topology.comm_calibration is None:
+        return topology
+    path = Path(topology.comm_calibration)
+    if not path.is_absolute() and relative_to is not None and not path.is_file():
+        path = Path(relative_to) / path
+    return calibrated_topology(topology, load_calibration(path))

@@ -100,3 +100,20 @@ def test_bus_factors_follow_nccl_tests():
     assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
     assert bus_factor("all_gather", 8) == pytest.approx(7 / 8)
     assert ring_steps("all_reduce", 8) == 14 and ring_steps("send_recv", 8) == 1
+
+
+def test_a_topology_references_a_calibration(tmp_path):
+    from planner.io import canonical_json
+    from planner.profiling.calibration import resolve_comm_calibration
+    from planner.topology import load_topology
+
+    n = 2
+    points = [CommPoint(message_bytes=s, time_s=3e-4 * 2 * (n - 1) + bus_factor("all_reduce", n) * s / 0.9e9)
+              for s in (4096, 1 << 20, 16 << 20)]
+    calibration = CommCalibration(backend="gloo", device="cpu", world_size=n, fits=(fit_collective("all_reduce", n, points),))
+    (tmp_path / "comm.json").write_text(canonical_json(calibration))
+    topology = load_topology("cpu").model_copy(update={"comm_calibration": "comm.json"})
+    calibrated = resolve_comm_calibration(topology, relative_to=tmp_path)
+    assert calibrated.intra_node.bandwidth_GBps == pytest.approx(0.9)
+    assert calibrated.intra_node.latency_s == pytest.approx(3e-4)
+    assert resolve_comm_calibration(load_topology("cpu")) == load_topology("cpu")
