@@ -89,3 +89,33 @@ def test_plot_writes_a_png(tmp_path):
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
+
+
+def test_real_plan_explained_and_drawn(tmp_path):
+    """The real search and cost model: the account and the picture agree with the plan's own numbers."""
+    from planner import api
+    from planner.schemas.plan import SearchLimits
+
+    narrow = SearchLimits(schedules=("1f1b", "interleaved"), zero_stages=(1,), recompute_modes=("selective",), tp_overlap=("none",), max_microbatch_size=2)
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096, search=narrow)
+    plan = api.plan(request)
+    ex = api.explain(plan)
+    assert ex.summary["degrees"].startswith(f"dp={plan.parallelism.dp} tp={plan.parallelism.tp} pp={plan.parallelism.pp}")
+    assert sum(t.seconds for t in ex.time) == pytest.approx(plan.prediction.step_time_s, rel=0.02)
+    assert [round(r.peak_gib, 6) for r in ex.memory] == [round(s.peak_bytes / 2**30, 6) for s in plan.memory.per_stage]
+    assert ex.runner_up is not None and ex.runner_up.slower_by >= 0
+    assert plot_plan(plan, tmp_path / "real.png").stat().st_size > 20_000
+
+
+def test_real_estimate_timeline_matches_the_flush_formula():
+    """For a 1F1B estimate with one stage time, the simulated window matches (m + pp - 1) stage times."""
+    from planner import api
+    from planner.schemas.plan import Configuration
+
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=16, seq_len=4096)
+    plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=1, tp=4, pp=4, sp=True, zero_stage=1), recompute="selective"))
+    slots, m = simulate(plan)
+    times = [s.time for s in plan.stages]
+    slowest = max(t.forward_s + t.backward_s for t in times)
+    window = max(s.end_s for s in slots)
+    assert m == 8 and m * slowest <= window <= (m + 4 - 1) * slowest + 1e-9

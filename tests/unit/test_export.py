@@ -271,3 +271,26 @@ def test_unknown_target_and_infeasible_plan_refused():
     for target in TARGETS:
         with pytest.raises(BadInputError, match="infeasible"):
             export_plan(bad, target)
+
+
+# ---- real plans from the cost model -----------------------------------------------------------------------
+
+def test_real_estimates_export_within_each_framework_rules():
+    from planner import api
+    from planner.schemas.plan import Configuration
+
+    request = api.build_request(model="llama3-70b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096)
+    config = Configuration(parallelism=Parallelism(dp=1, tp=8, pp=4, vpp=2, sp=True, zero_stage=1), schedule="interleaved", recompute="selective")
+    plan = api.estimate(request, config)
+    args, _ = megatron_arguments(plan)
+    a = assert_megatron_valid(args, plan.request.gpus, plan.batch.num_microbatches)
+    assert a.num_virtual_stages_per_pipeline_rank == 2 or a.pipeline_model_parallel_layout
+    doc = tomllib.loads(export_plan(plan, "torchtitan").text)
+    assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert doc["parallelism"]["module_fqns_per_model_part"] == [list(s.layers) for s in sorted(plan.stages, key=lambda s: s.stage)]
+    with pytest.raises(BadInputError, match="DeepSpeed pipeline engine runs only its 1F1B"):
+        export_plan(plan, "deepspeed")
+    flat = api.estimate(request, Configuration(parallelism=Parallelism(dp=8, tp=4, pp=1, sp=True, zero_stage=3), recompute="full"))
+    cfg = json.loads(export_plan(flat, "deepspeed").text)
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 8 == 256
+    assert cfg["zero_optimization"]["stage"] == 3
