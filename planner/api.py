@@ -100,11 +100,11 @@ def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:
     return load_file(LaunchPlan, plan)
 
 
-def check(target: str | Path, *, tolerance: float = 0.02, allow_change: bool = False):
+def check(target: str | Path, *, tolerance: float = 0.02, allow_change: bool = False, progress: ProgressFn | None = None):
     """Recompute every committed plan under `target` and compare (planner.check.CheckReport)."""
     from planner.check import check_plans
 
-    return check_plans(target, tolerance=tolerance, allow_change=allow_change)
+    return check_plans(target, tolerance=tolerance, allow_change=allow_change, progress=progress)
 
 
 def export(plan: LaunchPlan | str | Path, target: str):

@@ -11,6 +11,7 @@ Each result carries a readable diff (degrees, stages, memory, time) of old vs ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -154,13 +155,26 @@ def plan_files(target: str | Path) -> list[Path]:
     return files
 
 
-def check_plans(target: str | Path, *, tolerance: float = DEFAULT_TOLERANCE, allow_change: bool = False) -> CheckReport:
-    """Check every plan under `target`; a file that is not a LaunchPlan is bad input (exit 2)."""
+def check_plans(
+    target: str | Path,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    allow_change: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CheckReport:
+    """Check every plan under `target`; a file that is not a LaunchPlan is bad input (exit 2).
+
+    All files are validated before any is recomputed, so bad input fails fast. `progress(done, total)`
+    is called after each plan (searches can take seconds each)."""
     if tolerance < 0:
         raise BadInputError(f"tolerance={tolerance} must be >= 0: e.g. --tolerance 0.02 for 2%")
     plans = [(path, load_file(LaunchPlan, path)) for path in plan_files(target)]
-    results = tuple(check_plan(path, plan, tolerance=tolerance, allow_change=allow_change) for path, plan in plans)
-    return CheckReport(tolerance=tolerance, allow_change=allow_change, results=results)
+    results = []
+    for path, plan in plans:
+        results.append(check_plan(path, plan, tolerance=tolerance, allow_change=allow_change))
+        if progress is not None:
+            progress(len(results), len(plans))
+    return CheckReport(tolerance=tolerance, allow_change=allow_change, results=tuple(results))
 
 
 def report_dict(report: CheckReport) -> dict:

@@ -41,7 +41,14 @@ def check_command(
     from planner.check import report_dict
     from planner.io import canonical_json
 
-    report = api.check(target, tolerance=tolerance, allow_change=allow_change)
+    from rich.progress import Progress
+
+    from planner.report import console
+
+    with Progress(console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task("recomputing plans", total=None)
+        report = api.check(target, tolerance=tolerance, allow_change=allow_change,
+                           progress=lambda done, total: bar.update(task, completed=done, total=total))
     if json_output:
         emit_text(canonical_json(report_dict(report)), None)
     else:

@@ -97,6 +97,7 @@ def test_plan_returned_stored_and_fetched_by_id(server):
     assert "llama3-8b" in httpx.get(server.url + "/v1/models", timeout=10).json()["models"]
     assert httpx.get(server.url + "/v1/topologies", timeout=10).json()["topologies"]
     assert httpx.get(server.url + "/openapi.json", timeout=10).json()["paths"]["/v1/plan"]["post"]
+    assert httpx.get(server.url + "/docs", timeout=10).status_code == 200
 
 
 def test_bad_input_is_422_with_the_field(server):
