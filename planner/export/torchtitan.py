@@ -109,7 +109,7 @@ def _activation_checkpoint(plan: LaunchPlan, warnings: list[str]) -> dict[str, A
     mode = base_recompute(plan)
     full = full_recompute_layers(plan)
     counts = stage_layer_counts(plan)
-    if mode == "full" or all(f >= c for f, c in zip(full, counts) if c) and any(full):
+    if mode == "full" or (any(full) and all(f >= c for f, c in zip(full, counts) if c)):
         return {"mode": "full"}
     if not any(full):
         if mode == "selective":

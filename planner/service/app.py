@@ -145,7 +145,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 return JSONResponse({"detail": f"request body exceeds the {settings.max_body_bytes}-byte limit"}, status_code=413)
         return await call_next(request)
 
-    guard = [Depends(authorize)]
+    _add_routes(app, [Depends(authorize)])
+    return app
+
+
+def _add_routes(app: FastAPI, guard: list) -> None:
+    """The HTTP routes; `guard` (the bearer-token check) protects everything under /v1."""
 
     @app.get("/healthz")
     async def healthz() -> dict:
@@ -173,5 +178,3 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/v1/topologies", dependencies=guard, summary="Topology presets")
     async def get_topologies() -> dict:
         return {"topologies": _topologies()}
-
-    return app
