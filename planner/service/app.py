@@ -90,7 +90,7 @@ async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:
         return _json(200, stored.plan_json, **headers, **{"X-Cache": "hit"})
     inflight: dict[str, asyncio.Future] = app.state.inflight
     if key not in inflight:
-        future = asyncio.wrap_future(app.state.pool.submit(solve, kind, body.model_dump_json()))
+        future = asyncio.wrap_future(app.state.pool.submit(solve, kind, body.model_dump_json(), settings.max_gpus))
         inflight[key] = future
         future.add_done_callback(lambda _f: inflight.pop(key, None))
     try:

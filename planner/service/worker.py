@@ -17,14 +17,17 @@ from planner.service.schemas import EstimateBody, PlanBody
 STATUS_OF_ERROR = ((BadInputError, 422), (InfeasibleError, 409), (SolverTimeoutError, 409))
 
 
-def _request(body: PlanBody):
+def _request(body: PlanBody, max_gpus: int):
     from planner import api
 
-    return api.build_request(
+    request = api.build_request(
         model=body.model, topology=body.topology, nodes=body.nodes, gpus=body.gpus,
         global_batch_size=body.global_batch_size, seq_len=body.seq_len, precision=body.precision,
         search=SearchLimits(time_limit_s=body.time_limit_s, top_k=body.top_k),
     )
+    if request.gpus > max_gpus:
+        raise BadInputError(f"the request resolves to {request.gpus} GPUs, over this service's search limit of {max_gpus}: ask for fewer nodes")
+    return request
 
 
 def _configuration(body: EstimateBody, gpus: int) -> Configuration:
@@ -39,16 +42,16 @@ def _configuration(body: EstimateBody, gpus: int) -> Configuration:
     )
 
 
-def solve(kind: str, body_json: str) -> tuple[int, str]:
+def solve(kind: str, body_json: str, max_gpus: int) -> tuple[int, str]:
     """Plan or estimate one request; (200, LaunchPlan JSON) or (4xx, {"detail": message})."""
     from planner import api
 
     try:
         if kind == "plan":
-            plan = api.plan(_request(PlanBody.model_validate_json(body_json)))
+            plan = api.plan(_request(PlanBody.model_validate_json(body_json), max_gpus))
         else:
             body = EstimateBody.model_validate_json(body_json)
-            request = _request(body)
+            request = _request(body, max_gpus)
             plan = api.estimate(request, _configuration(body, request.gpus))
             if not plan.feasible or not plan.memory.fits:
                 reasons = "; ".join(plan.infeasible_reasons) or "does not fit in memory"

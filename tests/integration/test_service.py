@@ -111,6 +111,8 @@ def test_bad_input_is_422_with_the_field(server):
     assert path.status_code == 422 and "not a preset" in path.json()["detail"]
     too_big = httpx.post(server.url + "/v1/plan", json=SMALL | {"gpus": 10**6}, timeout=10)
     assert too_big.status_code == 422 and "search limit" in too_big.json()["detail"]
+    many_nodes = httpx.post(server.url + "/v1/plan", json=PLAN | {"gpus": None, "nodes": 5000}, timeout=30)
+    assert many_nodes.status_code == 422 and "40000 GPUs" in many_nodes.json()["detail"]
     huge = httpx.post(server.url + "/v1/plan", content=b'{"model": "' + b"x" * (2 << 20) + b'"}', headers={"content-type": "application/json"}, timeout=30)
     assert huge.status_code == 413
 
