@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import comm, schedule
+from planner.cost import autocast, comm, schedule
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, p2p_activation_bytes
 from planner.errors import BadInputError
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
@@ -255,14 +255,20 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     return _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown)
 
 
-def _memory(model: "CostModel", fixed: _Fixed, row: dict) -> tuple[np.ndarray, tuple[str, ...]]:
-    """Per pipeline rank (MEMORY_ROWS x pp): allocated = static + inflight * activations + other; peak = allocated *
-    (1 + fragmentation fraction) + fixed allowance (calibration.yaml). Reasons name the worst rank over capacity."""
+def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate") -> tuple[np.ndarray, tuple[str, ...]]:
+    """Per pipeline rank (MEMORY_ROWS x pp): allocated = static + inflight * activations + other (amp-bf16 with one
+    micro-batch, one replica, no ZeRO: planner.cost.autocast.allocated_peak); peak = allocated * (1 + fragmentation
+    fraction) + fixed allowance (calibration.yaml). Reasons name the worst rank over capacity."""
     cal = model.mem_cal
     acts = fixed.inflight * row["act"]
     static = row["weights"] + row["grads"] + row["optimizer"]
-    peak = (static + acts + fixed.other) * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
-    table = np.vstack([row["weights"], row["grads"], row["optimizer"], acts, peak - static - acts, peak])
+    weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + fixed.other
+    if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
+            dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
+        weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, fixed.other)
+        static = weights + grads + optimizer
+    peak = allocated * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
+    table = np.vstack([weights, grads, optimizer, acts, peak - static - acts, peak])
     usable = model.device_usable_bytes()
     worst = int(np.argmax(peak))
     if peak[worst] <= usable:
@@ -282,7 +288,7 @@ def _over_reason(rank: int, column: np.ndarray, inflight: float, usable: int, ot
 
 
 def _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown) -> Evaluation:
-    memory_table, reasons = _memory(model, fixed, row)
+    memory_table, reasons = _memory(model, fixed, row, cand)
     request = model.request
     sequences = request.global_batch_size
     rec_flops = float(sums[REC_FLOPS].sum())

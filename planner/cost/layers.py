@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import comm, compute, memory
+from planner.cost import autocast, comm, compute, memory
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compute import Shape
 from planner.models import counting
@@ -135,7 +135,10 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
     ep_fwd, ep_bwd = _ep_times(env) if moe_layer else (0.0, 0.0)
     cp_fwd, cp_bwd = _cp_times(env, core)
-    acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
+    if env.precision == autocast.RECIPE and not moe_layer:
+        acts = autocast.decoder_activation_bytes(spec, shape)
+    else:
+        acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
     selective = 0.0 if shape.flash_attention else core + core_mem
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
@@ -163,7 +166,10 @@ def head_cost(env: Env) -> ModuleCost:
     tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=1)
     if not env.shape.sp:
         tp_fwd = 0.0
-    act = memory.head_activation_bytes(env.spec, env.shape)
+    if env.precision == autocast.RECIPE:
+        act = autocast.head_activation_bytes(env.spec, env.shape)
+    else:
+        act = memory.head_activation_bytes(env.spec, env.shape)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, act_none=act, act_selective=act, act_full=act)
 
 

@@ -117,3 +117,43 @@ def test_a_topology_references_a_calibration(tmp_path):
     assert calibrated.intra_node.bandwidth_GBps == pytest.approx(0.9)
     assert calibrated.intra_node.latency_s == pytest.approx(3e-4)
     assert resolve_comm_calibration(load_topology("cpu")) == load_topology("cpu")
+
+
+VALIDATION = "/work/shared/validation/h100_hf_tinyllama.jsonl"
+
+
+def test_autocast_activation_count_for_tinyllama():
+    from planner.cost import autocast
+    from planner.cost.compute import Shape
+    from planner.models import load_model
+
+    spec = load_model("tinyllama-1.1b")
+    acts = autocast.decoder_activation_bytes(spec, Shape(microbatch_size=1, seq_len=2048))
+    sbh = 2048 * 2048
+    # 16 (fp32 norms) + 10 (five bf16 input casts) + 2.5 (q, k, v) + 4 (SDPA out, out-proj input) + 22 (gated MLP)
+    assert acts.none == pytest.approx(54.5 * sbh + 4 * 32 * 2048)
+    assert acts.full == 4 * sbh
+
+
+@pytest.mark.parametrize("row_index", range(8))
+def test_amp_bf16_allocated_peak_matches_the_h100_rows(row_index):
+    """Allocated peak (the cost model's peak less the allocator allowance) within 5% of peak_alloc_gib."""
+    import json
+    from pathlib import Path
+
+    from planner import api
+    from planner.cost.calibration import memory_calibration
+    from planner.schemas.plan import Configuration, Parallelism
+
+    if not Path(VALIDATION).is_file():
+        pytest.skip("validation data not present")
+    rows = [json.loads(line) for line in Path(VALIDATION).read_text().splitlines() if '"status": "ok"' in line]
+    row = rows[row_index]
+    request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=row["micro_batch"],
+                                seq_len=row["seq"], precision="amp-bf16")
+    config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=row["micro_batch"],
+                           recompute="full" if row["checkpointing"] else "none")
+    cal = memory_calibration()
+    peak = api.estimate(request, config).memory.peak_bytes
+    allocated_gib = (peak - cal.fragmentation_fixed_bytes) / (1 + cal.fragmentation_fraction) / 2**30
+    assert allocated_gib == pytest.approx(row["peak_alloc_gib"], rel=0.05)
