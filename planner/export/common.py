@@ -99,3 +99,17 @@ def header_lines(plan: LaunchPlan, target: str, comment: str = "#") -> list[str]
         f"zero={par.zero_stage} schedule={plan.schedule}",
         f"{comment} predicted step time {pred.step_time_s:.4g} s, {pred.tokens_per_s:.4g} tokens/s, MFU {pred.mfu:.1%}",
     ]
+
+
+def axis_order_warning(plan: LaunchPlan, target: str, native: tuple[str, ...], spelled: str) -> list[str]:
+    """A warning when the plan's rank layout (outermost -> innermost) is not the one the target builds.
+
+    The target then places ranks its own way, so a process group may land on other links (inside vs across
+    nodes) than the plan's prediction assumed."""
+    order = tuple(plan.parallelism.axis_order)
+    if order == native:
+        return []
+    return [
+        f"{target} lays ranks out as {spelled} but the plan's axis_order is {'>'.join(order)} (outermost first): "
+        "process groups may use other links than predicted; re-plan or check with `planner estimate`"
+    ]

@@ -24,6 +24,7 @@ import shlex
 
 from planner.export.common import (
     Export,
+    axis_order_warning,
     base_recompute,
     check_exportable,
     full_recompute_layers,
@@ -214,7 +215,7 @@ def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     """(arguments, warnings) for `pretrain_gpt.py`; raises BadInputError for what Megatron cannot run."""
     check_exportable(plan, TARGET)
-    warnings: list[str] = []
+    warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "tp-cp-ep-dp-pp (innermost first)")
     _check_divisibility(plan)
     args = _parallel_args(plan, warnings) + _check_schedule(plan, warnings) + _layout_args(plan) + _recompute_args(plan)
     precision = plan.request.precision

@@ -26,6 +26,7 @@ from typing import Any
 
 from planner.export.common import (
     Export,
+    axis_order_warning,
     base_recompute,
     check_exportable,
     decoder_layers,
@@ -138,7 +139,7 @@ def export_torchtitan(plan: LaunchPlan) -> Export:
     """The torchtitan TOML for this plan; merges with a model's own TOML ([model], [optimizer], ... are left to it)."""
     check_exportable(plan, TARGET)
     par, batch = plan.parallelism, plan.batch
-    warnings: list[str] = []
+    warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "mesh [pp, dp_replicate, dp_shard, cp, tp] (outermost first)")
     parallelism = _data_parallel(plan, warnings)
     _check_expert_parallel(plan, parallelism["data_parallel_shard_degree"])
     parallelism.update({"tensor_parallel_degree": par.tp, "context_parallel_degree": par.cp, "expert_parallel_degree": par.ep})

@@ -294,3 +294,11 @@ def test_real_estimates_export_within_each_framework_rules():
     cfg = json.loads(export_plan(flat, "deepspeed").text)
     assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 8 == 256
     assert cfg["zero_optimization"]["stage"] == 3
+
+
+def test_axis_order_other_than_the_frameworks_is_warned():
+    plan = make_plan()
+    assert not export_plan(plan, "megatron").warnings
+    moved = plan.model_copy(update={"parallelism": plan.parallelism.model_copy(update={"axis_order": ("cp", "pp", "dp", "tp")})})
+    for target in ("megatron", "torchtitan"):
+        assert any("axis_order is cp>pp>dp>tp" in w for w in export_plan(moved, target).warnings)
