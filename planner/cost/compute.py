@@ -44,6 +44,11 @@ class Shape:
     sp: bool = False
     flash_attention: bool = True
     dropout: bool = False
+    fused_kernels: bool = True
+
+    @property
+    def kernels(self) -> "KernelBytes":
+        return FUSED if self.fused_kernels else EAGER
 
     @property
     def tokens(self) -> float:
@@ -53,6 +58,41 @@ class Shape:
     @property
     def sp_div(self) -> int:
         return self.tp if self.sp else 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelBytes:
+    """HBM bytes per element (reads + writes, bf16 activations) of the memory-bound operators, and bytes per element
+    they save for backward, for fused kernels (Megatron-LM/Transformer Engine/torchtitan: one read and one write
+    per operator) and for eager PyTorch as HuggingFace transformers writes them (modeling_llama.py).
+
+    Eager RMSNorm: x.to(fp32) (2 + 4), pow (4 + 4), mean (4), x * rsqrt (4 + 4), .to(bf16) (4 + 2), weight * (2 + 2)
+    = 36; it saves the fp32 input and normalised fp32 tensor plus the bf16 cast (4 + 4 + 2 = 10). Eager
+    LayerNorm (F.layer_norm under autocast runs in fp32): cast (2 + 4), kernel (4 + 4) = 14, saves the fp32 input
+    (4). Eager SwiGLU: silu(gate) (2 + 2) and * up (2 + 2 + 2) = 10 per f-element; saves gate, up, silu(gate)
+    and the product (8). Eager RoPE: q*cos (2 + 2), rotate_half slices, negation and cat (2 + 4), *sin (2 + 2),
+    add (4 + 2) = 20 per q/k element.
+    """
+
+    rmsnorm: float
+    layernorm: float
+    gated_act: float  # per f-element, reads + writes
+    plain_act: float
+    rope: float
+    saved_rmsnorm: float
+    saved_layernorm: float
+    saved_gated: float  # per f-element, what the FFN saves between fc1 and fc2
+    saved_plain: float
+
+
+FUSED = KernelBytes(rmsnorm=4, layernorm=4, gated_act=6, plain_act=4, rope=4, saved_rmsnorm=2, saved_layernorm=2,
+                    saved_gated=6, saved_plain=4)
+EAGER = KernelBytes(rmsnorm=36, layernorm=14, gated_act=10, plain_act=4, rope=20, saved_rmsnorm=10, saved_layernorm=4,
+                    saved_gated=8, saved_plain=4)
+
+
+def norm_bytes(spec: ModelSpec, kernels: KernelBytes) -> float:
+    return kernels.rmsnorm if spec.norm == "rmsnorm" else kernels.layernorm
 
 
 @dataclass(frozen=True)
@@ -142,22 +182,23 @@ def gemm_efficiency(flops: float, *, peak_tflops: float, cal: DeviceCalibration)
 def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None) -> tuple[float, float]:
     """Forward HBM bytes of a decoder layer's memory-bound operators, split (attention core, rest).
 
-    Per GPU, bf16 (2 bytes): two norms (read + write: 2*2*T*h each), two residual adds (2 reads + 1 write),
-    RoPE on q and k (read + write), the FFN activation (plain: read f, write f; gated: read 2f, write f) on
+    Per GPU, bf16 (2 bytes), bytes per element from KernelBytes (fused: one read and one write per operator;
+    eager: HuggingFace's unfused fp32 norms, SwiGLU and RoPE): two norms, two residual adds (2 reads + 1 write),
+    RoPE on q and k, the FFN activation (fused plain: read f, write f; fused gated: read 2f, write f) on
     tokens * top_k * capacity for MoE experts (plus the permutation and un-permutation of the routed tokens, read +
     write each), dropout when enabled (read, write, 1-byte mask) after attention
     and FFN. Without flash attention: scale-mask-softmax reads and writes the b*a*s^2/t scores (plus the
     dropout of the probabilities when enabled); that part is the attention core (recomputed by selective).
     With sequence parallelism the norm/residual/dropout regions are split by tp (Korthikanti et al. 2022).
     """
-    h, t, tokens = spec.hidden_size, shape.tp, shape.tokens
-    region = tokens * h * ACT_BYTES / shape.sp_div
-    rest = 2 * 2 * region + 2 * 3 * region
+    h, t, tokens, k = spec.hidden_size, shape.tp, shape.tokens, shape.kernels
+    region = tokens * h / shape.sp_div  # elements of one norm/residual region
+    rest = 2 * norm_bytes(spec, k) * region + 2 * 3 * ACT_BYTES * region
     if shape.dropout:
-        rest += 2 * 2.5 * region
+        rest += 2 * 2.5 * ACT_BYTES * region
     if spec.position == "rope" or spec.mla is not None:
-        rest += 2 * tokens * (spec.num_attention_heads + spec.kv_heads) * spec.dim_per_head * ACT_BYTES / t
-    act_io = 3 if spec.gated else 2
+        rest += k.rope * tokens * (spec.num_attention_heads + spec.kv_heads) * spec.dim_per_head / t
+    act_io = (k.gated_act if spec.gated else k.plain_act) / ACT_BYTES
     if moe is None:
         rest += act_io * tokens * spec.ffn_hidden_size * ACT_BYTES / t
     else:
@@ -175,7 +216,7 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
 def head_elementwise_bytes(spec: ModelSpec, shape: Shape) -> float:
     """Forward bytes of the final norm (read + write) and the fp32 cross-entropy over T*V/t logits
     (read bf16 logits, write fp32, softmax read + write: ~14 bytes per logit)."""
-    norm = 2 * shape.tokens * spec.hidden_size * ACT_BYTES / shape.sp_div
+    norm = norm_bytes(spec, shape.kernels) * shape.tokens * spec.hidden_size / shape.sp_div
     return norm + 14 * shape.tokens * spec.vocab_size / shape.tp
 
 

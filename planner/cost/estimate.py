@@ -45,6 +45,7 @@ def model_notes(model: CostModel) -> list[str]:
         notes.append("compute analytic for " + "; ".join(sorted(model.analytic_shapes)))
     notes.append(
         "attention: " + ("fused flash attention (no s^2 scores kept)" if model.flash_attention else "unfused (s^2 scores kept)")
+        + ("; fused norm/activation kernels" if model.fused_kernels else "; eager (unfused) norm/activation/RoPE kernels")
         + ("; dropout on" if model.options.dropout else "; no dropout")
         + ("; data-parallel reduction overlapped with backward" if model.options.dp_overlap else "; data-parallel reduction not overlapped")
     )

@@ -121,6 +121,22 @@ def _ep_times(env: Env) -> tuple[float, float]:
     return 2 * one, 2 * one
 
 
+def _layer_params_per_gpu(spec: ModelSpec, shape: Shape, moe_layer: bool) -> float:
+    """Parameters of one decoder layer of the type held by one GPU (matrices split by tp, routed experts by ep too)."""
+    base = 2 * counting.norm_params(spec) + counting.attention_params(spec) / shape.tp
+    if not moe_layer:
+        return base + counting.mlp_params(spec, spec.ffn_hidden_size) / shape.tp
+    moe = counting.moe_params(spec)
+    return base + moe.router + moe.shared / shape.tp + moe.num_experts * moe.per_expert / (shape.ep * shape.tp)
+
+
+def _autocast_cast_s(env: Env, params: float) -> tuple[float, float]:
+    """Weight casts torch.autocast adds per micro-batch (memory.AUTOCAST_CAST_BYTES), as HBM streaming time."""
+    fwd_bytes, bwd_bytes = memory.AUTOCAST_CAST_BYTES.get(env.precision, (0.0, 0.0))
+    return (compute.memory_bound_time_s(params * fwd_bytes, device=env.device, cal=env.cal),
+            compute.memory_bound_time_s(params * bwd_bytes, device=env.device, cal=env.cal))
+
+
 def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     """Costs of one decoder layer (dense or MoE) for one micro-batch on one GPU."""
     spec, shape = env.spec, env.shape
@@ -130,8 +146,9 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     core_bytes, rest_bytes = compute.layer_elementwise_bytes(spec, shape, moe=moe)
     core_mem = compute.memory_bound_time_s(core_bytes, device=env.device, cal=env.cal)
     rest_mem = compute.memory_bound_time_s(rest_bytes, device=env.device, cal=env.cal)
-    fwd = g_fwd + core_mem + rest_mem
-    bwd = g_bwd + 2 * (core_mem + rest_mem)
+    cast_fwd, cast_bwd = _autocast_cast_s(env, _layer_params_per_gpu(spec, shape, moe_layer))
+    fwd = g_fwd + core_mem + rest_mem + cast_fwd
+    bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
     tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
     ep_fwd, ep_bwd = _ep_times(env) if moe_layer else (0.0, 0.0)
     cp_fwd, cp_bwd = _cp_times(env, core)

@@ -50,6 +50,12 @@ OPTIMIZER_BYTES_TOUCHED: Mapping[str, int] = MappingProxyType({"bf16": 30, "amp-
 low-precision copy). bf16: read 4+4+4+4, write 4+4+4+2 = 30; fp32/amp-bf16: read 16, write 12 = 28."""
 
 
+AUTOCAST_CAST_BYTES: Mapping[str, tuple[float, float]] = MappingProxyType({"amp-bf16": (6.0, 10.0)})
+"""HBM bytes per parameter per micro-batch that torch.autocast adds (forward, backward): forward reads each fp32
+weight and writes its bf16 copy (4 + 2); backward casts the bf16 weight gradient to fp32 (2 + 4) and accumulates it
+into the fp32 .grad (read 4, amortised write ~0). Other recipes keep low-precision weights: no casts."""
+
+
 def static_split(params: float, recipe: Recipe, *, zero_stage: int, dp: int) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes of `params` parameters on one GPU after ZeRO division by dp."""
     weights = params * recipe.weight_bytes / (dp if zero_stage >= 3 else 1)
@@ -79,23 +85,26 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     s^2 scores, only the fp32 log-sum-exp 4*b*a*s/t. Selective recompute drops the s^2 terms; full recompute
     keeps the layer input 2sbh (/t with SP). MoE: router logits fp32, the routed tokens (x top_k x capacity)
     at the expert input and intermediates. Replicated regions (norms, FFN/QKV inputs, dropout masks) are
-    divided by tp only with SP. CP splits the sequence.
+    divided by tp only with SP. CP splits the sequence. Eager kernels (Shape.fused_kernels False) save more per
+    norm and FFN element (compute.KernelBytes: HuggingFace's fp32 RMSNorm keeps 10 bytes per element, not 2).
     """
     b, s, t = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp
     h, a, kv = spec.hidden_size, spec.num_attention_heads, spec.kv_heads
     d = spec.dim_per_head
     qk_d, v_d = (d, d) if spec.mla is None else (spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim, spec.mla.v_head_dim)
     sbh = s * b * h
-    replicated = (2 * 2 + 2 + 2) * sbh + (2 * sbh if shape.dropout else 0)
+    k = shape.kernels
+    saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
+    saved_ffn = k.saved_gated if spec.gated else k.saved_plain
+    replicated = (2 * saved_norm + 2 + 2) * sbh + (2 * sbh if shape.dropout else 0)
     sharded = 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + 2 * s * b * a * v_d
     if moe_layer:
         cfg = spec.moe
         routed = s * b * cfg.top_k * (cfg.capacity_factor or 1.0)
-        per_token = 6 if spec.gated else 4
-        sharded += routed * (2 * h + per_token * cfg.expert_ffn_hidden_size) + s * b * per_token * cfg.shared_ffn_hidden_size
+        sharded += routed * (2 * h + saved_ffn * cfg.expert_ffn_hidden_size) + s * b * saved_ffn * cfg.shared_ffn_hidden_size
         replicated += 4 * s * b * cfg.num_experts
     else:
-        sharded += s * b * (6 if spec.gated else 4) * spec.ffn_hidden_size
+        sharded += s * b * saved_ffn * spec.ffn_hidden_size
     if shape.flash_attention:
         core = 4 * b * a * s
     else:

@@ -54,6 +54,9 @@ class CostOptions:
     """Software facts the analytic model cannot see in the request (defaults: a modern Megatron/torchtitan stack).
 
     flash_attention: fused attention that keeps no s^2 scores; None = on for bf16/amp-bf16/fp8, off for fp32.
+    fused_kernels: fused norm/activation/RoPE kernels; None = on for bf16 and fp8 (the Megatron-LM/torchtitan
+        recipes with bf16 parameters), off for amp-bf16 and fp32 (plain PyTorch with torch.autocast or none, as
+        HuggingFace transformers runs: eager fp32 norms, unfused SwiGLU and RoPE; compute.KernelBytes).
     dropout: dropout layers present (GPT-3-era models); adds masks to activations and memory traffic.
     dp_overlap: gradient reduction overlapped with backward (Megatron --overlap-grad-reduce, FSDP, DeepSpeed
         ZeRO overlap_comm); False = the reduction starts after the last backward (2021-22 Megatron-LM, DeepSpeed
@@ -63,6 +66,7 @@ class CostOptions:
     """
 
     flash_attention: bool | None = None
+    fused_kernels: bool | None = None
     dropout: bool = False
     dp_overlap: bool = True
     bucket_params: float = 40e6
@@ -127,6 +131,8 @@ class CostModel:
         self.options = options or CostOptions()
         flash = self.options.flash_attention
         self.flash_attention = (request.precision != "fp32") if flash is None else flash
+        fused = self.options.fused_kernels
+        self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
         if profile is None and request.profile is not None:
             from planner.io import load_file
 
@@ -197,7 +203,8 @@ class CostModel:
 
     def shape(self, cand: Candidate) -> Shape:
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
-                     ep=cand.ep, sp=cand.sp, flash_attention=self.flash_attention, dropout=self.options.dropout)
+                     ep=cand.ep, sp=cand.sp, flash_attention=self.flash_attention, dropout=self.options.dropout,
+                     fused_kernels=self.fused_kernels)
 
     # --- schedule-dependent terms -----------------------------------------------------------------------
 
