@@ -190,3 +190,23 @@ def test_balanced_split():
     assert balanced_split(30, 4) == (7, 8, 8, 7)
     assert balanced_split(5, 1) == (5,)
     assert sum(balanced_split(105, 35)) == 105 and math.prod(balanced_split(105, 35)) == 3**35
+
+
+def test_eager_kernels_move_more_bytes_and_save_more():
+    spec = ModelSpec(name="llama", num_layers=1, hidden_size=2048, ffn_hidden_size=5632, num_attention_heads=32, num_kv_heads=4,
+                     vocab_size=32000, seq_len=2048, activation="swiglu", norm="rmsnorm")
+    fused = compute.Shape(microbatch_size=1, seq_len=2048)
+    eager = compute.Shape(microbatch_size=1, seq_len=2048, fused_kernels=False)
+    _, rest_fused = compute.layer_elementwise_bytes(spec, fused, moe=None)
+    _, rest_eager = compute.layer_elementwise_bytes(spec, eager, moe=None)
+    tokens, h, f, qk = 2048, 2048, 5632, (32 + 4) * 64
+    assert rest_fused == pytest.approx(tokens * (2 * 4 * h + 2 * 6 * h + 4 * qk + 6 * f))
+    assert rest_eager == pytest.approx(tokens * (2 * 36 * h + 2 * 6 * h + 20 * qk + 10 * f))
+    saved_fused = memory.decoder_activation_bytes(spec, fused, moe_layer=False).none
+    saved_eager = memory.decoder_activation_bytes(spec, eager, moe_layer=False).none
+    assert saved_eager - saved_fused == pytest.approx(tokens * (2 * (10 - 2) * h + (8 - 6) * f))
+
+
+def test_autocast_casts_only_for_amp():
+    assert memory.AUTOCAST_CAST_BYTES["amp-bf16"] == (6.0, 10.0)
+    assert "bf16" not in memory.AUTOCAST_CAST_BYTES

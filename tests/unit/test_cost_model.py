@@ -160,3 +160,9 @@ def test_profile_replaces_compute_of_the_shapes_it_covers(tmp_path):
     from planner.cost.estimate import model_notes
 
     assert any(note.startswith("compute measured") for note in model_notes(measured))
+
+
+def test_kernel_fusion_defaults_follow_the_recipe():
+    for precision, fused in (("bf16", True), ("fp8", True), ("amp-bf16", False), ("fp32", False)):
+        request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision)
+        assert CostModel(request).fused_kernels is fused
