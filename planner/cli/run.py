@@ -76,6 +76,9 @@ def run_report_table(result):
     table.add_row("tokens/s", f"{result.tokens_per_s:,.0f}", f"{pred.tokens_per_s:,.0f}", pct(err.tokens_per_s_rel))
     peak = max(m.peak_bytes for m in result.memory)
     table.add_row(f"peak memory (GiB, {result.memory[0].kind})", f"{peak / 2**30:.3f}", f"{pred.peak_bytes / 2**30:.3f}", pct(err.peak_bytes_rel))
+    if result.tp_overlap is not None:
+        t = result.tp_overlap
+        table.add_row("Domino block fwd+bwd (s)", f"{t.domino_s:.4g}", f"plain TP {t.none_s:.4g}", f"gain {t.gain:+.1%}")
     if result.mfu is not None:
         table.add_row("MFU", f"{result.mfu:.1%}", f"{pred.mfu:.1%}", "")
     losses = ", ".join(f"{x:.4f}" for x in result.losses)

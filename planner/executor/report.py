@@ -25,6 +25,14 @@ RUN_REPORT_SCHEMA_VERSION = "1"
 MemoryKind = Literal["cuda_max_allocated", "rss_peak"]
 
 
+class TpOverlapTiming(Schema):
+    """Domino (tp_overlap="domino"): one dense block's forward+backward, plain TP vs Domino's 2 pieces."""
+
+    none_s: float = Field(ge=0)
+    domino_s: float = Field(ge=0)
+    gain: float = Field(description="none_s / domino_s - 1: positive = Domino is faster")
+
+
 class RankResult(Schema):
     """Written atomically by each rank at the end of a successful run (`rank-<r>.json`)."""
 
@@ -40,6 +48,7 @@ class RankResult(Schema):
     dropped_tokens: int = Field(default=0, ge=0, description="MoE assignments over expert capacity, summed over steps")
     routed_tokens: int = Field(default=0, ge=0, description="MoE (token, expert) assignments, summed over steps")
     checkpoints: tuple[str, ...] = Field(default=(), description="checkpoint folders committed during the run")
+    tp_overlap: TpOverlapTiming | None = None
 
 
 class RankFailure(Schema):
@@ -98,6 +107,7 @@ class RunReport(Schema):
     dropped_tokens: int = Field(default=0, ge=0)
     routed_tokens: int = Field(default=0, ge=0)
     checkpoints: tuple[str, ...] = ()
+    tp_overlap: TpOverlapTiming | None = Field(default=None, description="measured Domino gain (tp_overlap=domino only)")
     predicted: Predicted
     errors: Errors
     notes: tuple[str, ...] = ()
@@ -142,7 +152,7 @@ def build_report(
         tokens_per_s=tokens_per_s, mfu=mfu,
         memory=tuple(RankMemory(rank=r.rank, peak_bytes=r.peak_memory_bytes, kind=r.memory_kind) for r in sorted(results, key=lambda r: r.rank)),
         dropped_tokens=sum(r.dropped_tokens for r in routers), routed_tokens=sum(r.routed_tokens for r in routers),
-        checkpoints=holder.checkpoints,
+        checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap,
         predicted=Predicted(step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s, peak_bytes=plan.memory.peak_bytes, mfu=pred.mfu),
         errors=Errors(
             step_time_rel=rel_error(pred.step_time_s, step_time_s),

@@ -32,7 +32,7 @@ from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
 from planner.executor.options import RunOptions
-from planner.executor.report import RankFailure, RankResult
+from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
 from planner.executor.runnable import check_runnable
 from planner.io import atomic_write_text, load_file
 from planner.schemas.plan import LaunchPlan
@@ -177,37 +177,9 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
         job.autocast_dtype = torch.bfloat16  # FSDP2 carries the recipe itself (MixedPrecisionPolicy)
     if par.dp == 1 and ep_group is None:
         return module
-    if par.pp > 1 and zero in (0, 1):
-        return average_gradients_over_dp(module, job.dp_group, par.dp, replica_group, fns)
-    return fns.apply_dp(module, mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group)
-
-
-def average_gradients_over_dp(module: nn.Module, dp_group, dp: int, replica_group, fns) -> nn.Module:
-    """ZeRO-0/1 inside a pipeline stage, without DDP: DDP's reducer fails under torch.distributed.pipelining
-    (its bucket rebuild after the first step counts every parameter once per micro-batch backward). Same
-    arithmetic as DDP, once per step after the schedule: dense gradients all-reduced over dp and divided
-    by dp; EP experts summed over the ranks holding the same experts, divided by dp."""
-    experts = {id(p) for p in fns.expert_params(module)}
-    dense = [p for p in {id(p): p for p in module.parameters()}.values() if id(p) not in experts and p.requires_grad]
-    expert_list = fns.expert_params(module)
-
-    def sync(_module: nn.Module) -> None:
-        for p in dense:
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=dp_group)
-                p.grad.div_(dp)
-        for p in expert_list:
-            if p.grad is not None:
-                if replica_group is not None and dist.get_world_size(replica_group) > 1:
-                    dist.all_reduce(p.grad, group=replica_group)
-                p.grad.div_(dp)
-
-    hooks = getattr(module, fns.GRAD_SYNC_ATTR, None)
-    if hooks is None:
-        hooks = []
-        setattr(module, fns.GRAD_SYNC_ATTR, hooks)
-    hooks.append(sync)
-    return module
+    # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards
+    return fns.apply_dp(module, mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group,
+                        use_ddp=par.pp == 1)
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -304,12 +276,27 @@ def run(job: Job) -> RankResult:
                                fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"))
             saved.append(str(folder))
     counts = [dropped_tokens(part) for part in job.parts]
+    overlap = measure_tp_overlap(job)
     return RankResult(
         rank=dist.get_rank(), coords=job.coords, device=str(job.device), backend=job.backend, first_step=first,
         losses=tuple(losses), step_times_s=tuple(times), peak_memory_bytes=peak_memory_bytes(job.device),
         memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak",
         dropped_tokens=sum(c[0] for c in counts), routed_tokens=sum(c[1] for c in counts), checkpoints=tuple(saved),
+        tp_overlap=overlap,
     )
+
+
+def measure_tp_overlap(job: Job) -> TpOverlapTiming | None:
+    """With tp_overlap="domino": time one dense block with plain TP and with Domino on this rank's tp group
+    at the plan's micro-batch shape (planner.executor.domino.time_tp_overlap), for the report's gain."""
+    par, batch = job.plan.parallelism, job.plan.batch
+    if par.tp_overlap != "domino" or par.tp == 1:
+        return None
+    from planner.executor.domino import time_tp_overlap
+
+    timing = time_tp_overlap(job.plan.request.model, job.mesh["tp"].get_group(), batch_size=batch.microbatch_size,
+                             seq_len=batch.seq_len, seed=job.options.seed, device=str(job.device))
+    return TpOverlapTiming(none_s=timing["none_s"], domino_s=timing["domino_s"], gain=timing["gain"])
 
 
 def peak_memory_bytes(device: torch.device) -> int:
