@@ -49,6 +49,7 @@ class AlternativeRow:
     slower_by: float
     peak_gib: float
     why_not: str
+    differs: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,12 +122,24 @@ def _reasons(plan: LaunchPlan) -> list[str]:
     return out
 
 
+def _differences(plan: LaunchPlan, alt: Alternative) -> str:
+    """`tp 8->4, pp 2->4, mbs 1->2`: what the alternative changes relative to the chosen plan."""
+    chosen, other = plan.parallelism.model_dump(), alt.parallelism.model_dump()
+    pairs = [(name, chosen[name], other[name]) for name in ("dp", "tp", "pp", "vpp", "cp", "ep", "sp", "zero_stage", "tp_overlap")]
+    modes = {stage.recompute.mode for stage in plan.stages}
+    pairs += [("mbs", plan.batch.microbatch_size, alt.batch.microbatch_size), ("schedule", plan.schedule, alt.schedule),
+              ("recompute", "/".join(sorted(modes)), alt.recompute)]
+    changed = [f"{name} {a}->{b}" for name, a, b in pairs if a != b]
+    return ", ".join(changed) if changed else "same configuration, other stage split or recompute layers"
+
+
 def _alternative_row(plan: LaunchPlan, alt: Alternative) -> AlternativeRow:
     step = plan.prediction.step_time_s
     return AlternativeRow(
         degrees=degrees_text(alt.parallelism), schedule=alt.schedule, recompute=alt.recompute,
         microbatch_size=alt.batch.microbatch_size, step_time_s=alt.step_time_s,
         slower_by=alt.step_time_s / step - 1.0 if step > 0 else 0.0, peak_gib=alt.peak_bytes / GiB, why_not=alt.why_not,
+        differs=_differences(plan, alt),
     )
 
 

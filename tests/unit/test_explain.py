@@ -82,6 +82,7 @@ def test_explanation_names_degrees_time_memory_and_runner_up():
     assert ex.runner_up is not None and ex.runner_up.slower_by == pytest.approx(0.25) and "DP all-reduce" in ex.runner_up.why_not
     assert list(ex.pruned) == ["does_not_fit", "heads_not_divisible_by_tp"]
     assert ex.to_dict()["runner_up"]["degrees"].startswith("dp=4 tp=2 pp=2")
+    assert ex.runner_up.differs == "dp 2->4, tp 4->2, sp True->False, recompute none->selective"
 
 
 def test_plot_writes_a_png(tmp_path):
