@@ -4,10 +4,11 @@
 2. Per valid factorisation, its groups (micro-batch size, sp, recompute, tp_overlap) get the cost model's
    per-layer arrays; from them the sound lower bounds of planner.search.bounds: step time (1) and memory (2).
 3. Factorisations are visited by ascending time bound and their groups likewise; a group, or one (schedule, vpp)
-   variant of it, is pruned when its bound exceeds the step time of the current top_k + 1-th best plan (the
-   "time_lower_bound" count), or when its memory bound exceeds the capacity ("memory_lower_bound"). Everything
-   else is evaluated by CostModel.evaluate (balanced stages); a configuration that does not fit and whose base
-   recompute is not "full" is retried with partial full recompute per stage (closed form or ILP (A)).
+   variant of it, is pruned when its bound exceeds the step time of the current top_k + 1-th best distinct plan
+   (the "time_lower_bound" count), a group or a (variant, ZeRO stage) when its memory bound exceeds the capacity
+   ("memory_lower_bound"). Everything else is evaluated by CostModel.evaluate with balanced stages; when a rank
+   would not fit and the base recompute is not "full", with the partial full recompute per stage that makes
+   every rank fit at the least extra time (closed form, or ILP (A) for mixed layer types).
 4. The best top_k + 1 are refined: with pp > 1 and vpp = 1 the stage-partition DP re-splits the layers
    (embedding/head imbalance, in-flight memory falling with the stage); when the DP finds no split that fits,
    the joint assignment ILP (B) chooses the split and the recompute set together (small problems only).
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,7 +31,6 @@ from planner.search.refine import Counters, partial_recompute, rank_excess_bytes
 from planner.search.space import Factorisation, Group, Options, Space, axis_orders
 
 ProgressFn = Callable[[int, int], None]
-ILP_B_MAX_VARIABLES = 400  # joint assignment ILP only for n_layers * pp up to this (CBC time grows fast)
 
 
 @dataclass
@@ -44,7 +44,6 @@ class SearchResult:
     memory_floor: tuple[float, str] | None
     capacity_bytes: float
     opts: Options
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -125,9 +124,10 @@ class _Search:
         return bounds.step_time_lower_bound_s(arrays.time_sum_s, group.num_microbatches, group.fact.pp, schedule, vpp)
 
     # ---- the loop -----------------------------------------------------------------------------------------
-    def plan_facts(self) -> list[tuple[float, tuple, Factorisation, list[tuple[float, Group]]]]:
-        """Valid factorisations with their groups' time bounds, sorted by bound (then degrees)."""
-        entries = []
+    def bounded_groups(self) -> list[tuple[float, tuple, Group]]:
+        """Every valid group that passes the memory bound, with its time bound, sorted by bound then a fixed
+        tie-break (best-first: the incumbent improves fastest and the rest is pruned in one sweep)."""
+        out = []
         for fact in self.space.factorisations():
             count = self.space.fact_count(fact)
             self.space.considered += count
@@ -137,7 +137,6 @@ class _Search:
                 continue
             groups = self.space.fact_groups(fact)
             static = self.static_floor(groups[0])
-            scored = []
             for group in groups:
                 mem = self.memory_bound(group, static)
                 if mem > self.capacity and not self.exhaustive:
@@ -145,23 +144,19 @@ class _Search:
                     if self.floor is None or mem < self.floor[0]:
                         self.floor = (mem, f"dp={fact.dp} tp={fact.tp} pp={fact.pp} cp={fact.cp} ep={fact.ep} mbs={group.microbatch_size}")
                     continue
-                scored.append((self.time_bound(group), group))
-            if scored:
-                scored.sort(key=lambda item: (item[0], _group_tie(item[1])))
-                entries.append((scored[0][0], (fact.tp, fact.pp, fact.cp, fact.ep, fact.dp), fact, scored))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        return entries
+                out.append((self.time_bound(group), _group_tie(group), group))
+        out.sort(key=lambda item: (item[0], item[1]))
+        return out
 
     def run(self) -> None:
-        entries = self.plan_facts()
-        for done, (_, _, fact, groups) in enumerate(entries):
-            for lower, group in groups:
-                if lower > self.ranking.threshold_s and not self.exhaustive:
-                    self.space.pruned["time_lower_bound"] += self._group_members(group)
-                    continue
+        groups = self.bounded_groups()
+        for done, (lower, _, group) in enumerate(groups):
+            if lower > self.ranking.threshold_s and not self.exhaustive:
+                self.space.pruned["time_lower_bound"] += self._group_members(group)
+            else:
                 self.visit_group(group)
-            if self.progress is not None:
-                self.progress(done + 1, len(entries))
+            if self.progress is not None and (done % 64 == 63 or done + 1 == len(groups)):
+                self.progress(done + 1, len(groups))
 
     def _group_members(self, group: Group) -> int:
         return sum(count for _, _, count in self.space.variants(group))
@@ -248,7 +243,8 @@ class _Shape:
 
 
 def _group_tie(group: Group) -> tuple:
-    return (-group.microbatch_size, group.recompute, group.sp, group.tp_overlap)
+    f = group.fact
+    return (f.tp, f.pp, f.cp, f.ep, f.dp, -group.microbatch_size, group.recompute, group.sp, group.tp_overlap)
 
 
 def _slug(reason: str) -> str:

@@ -127,8 +127,8 @@ def infeasible_message(*, gpus: int, gpus_per_node: int, capacity_bytes: float, 
                        floor: tuple[float, Any] | None, zero_stages: tuple[int, ...], recompute_modes: tuple[str, ...],
                        seq_len: int, pruned: dict[str, int]) -> tuple[str, int | None, str | None]:
     """(message, shortfall_bytes, closest description) of the InfeasibleError when no configuration fits."""
-    cap = capacity_bytes / GiB
-    if closest is not None:
+    if closest is not None:  # peak and capacity as evaluate reports them (with the allocator allowance)
+        capacity_bytes = closest.ev.capacity_bytes
         peak, what = closest.ev.peak_bytes, describe(closest.cand)
         part = f"; {closest.ev.reasons[0]}" if closest.ev.reasons else ""
     elif floor is not None:
@@ -137,6 +137,7 @@ def infeasible_message(*, gpus: int, gpus_per_node: int, capacity_bytes: float, 
     else:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
         return f"no configuration of {gpus} GPUs is valid ({counts}): change the GPU count, batch or model", None, None
+    cap = capacity_bytes / GiB
     over = max(0.0, peak - capacity_bytes)
     fixes = [f"more GPUs (about {_more_gpus(gpus, gpus_per_node, peak, capacity_bytes)})"]
     if 3 not in zero_stages or (closest is not None and closest.cand.zero_stage < 3):

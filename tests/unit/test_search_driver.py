@@ -26,15 +26,17 @@ def _summary(result):
     return [(s.key, s.stage_layers, s.full_recompute_layers) for s in result.ranked]
 
 
-@pytest.mark.parametrize("model,gpus", [(SMALL, 8), (SMALL_MOE, 4)])
-def test_pruned_search_equals_exhaustive(model, gpus):
-    request = small_request(model=model, gpus=gpus)
+@pytest.mark.parametrize("model,gpus,fixed", [(SMALL, 8, {}), (SMALL_MOE, 4, {}), (SMALL, 8, {"pp": 2, "tp": 1})])
+def test_pruned_search_equals_exhaustive(model, gpus, fixed):
+    request = small_request(model=model, gpus=gpus, limits=NARROW.model_copy(update=dict(fixed=fixed)))
     pruned = search(request)
     full = search(request, exhaustive=True)
     assert pruned.ranked and full.ranked
     assert _summary(pruned) == _summary(full)
     assert pruned.evaluated < full.evaluated
     assert pruned.considered == full.considered
+    if fixed.get("pp", 1) > 1:
+        assert pruned.counters.dp_calls > 0  # the winners were re-split by the partition DP
 
 
 def test_every_configuration_is_accounted_for():
