@@ -3,7 +3,8 @@
 Processes are spawned with torch.multiprocessing and meet over TCP on 127.0.0.1 (gloo on CPU, NCCL on
 GPU, one GPU per process). Each (collective, size) runs `warmup` untimed calls, then `repeats` timed calls
 separated by barriers; a call's time is the slowest rank's (an all-reduce MAX of the per-rank times), and
-the point is the median call. Sizes follow nccl-tests: all-gather's size is its output, reduce-scatter's
+the point is the median call on NCCL and the fastest call on gloo (a shared CPU only ever adds time, as in
+measure_timing). Sizes follow nccl-tests: all-gather's size is its output, reduce-scatter's
 its input, all-to-all's the buffer each rank sends; send/recv is a ping-pong between ranks 0 and 1 timed
 as half the round trip. Rank 0 writes the points to a JSON file the parent reads; the parent fits.
 """
@@ -88,7 +89,7 @@ def _time_point(collective: str, size_bytes: int, *, world: int, rank: int, devi
     per_call = slowest.cpu().tolist()
     if collective == "send_recv":
         per_call = [t / 2 for t in per_call]
-    return statistics.median(per_call)
+    return statistics.median(per_call) if device.type == "cuda" else min(per_call)
 
 
 def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], collectives: list[str],
@@ -115,7 +116,9 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], co
 def _device_description(backend: str) -> str:
     if backend == "nccl":
         return torch.cuda.get_device_name(0)
-    return f"cpu: {platform.processor() or platform.machine()}, loopback"
+    from planner.profiling.measure import device_description
+
+    return device_description(torch.device("cpu")).split(",")[0] + f", {os.cpu_count()} cores, loopback"
 
 
 def run_comm_benchmark(*, nprocs: int, device: str = "cpu", sizes_bytes: tuple[int, ...],

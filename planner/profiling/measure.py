@@ -109,9 +109,21 @@ def meta_bound_bytes(spec: ModelSpec, layer_type: str, *, tp: int, ep: int, micr
         saved.append(t.numel() * t.element_size())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        outputs = case.apply(case.make_inputs())
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outputs = case.apply(case.make_inputs())
+    except NotImplementedError:  # data-dependent operators (MoE routing: bincount) have no meta kernel
+        return 2 * params_bytes(case.module) + _routed_bound_bytes(spec, microbatch_size * seq_len, param_dtype)
     return 2 * params_bytes(case.module) + sum(saved) + 2 * sum(o.numel() * o.element_size() for o in outputs)
+
+
+def _routed_bound_bytes(spec: ModelSpec, tokens: int, dtype: torch.dtype) -> int:
+    """Rough activation bound of a MoE layer where meta tensors cannot run it: 40 hidden-wide tensors per token
+    (attention, norms, residuals) plus top_k expert inputs and 4 expert-wide intermediates per assignment."""
+    size = torch.finfo(dtype).bits // 8
+    moe = spec.moe
+    per_token = 40 * spec.hidden_size + moe.top_k * (spec.hidden_size + 4 * moe.expert_ffn_hidden_size) + 2 * moe.num_experts
+    return int(tokens * per_token * size)
 
 
 class _Checkpointed(torch.nn.Module):

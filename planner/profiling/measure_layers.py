@@ -156,6 +156,9 @@ def build_case(spec: ModelSpec, layer_type: str, *, tp: int, ep: int, microbatch
         if moe and spec.moe is None:
             raise BadInputError(f"layer_type='moe_decoder' but model {spec.name!r} has no moe section")
         layer_spec = _ep_spec(spec, ep) if moe else spec
+        note = ""
+        if moe and ep > 1:
+            note = f"ep={ep}: built with {layer_spec.moe.num_experts} local experts, top_k={layer_spec.moe.top_k}; all-to-all not included"
         module = TransformerBlock(layer_spec, _decoder_index(spec, moe), tp=tp, dtype=param_dtype)
         rope = rope_cache(seq_len, qk_head_dim(spec), dtype=torch.float32).to(device)
         uses_rope = spec.position == "rope"
@@ -163,5 +166,5 @@ def build_case(spec: ModelSpec, layer_type: str, *, tp: int, ep: int, microbatch
             layer_type, module,
             lambda: (torch.randn(hidden, device=device, dtype=float_dtype, requires_grad=True),),
             lambda inputs: (module(inputs[0], rope if uses_rope else None),),
-            _decoder_ops(module), constants=(rope,), selective_module="attention.core",
+            _decoder_ops(module), constants=(rope,), selective_module="attention.core", note=note,
         )

@@ -19,7 +19,8 @@ from planner.schemas.profile import Profile  # noqa: E402
 SPEC = ModelSpec(name="tiny", num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, num_kv_heads=2,
                  vocab_size=256, seq_len=32, activation="swiglu", norm="rmsnorm", position="rope")
 B, S = 2, 32
-OPTS = ProfileOptions(seq_len=S, microbatch_sizes=(B,), tp=(1, 2), warmup=0, repeats=1, op_warmup=0, op_repeats=1)
+OPTS = ProfileOptions(seq_len=S, microbatch_sizes=(B,), tp=(1, 2), warmup=0, repeats=1, op_warmup=0, op_repeats=1,
+                      clock="process")
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +145,24 @@ def test_cuda_without_a_gpu_is_bad_input():
 def test_bad_options_name_the_field():
     with pytest.raises(BadInputError, match="dtype='int8'"):
         ProfileOptions(seq_len=S, dtype="int8")
+    with pytest.raises(BadInputError, match="clock='gpu'"):
+        ProfileOptions(seq_len=S, clock="gpu")
     with pytest.raises(BadInputError, match="--tp"):
         parse_int_list("1,x", name="--tp")
     with pytest.raises(BadInputError, match="tp=3 must divide num_attention_heads=4"):
         build_case(SPEC, "decoder", tp=3, ep=1, microbatch_size=1, seq_len=S, device=torch.device("cpu"),
                    param_dtype=torch.float32)
+
+
+def test_moe_layer_with_expert_parallelism():
+    from planner.schemas.model import MoESpec
+
+    moe_spec = SPEC.model_copy(update={"name": "tiny-moe", "moe": MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32)})
+    opts = ProfileOptions(seq_len=S, layer_types=("moe_decoder",), ep=(1, 2), warmup=0, repeats=1, op_warmup=0, op_repeats=1)
+    result = profile_model(moe_spec, opts)
+    one, two = result.entries
+    assert (one.ep, two.ep) == (1, 2) and one.status == two.status == "ok"
+    experts = {e.ep: op(e, "experts") for e in (one, two)}
+    assert experts[2].params_bytes * 2 == experts[1].params_bytes  # half the experts on each EP rank
+    assert experts[2].forward_flops == experts[1].forward_flops  # the same tokens x top_k assignments
+    assert "ep=2" in two.message and op(one, "router").forward_flops == 2 * S * 64 * 4  # mbs 1
