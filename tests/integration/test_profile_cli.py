@@ -106,3 +106,17 @@ def test_estimate_uses_the_profile(tiny_spec, tmp_path):
     assert measured["prediction"]["step_time_s"] != analytic["prediction"]["step_time_s"]
     uncovered = json.loads(runner.invoke(app, [*args[:-3], "--seq-len", "8", "--json", "--profile", str(out)]).stdout)
     assert any("compute analytic for decoder" in note for note in uncovered["notes"])
+
+
+def test_profile_the_huggingface_implementation(tiny_spec, tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf.json"
+    result = runner.invoke(app, ["profile", "--hf", "--model", tiny_spec, "--layer-types", "decoder,head", *FAST, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    profile = Profile.model_validate_json(out.read_text())
+    decoder, head = profile.entries
+    assert decoder.layer_type == "decoder" and "selective recompute not measured" in decoder.message
+    # the HF Llama layer has the same parameters as planner.nn's: 2 norms, q/k/v/o, gate/up/down
+    h, f, kv_dim = 32, 64, 2 * 8
+    assert decoder.params_bytes == 4 * (2 * h + h * h + 2 * h * kv_dim + h * h + 3 * h * f)
+    assert head.params_bytes == 4 * (h + 128 * h)
