@@ -110,6 +110,21 @@ def _make_pool(settings: Settings) -> Executor:
     return ThreadPoolExecutor(max_workers=settings.workers)
 
 
+def _stop_pool(pool: Executor) -> None:
+    """Cancel queued solves and stop the workers now: a solve past its time limit must not outlive the server."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # read before shutdown() clears it
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:  # idle workers exit on the shutdown sentinel; busy ones are stopped
+        process.join(timeout=2)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The ASGI app; pool and store are opened at startup and closed at shutdown."""
     settings = settings or Settings.from_env()
@@ -123,7 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            app.state.pool.shutdown(wait=False, cancel_futures=True)
+            _stop_pool(app.state.pool)
 
     app = FastAPI(title="planner optimizer service", version="1", lifespan=lifespan,
                   description="Auto-parallel plans for LLM training over HTTP: the same API as the `planner` CLI.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,11 +41,11 @@ class Server:
             env["PLANNER_TOKEN"] = token
         code = "from planner.cli import main; main()"
         self.proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", str(self.port), "--workers", "2", *extra],
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read().decode()}")
+                raise RuntimeError(f"server exited with {self.proc.returncode}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     return
@@ -54,12 +55,34 @@ class Server:
         raise RuntimeError("server did not start in 60 s")
 
     def stop(self) -> None:
+        """SIGTERM (graceful: the service stops its workers), then make sure nothing of its session is left."""
         self.proc.terminate()
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        deadline = time.monotonic() + 5  # multiprocessing's resource tracker exits just after its parent
+        while _session_pids(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leftovers = _session_pids(self.proc.pid)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftovers, f"server left processes behind: {leftovers}"
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes of session `sid` (the server was started as a session leader)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
 
 
 @pytest.fixture(scope="module")
