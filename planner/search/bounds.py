@@ -11,7 +11,9 @@ critical path of one micro-batch through the other stages (Huang et al. 2019 GPi
 the rank time (GPipe and 1F1B (pp - 1) rank times, interleaved (pp - 1) / vpp, zero-bubble ZB-H1 a third of
 1F1B's, PipeDream-2BW none), and the rank time is at least T / pp, so
 
-    step_time >= num_microbatches * T / pp + bubble_s(schedule, T / pp)                  (1)
+    step_time >= num_microbatches * r + bubble_s(schedule, r),                          (1)
+    r = max(T / pp, max(t_embedding, t_head) + min_l t_l)   (the second term for pp > 1: the end ranks hold the
+                                                             embedding or the head and at least one layer)
 
 Communication, the optimizer step and uneven stages only add to it; exposed communication is never negative.
 
@@ -27,11 +29,14 @@ from __future__ import annotations
 
 
 
-def step_time_lower_bound_s(time_sum_s: float, num_microbatches: int, pp: int, schedule: str = "2bw", vpp: int = 1) -> float:
-    """Bound (1); the default schedule (2bw: no bubble) gives a bound of every schedule."""
+def step_time_lower_bound_s(time_sum_s: float, num_microbatches: int, pp: int, schedule: str = "2bw", vpp: int = 1,
+                            end_stage_s: float = 0.0) -> float:
+    """Bound (1); the default schedule (2bw: no bubble) gives a bound of every schedule. `end_stage_s`: with
+    pp > 1 the first and last ranks hold the embedding / the head plus at least one decoder layer, so the
+    bottleneck rank time is also at least max(t_emb, t_head) + the fastest decoder layer."""
     from planner.cost.schedule import bubble_s
 
-    rank_s = time_sum_s / pp
+    rank_s = max(time_sum_s / pp, end_stage_s if pp > 1 else 0.0)
     return num_microbatches * rank_s + bubble_s(schedule, pp=pp, vpp=vpp, rank_time_s=rank_s)
 
 

@@ -52,6 +52,7 @@ class _Arrays:
 
     time_sum_s: float
     activation_floor_bytes: float
+    end_stage_s: float  # max(embedding, head) + the fastest decoder layer (bound (1))
 
 
 class _Search:
@@ -68,9 +69,8 @@ class _Search:
         self.evaluated = 0
         self._arrays: dict[tuple, _Arrays] = {}
         self._static: dict[tuple, np.ndarray] = {}
-        self._times: dict[tuple, tuple[float, float]] = {}
+        self._times: dict[tuple, tuple[float, float, float]] = {}
         self._acts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-        self._ranks: dict[tuple, np.ndarray] = {}
         self.partial_ok = "full" in opts.recompute_modes
 
     # ---- bounds -------------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class _Search:
         factorisation and order with the same links: computed once per such key."""
         key = (group.fact, group.microbatch_size, group.sp, group.recompute, group.tp_overlap)
         if key not in self._arrays:
-            time_sum, act = np.inf, np.inf
+            time_sum, act, end_s = np.inf, np.inf, np.inf
             for order in axis_orders(group.fact):
                 cand = self._candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order)
                 links = self.cost.links(cand)
@@ -99,11 +99,13 @@ class _Search:
                     a = np.asarray(lc.activation_bytes, dtype=np.float64)
                     if self.partial_ok:
                         a = np.minimum(a, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
-                    total = float(np.sum(lc.forward_s) + np.sum(lc.backward_s) + np.sum(lc.recompute_s))
-                    self._times[tkey] = (total, float(a.sum()))
+                    t = np.asarray(lc.forward_s) + np.asarray(lc.backward_s) + np.asarray(lc.recompute_s)
+                    end = max(float(t[0]), float(t[-1])) + float(np.min(t[1:-1]))
+                    self._times[tkey] = (float(t.sum()), float(a.sum()), end)
                 time_sum = min(time_sum, self._times[tkey][0])
                 act = min(act, self._times[tkey][1])
-            self._arrays[key] = _Arrays(time_sum, act)
+                end_s = min(end_s, self._times[tkey][2])
+            self._arrays[key] = _Arrays(time_sum, act, end_s)
         return self._arrays[key]
 
     def static_floor(self, group: Group) -> tuple[float, float]:
@@ -121,7 +123,8 @@ class _Search:
 
     def time_bound(self, group: Group, schedule: str = "2bw", vpp: int = 1) -> float:
         arrays = self.group_arrays(group)
-        return bounds.step_time_lower_bound_s(arrays.time_sum_s, group.num_microbatches, group.fact.pp, schedule, vpp)
+        return bounds.step_time_lower_bound_s(arrays.time_sum_s, group.num_microbatches, group.fact.pp, schedule, vpp,
+                                              arrays.end_stage_s)
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def bounded_groups(self) -> list[tuple[float, tuple, Group]]:
@@ -181,7 +184,7 @@ class _Search:
         sp, recompute or the axis order, so they are taken once per (factorisation, ZeRO stage)."""
         fact = group.fact
         split = split_for(self.request.model.num_layers, _Shape(fact.pp, vpp))
-        ranks = self._ranks.setdefault((split, fact.pp), rank_of_modules(split, fact.pp))
+        ranks = rank_of_modules(split, fact.pp)
         skey = (fact, zero, split)
         if skey not in self._static:
             lc = self.cost.layer_costs(self._candidate(group, zero_stage=zero))
@@ -222,8 +225,9 @@ class _Search:
         if self.partial_ok and cand.recompute != "full":
             split = split_for(self.request.model.num_layers, cand)
             lc = self.cost.layer_costs(cand)
-            if max(rank_excess_bytes(self.cost, cand, lc, split)) > 0:
-                counts = partial_recompute(self.cost, cand, lc, split, self.counters, self.limits.time_limit_s)
+            excess = rank_excess_bytes(self.cost, cand, lc, split)
+            if max(excess) > 0:
+                counts = partial_recompute(self.cost, cand, lc, split, self.counters, self.limits.time_limit_s, excess)
                 if counts is not None and any(counts):
                     ev = self.cost.evaluate(cand, stage_layers=split, full_recompute_layers=counts)
                     if ev.fits:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,8 @@ def chunk_ranges(stage_layers: Sequence[int]) -> list[range]:
     return out
 
 
-def rank_of_modules(stage_layers: Sequence[int], pp: int) -> np.ndarray:
+@lru_cache(maxsize=4096)
+def rank_of_modules(stage_layers: tuple[int, ...], pp: int) -> np.ndarray:
     """Pipeline rank of every module (embedding, decoder layers, head): virtual stage v runs on rank v % pp."""
     ranks = [0] + [v % pp for v, count in enumerate(stage_layers) for _ in range(count)] + [(len(stage_layers) - 1) % pp]
     return np.asarray(ranks, dtype=np.int64)
@@ -64,21 +66,12 @@ def rank_sums(values: np.ndarray, ranks: np.ndarray, pp: int) -> np.ndarray:
 
 def rank_excess_bytes(cost, cand, lc, stage_layers: Sequence[int]) -> list[float]:
     """Per pipeline rank: bytes over capacity (<= 0 when it fits), by the contract's per-stage memory formula."""
-    ranges = chunk_ranges(stage_layers)
-    num_virtual = len(stage_layers)
-    static, act = np.asarray(lc.static_bytes, dtype=np.float64), np.asarray(lc.activation_bytes, dtype=np.float64)
-    capacity = float(cost.capacity_bytes())
-    excess = []
-    for rank in range(cand.pp):
-        idx = [i for v in range(rank, num_virtual, cand.pp) for i in ranges[v]]
-        if rank == 0:
-            idx.append(0)
-        if rank == (num_virtual - 1) % cand.pp:
-            idx.append(len(static) - 1)
-        f = float(cost.inflight_microbatches(cand, rank))
-        mem = float(static[idx].sum()) + f * float(act[idx].sum()) + float(cost.stage_other_bytes(cand, rank))
-        excess.append(mem - capacity)
-    return excess
+    ranks = rank_of_modules(tuple(stage_layers), cand.pp)
+    static = rank_sums(lc.static_bytes, ranks, cand.pp)
+    act = rank_sums(lc.activation_bytes, ranks, cand.pp)
+    inflight = np.array([float(cost.inflight_microbatches(cand, r)) for r in range(cand.pp)])
+    other = np.array([float(cost.stage_other_bytes(cand, r)) for r in range(cand.pp)])
+    return list(static + inflight * act + other - float(cost.capacity_bytes()))
 
 
 def _rank_recompute_count(
@@ -103,7 +96,8 @@ def _rank_recompute_count(
     return int(sum(choice.recompute))
 
 
-def partial_recompute(cost, cand, lc, stage_layers: Sequence[int], counters: Counters, time_limit_s: float) -> tuple[int, ...] | None:
+def partial_recompute(cost, cand, lc, stage_layers: Sequence[int], counters: Counters, time_limit_s: float,
+                      excess: Sequence[float] | None = None) -> tuple[int, ...] | None:
     """Fully recomputed decoder layers per virtual stage so that every rank fits; None when impossible."""
     from planner.search.ilp import RecomputeProblem, solve_recompute
 
@@ -116,10 +110,11 @@ def partial_recompute(cost, cand, lc, stage_layers: Sequence[int], counters: Cou
 
     ranges = chunk_ranges(stage_layers)
     counts = [0] * len(stage_layers)
-    for rank, excess in enumerate(rank_excess_bytes(cost, cand, lc, stage_layers)):
+    excess = rank_excess_bytes(cost, cand, lc, stage_layers) if excess is None else excess
+    for rank, over in enumerate(excess):
         chunks = list(range(rank, len(stage_layers), cand.pp))
         idx = [i for v in chunks for i in ranges[v]]
-        k = _rank_recompute_count(idx, excess, float(cost.inflight_microbatches(cand, rank)), lc, solve_ilp)
+        k = _rank_recompute_count(idx, over, float(cost.inflight_microbatches(cand, rank)), lc, solve_ilp)
         if k is None:
             return None
         for n, v in enumerate(chunks):  # spread evenly over the rank's chunks, the earliest first
