@@ -112,3 +112,15 @@ def require_profile_matches(profile: Profile, *, model_name: str) -> None:
             f"profile model_name={profile.model_name!r} does not match model {model_name!r}: "
             f"profile this model with `planner profile --model {model_name}`"
         )
+
+
+PROFILE_DTYPE_OF_PRECISION = {"bf16": ("bf16", "amp-bf16"), "amp-bf16": ("amp-bf16",), "fp32": ("fp32",), "fp8": ("bf16", "amp-bf16")}
+
+
+def precision_note(profile: Profile, precision: str) -> str | None:
+    """A note for the plan when the profile's dtype is not the request's precision (its times then price
+    another recipe); None when they agree."""
+    if profile.dtype in PROFILE_DTYPE_OF_PRECISION.get(precision, (precision,)):
+        return None
+    return (f"profile dtype {profile.dtype} differs from precision {precision}: measured times are those of {profile.dtype}; "
+            f"profile with --dtype {precision if precision != 'fp8' else 'bf16'} to match")

@@ -157,3 +157,11 @@ def test_amp_bf16_allocated_peak_matches_the_h100_rows(row_index):
     peak = api.estimate(request, config).memory.peak_bytes
     allocated_gib = (peak - cal.fragmentation_fixed_bytes) / (1 + cal.fragmentation_fraction) / 2**30
     assert allocated_gib == pytest.approx(row["peak_alloc_gib"], rel=0.05)
+
+
+def test_precision_note_flags_a_profile_of_another_dtype():
+    from planner.cost.profiled import precision_note
+
+    profile = make_profile(linear_entry(1))  # fp32
+    assert precision_note(profile, "fp32") is None
+    assert "profile dtype fp32 differs from precision bf16" in precision_note(profile, "bf16")
