@@ -27,6 +27,7 @@ from planner.errors import InfeasibleError
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search import bounds
 from planner.search.outcome import Ranking, Scored, describe, infeasible_message, rank_key
+from planner.search.partition import StageProblem, partition
 from planner.search.refine import Counters, partial_recompute, rank_excess_bytes, rank_of_modules, rank_sums, split_for
 from planner.search.space import Factorisation, Group, Options, Space, axis_orders
 
@@ -53,6 +54,7 @@ class _Arrays:
     time_sum_s: float
     activation_floor_bytes: float
     end_stage_s: float  # max(embedding, head) + the fastest decoder layer (bound (1))
+    time_keys: tuple  # keys of the per-layer time arrays of the group's orders
 
 
 class _Search:
@@ -69,7 +71,8 @@ class _Search:
         self.evaluated = 0
         self._arrays: dict[tuple, _Arrays] = {}
         self._static: dict[tuple, np.ndarray] = {}
-        self._times: dict[tuple, tuple[float, float, float]] = {}
+        self._times: dict[tuple, tuple] = {}
+        self._split_bounds: dict[tuple, float] = {}
         self._acts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.partial_ok = "full" in opts.recompute_modes
 
@@ -88,7 +91,7 @@ class _Search:
         factorisation and order with the same links: computed once per such key."""
         key = (group.fact, group.microbatch_size, group.sp, group.recompute, group.tp_overlap)
         if key not in self._arrays:
-            time_sum, act, end_s = np.inf, np.inf, np.inf
+            time_sum, act, end_s, keys = np.inf, np.inf, np.inf, []
             for order in axis_orders(group.fact):
                 cand = self._candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order)
                 links = self.cost.links(cand)
@@ -101,11 +104,12 @@ class _Search:
                         a = np.minimum(a, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
                     t = np.asarray(lc.forward_s) + np.asarray(lc.backward_s) + np.asarray(lc.recompute_s)
                     end = max(float(t[0]), float(t[-1])) + float(np.min(t[1:-1]))
-                    self._times[tkey] = (float(t.sum()), float(a.sum()), end)
+                    self._times[tkey] = (float(t.sum()), float(a.sum()), end, t)
+                keys.append(tkey)
                 time_sum = min(time_sum, self._times[tkey][0])
                 act = min(act, self._times[tkey][1])
                 end_s = min(end_s, self._times[tkey][2])
-            self._arrays[key] = _Arrays(time_sum, act, end_s)
+            self._arrays[key] = _Arrays(time_sum, act, end_s, tuple(keys))
         return self._arrays[key]
 
     def static_floor(self, group: Group) -> tuple[float, float]:
@@ -125,6 +129,34 @@ class _Search:
         arrays = self.group_arrays(group)
         return bounds.step_time_lower_bound_s(arrays.time_sum_s, group.num_microbatches, group.fact.pp, schedule, vpp,
                                               arrays.end_stage_s)
+
+    def split_bound_s(self, group: Group) -> float:
+        """With vpp = 1: the least bottleneck stage time over every contiguous split (the partition DP on time
+        alone, no memory limit), minimum over the group's orders; a rank time no split can go below."""
+        best = np.inf
+        for tkey in self.group_arrays(group).time_keys:
+            key = (tkey, group.fact.pp)
+            if key not in self._split_bounds:
+                t = self._times[tkey][3]
+                zeros = [0.0] * group.fact.pp
+                problem = StageProblem(time_s=t[1:-1], static_bytes=np.zeros(len(t) - 2), activation_bytes=np.zeros(len(t) - 2),
+                                       inflight=zeros, other_bytes=zeros, capacity_bytes=np.inf,
+                                       embed_time_s=float(t[0]), head_time_s=float(t[-1]))
+                self.counters.dp_calls += 1
+                found = partition(problem)
+                self._split_bounds[key] = found.bottleneck_s if found is not None else np.inf
+            best = min(best, self._split_bounds[key])
+        return best
+
+    def variant_bound(self, group: Group, schedule: str, vpp: int) -> float:
+        """Bound (1) for one (schedule, vpp) variant, with the DP's least bottleneck when vpp = 1."""
+        from planner.cost.schedule import bubble_s
+
+        lower = self.time_bound(group, schedule, vpp)
+        if vpp > 1 or group.fact.pp == 1:
+            return lower
+        rank_s = self.split_bound_s(group)
+        return max(lower, group.num_microbatches * rank_s + bubble_s(schedule, pp=group.fact.pp, vpp=1, rank_time_s=rank_s))
 
     # ---- the loop -----------------------------------------------------------------------------------------
     def bounded_groups(self) -> list[tuple[float, tuple, Group]]:
@@ -165,16 +197,22 @@ class _Search:
         return sum(count for _, _, count in self.space.variants(group))
 
     def visit_group(self, group: Group) -> None:
-        for schedule, vpp, count in self.space.variants(group):
-            if not self.exhaustive and self.time_bound(group, schedule, vpp) > self.ranking.threshold_s:
-                self.space.pruned["time_lower_bound"] += count
-                continue
-            per_zero = count // len(self.opts.zero_stages)
+        """Members by (schedule, vpp) variant, ZeRO stage and axis order; the bound is re-checked before every
+        member, as the incumbent improves while the group is visited."""
+        orders = axis_orders(group.fact)
+        for schedule, vpp, _ in self.space.variants(group):
+            lower = self.variant_bound(group, schedule, vpp) if not self.exhaustive else 0.0
             for zero in self.opts.zero_stages:
-                if not self.exhaustive and self.member_memory_floor(group, schedule, vpp, zero) > self.capacity:
-                    self.space.pruned["memory_lower_bound"] += per_zero
+                if not self.exhaustive and lower > self.ranking.threshold_s:
+                    self.space.pruned["time_lower_bound"] += len(orders)
                     continue
-                for order in axis_orders(group.fact):
+                if not self.exhaustive and self.member_memory_floor(group, schedule, vpp, zero) > self.capacity:
+                    self.space.pruned["memory_lower_bound"] += len(orders)
+                    continue
+                for order in orders:
+                    if not self.exhaustive and lower > self.ranking.threshold_s:
+                        self.space.pruned["time_lower_bound"] += 1
+                        continue
                     self.visit(self._candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
 
     def member_memory_floor(self, group: Group, schedule: str, vpp: int, zero: int) -> float:

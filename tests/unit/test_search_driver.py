@@ -9,7 +9,7 @@ from planner.errors import BadInputError, InfeasibleError
 from planner.schemas.model import ModelSpec, MoESpec
 from planner.schemas.plan import SearchLimits
 from planner.search import bounds
-from planner.search.driver import make_cost_model, search
+from planner.search.driver import _Search, make_cost_model, search
 from planner.search.space import Options, Space
 
 SMALL = ModelSpec(name="small", num_layers=6, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
@@ -54,9 +54,11 @@ def test_bounds_are_below_evaluate():
     space = Space(request, Options.from_request(request))
     from planner.cost.model import Candidate
 
+    state = _Search(request, cost, Options.from_request(request), exhaustive=False, progress=None)
     checked = 0
     for group in space.groups():
         for schedule, vpp, _ in space.variants(group):
+            variant_lower = state.variant_bound(group, schedule, vpp)
             for member in space.members(group, schedule, vpp):
                 cand = Candidate(**group.candidate_fields(), zero_stage=member.zero_stage, schedule=schedule, vpp=vpp,
                                  axis_order=member.axis_order)
@@ -68,6 +70,7 @@ def test_bounds_are_below_evaluate():
                 end = max(times[0], times[-1]) + min(times[1:-1])
                 lower = bounds.step_time_lower_bound_s(float(times.sum()), cand.num_microbatches, cand.pp, schedule, vpp, end)
                 assert lower <= ev.step_time_s * (1 + 1e-9)
+                assert variant_lower <= ev.step_time_s * (1 + 1e-9)
                 act = float(np.sum(np.minimum(lc.activation_bytes, lc.full_recompute_activation_bytes)))
                 other = min(cost.stage_other_bytes(cand, s) for s in range(cand.pp))
                 mem = bounds.memory_lower_bound_bytes(float(np.sum(lc.static_bytes)), act, cand.pp, other)
