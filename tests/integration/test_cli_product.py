@@ -119,3 +119,11 @@ def test_check_cli_on_real_estimates_passes_then_fails_on_worse_cost_model(tmp_p
     assert worse.exit_code == 1 and "REGRESSED" in worse.output and "step time" in worse.output
     report = json.loads(runner.invoke(app, ["check", str(tmp_path), "--json", "--tolerance", "0.5"]).stdout)
     assert report["failed"] is False and all(r["relative_change"] > 0.02 for r in report["results"])
+
+
+def test_committed_example_plans_pass_check():
+    """examples/plans were made by `planner plan`/`estimate` (examples/README.md); today's planner must agree."""
+    examples = Path(__file__).resolve().parents[2] / "examples" / "plans"
+    result = runner.invoke(app, ["check", str(examples)])
+    assert result.exit_code == 0, result.output
+    assert "passed: 3 plan(s), 0 failing" in result.output
