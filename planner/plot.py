@@ -135,7 +135,8 @@ def _draw_timeline(ax, plan: LaunchPlan) -> None:
     ax.set_xlabel("time (s)")
     shown = f"{m} of {plan.batch.num_microbatches} micro-batches" + (" (capped)" if m < plan.batch.num_microbatches else "")
     drawn_as = f" (drawn in 1F1B order; {DRAWN_AS_1F1B[plan.schedule]})" if plan.schedule in DRAWN_AS_1F1B and vpp == 1 else ""
-    ax.set_title(f"{plan.schedule} pipeline, pp={pp}" + (f" vpp={vpp}" if vpp > 1 else "") + drawn_as +
+    kind = "no pipeline (pp=1)" if pp == 1 else f"{plan.schedule} pipeline, pp={pp}" + (f" vpp={vpp}" if vpp > 1 else "") + drawn_as
+    ax.set_title(kind +
                  f": {shown}; idle (bubble) {1 - busy / (end * pp):.0%} in this window", fontsize=9)
     from matplotlib.patches import Patch
 
@@ -143,7 +144,7 @@ def _draw_timeline(ax, plan: LaunchPlan) -> None:
                Patch(facecolor="white", edgecolor="black", label="white gaps = bubble")]
     if vpp > 1:
         handles.append(Patch(facecolor="#B0B0B0", label="lighter = later virtual stage"))
-    ax.legend(handles=handles, fontsize=7, loc="lower right")
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def _draw_memory(ax, plan: LaunchPlan) -> None:
@@ -159,9 +160,10 @@ def _draw_memory(ax, plan: LaunchPlan) -> None:
     cap = plan.memory.capacity_bytes / GiB
     ax.axhline(cap, color="red", linestyle="--", linewidth=1)
     ax.text(len(stages) - 0.5, cap, f" capacity {cap:.0f} GiB", color="red", va="bottom", ha="right", fontsize=7)
+    ax.set_ylim(0, max([cap, *bottoms]) * 1.3)  # room above the capacity line for the legend
     ax.set_ylabel("GiB per GPU")
     ax.set_title("memory per pipeline rank", fontsize=9)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper center", ncol=5)
 
 
 def _draw_candidates(ax, plan: LaunchPlan) -> None:
