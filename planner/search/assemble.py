@@ -27,6 +27,27 @@ def space_notes(result) -> list[str]:
     return notes
 
 
+def placement_note(cost, best: Scored) -> str | None:
+    """Topology-aware placement: the winner under every axis order of the space (tp innermost), by step time."""
+    import dataclasses
+
+    from planner.search.space import Factorisation, axis_orders
+
+    c = best.cand
+    orders = axis_orders(Factorisation(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep))
+    if len(orders) < 2:
+        return None
+    timed = []
+    for order in orders:
+        ev = cost.evaluate(dataclasses.replace(c, axis_order=order), stage_layers=best.stage_layers,
+                           full_recompute_layers=best.full_recompute_layers)
+        timed.append((ev.step_time_s, order))
+    timed.sort()
+    base = timed[0][0]
+    parts = [f"{'>'.join(o)} {t:.4g} s" + (f" (+{100 * (t - base) / base:.1f}%)" if t > base else "") for t, o in timed]
+    return "placement (axis order, outermost first) compared by predicted step time: " + "; ".join(parts)
+
+
 def assemble(request: PlanRequest, result) -> LaunchPlan:
     """The plan of the best configuration of `result` (which must have one)."""
     from planner.cost.estimate import model_notes
@@ -47,7 +68,9 @@ def assemble(request: PlanRequest, result) -> LaunchPlan:
         ilp_calls=result.counters.ilp_calls, dp_calls=result.counters.dp_calls,
         version=f"planner {planner.__version__} {SEARCH_VERSION}",
     )
+    placement = placement_note(cost, best)
+    notes = [*model_notes(cost), *space_notes(result), *([placement] if placement else [])]
     return build_launch_plan(
-        cost, best.cand, ev, kind="plan", notes=[*model_notes(cost), *space_notes(result)],
+        cost, best.cand, ev, kind="plan", notes=notes,
         alternatives=alternatives, pruned=dict(sorted(result.pruned.items())), solver=solver,
     )
