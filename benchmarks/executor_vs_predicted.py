@@ -3,7 +3,7 @@
 For at least 8 different plans of the small Llama-shaped model (profiles/specs/small-llama.yaml; dp, tp, pp,
 ZeRO stage, micro-batch size, recompute and schedule varied), `planner.api.estimate` predicts the step time
 from the CPU compute profile (profiles/cpu-small.json, measured with `planner profile`) and the `cpu`
-topology (fabric numbers from a gloo measurement on this box); `planner run` then trains each plan for a
+topology with the measured gloo calibration of this box (profiles/cpu-gloo-comm.json, 4 processes); `planner run` then trains each plan for a
 few steps with torchrun and measures the median step time after warm-up. The planner's own first choice
 (`planner.api.plan` with `runnable=True`) is run too.
 
@@ -38,6 +38,7 @@ from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, SearchL
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "profiles/specs/small-llama.yaml"
 PROFILE = ROOT / "profiles/cpu-small.json"
+COMM_CALIBRATION = ROOT / "profiles/cpu-gloo-comm.json"
 TOPOLOGY = "cpu"
 GPUS, GLOBAL_BATCH, SEQ = 4, 8, 256
 SPEARMAN_GOAL, FIRST_CHOICE_GOAL = 0.8, 0.15
@@ -67,8 +68,17 @@ VARIANTS = (
 )
 
 
+def topology():
+    """The `cpu` topology with its intra-node fabric replaced by the measured 4-process gloo all-reduce fit
+    (planner.profiling.calibration.calibrated_topology on profiles/cpu-gloo-comm.json)."""
+    from planner.profiling.calibration import calibrated_topology, load_calibration
+
+    base = api.load_topology(TOPOLOGY).model_copy(update={"comm_calibration": str(COMM_CALIBRATION.relative_to(ROOT))})
+    return calibrated_topology(base, load_calibration(COMM_CALIBRATION))
+
+
 def request(search: SearchLimits | None = None):
-    return api.build_request(model=str(MODEL), topology=TOPOLOGY, gpus=GPUS, global_batch_size=GLOBAL_BATCH, seq_len=SEQ,
+    return api.build_request(model=str(MODEL), topology=topology(), gpus=GPUS, global_batch_size=GLOBAL_BATCH, seq_len=SEQ,
                              precision="fp32", profile=str(PROFILE), search=search)
 
 
@@ -130,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
           f"fastest measured: {fastest['name']} {fastest['measured_step_time_s']:.3f} s; gap {gap:+.1%} (goal <= {FIRST_CHOICE_GOAL:.0%})")
     summary = {"spearman": rho, "first_choice": first_name, "first_choice_gap": gap, "fastest": fastest["name"],
                "goals": {"spearman": SPEARMAN_GOAL, "first_choice_gap": FIRST_CHOICE_GOAL},
-               "setup": {"model": str(MODEL.relative_to(ROOT)), "profile": str(PROFILE.relative_to(ROOT)), "topology": TOPOLOGY,
+               "setup": {"model": str(MODEL.relative_to(ROOT)), "profile": str(PROFILE.relative_to(ROOT)), "topology": TOPOLOGY, "comm_calibration": str(COMM_CALIBRATION.relative_to(ROOT)),
                          "gpus": GPUS, "global_batch_size": GLOBAL_BATCH, "seq_len": SEQ, "steps": args.steps,
                          "cpu_count": os.cpu_count(), "load_average_at_end": list(os.getloadavg())}}
     if args.json is not None:

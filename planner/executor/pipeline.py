@@ -79,3 +79,44 @@ def pipeline_step(schedule, stages: list[Stage], inputs: torch.Tensor, targets: 
     kwargs = {"target": targets, "losses": losses} if has_last else {}
     schedule.step(*args, **kwargs)
     return losses
+
+
+# ------------------------------------------------------------------ tied embeddings across pipeline stages
+def tied_embedding_group(plan: LaunchPlan, mesh):
+    """Megatron's embedding group (Shoeybi et al. 2019; Narayanan et al. 2021): with tied embeddings and
+    pp > 1, the first pipeline rank holds tok_embeddings and the last one the LM head, two copies of one
+    weight. One group per line of the pp axis pairs them; other ranks get None. Collective: every rank calls."""
+    import torch.distributed as dist
+
+    par = plan.parallelism
+    if not plan.request.model.tied_embeddings or par.pp == 1:
+        return None
+    dims = list(par.axis_order)
+    lines = mesh.mesh.movedim(dims.index("pp"), -1).reshape(-1, par.pp)
+    group, _ = dist.new_subgroups_by_enumeration([[int(line[0]), int(line[-1])] for line in lines])
+    return group
+
+
+def init_tied_head(module: Transformer, seed: int) -> None:
+    """A stage holding the tied LM head but not the embedding: initialise the head as the full model
+    initialises the shared weight (under the FQN `tok_embeddings.weight`), so both copies start equal."""
+    from planner.nn.model import init_module
+
+    spec = module.spec
+    if spec.tied_embeddings and module.output is not None and module.tok_embeddings is None:
+        init_module(module.output, seed, num_layers=spec.num_layers, prefix="tok_embeddings.")
+
+
+def sync_tied_embeddings(parts: list[nn.Module], group) -> None:
+    """Sum the two copies' gradients (after the schedule and the DP reductions, before the optimizer step):
+    both then take the same update, as the single tied weight does. The copies are sharded alike (vocab
+    dim, Shard(0), under TP and FSDP), so the local shards are reduced."""
+    import torch.distributed as dist
+
+    if group is None:
+        return
+    for part in parts:
+        for holder in (part.tok_embeddings, part.output):
+            grad = holder.weight.grad if holder is not None else None
+            if grad is not None:
+                dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)

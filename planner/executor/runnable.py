@@ -88,11 +88,6 @@ def _check_parallelism(plan: LaunchPlan) -> None:
             raise BadInputError("tp_overlap=domino runs without sequence parallelism: set sp=false or tp_overlap=none")
     if par.zero_stage == 1 and par.tp > 1:
         raise BadInputError("zero_stage=1 with tp > 1 is not runnable by the executor (ZeroRedundancyOptimizer takes no DTensors): use zero_stage 2 or 3")
-    if spec.tied_embeddings and par.pp > 1:
-        raise BadInputError(
-            f"model {spec.name!r} ties its embeddings and pp={par.pp}: tied weights across pipeline stages are not "
-            "runnable by the executor; use pp=1 or untie the embeddings"
-        )
 
 
 def _check_schedule(plan: LaunchPlan) -> None:

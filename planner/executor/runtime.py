@@ -58,6 +58,7 @@ class Job:
     dp_group: object = None
     autocast_dtype: torch.dtype | None = None
     keys: ckpt.ShardKeys = ckpt.ShardKeys()
+    tied_group: object = None
 
 
 # ------------------------------------------------------------------------------------ process group / mesh
@@ -132,7 +133,7 @@ def ep_groups(plan: LaunchPlan, mesh) -> tuple[object, object]:
 def build_parts(job: Job) -> None:
     """Materialise this rank's stage modules, parallelise them, build their optimizers and the schedule."""
     from planner.executor import parallelize as par_fns
-    from planner.executor.pipeline import build_schedule, cut_stage, local_stages
+    from planner.executor.pipeline import build_schedule, cut_stage, init_tied_head, local_stages, tied_embedding_group
     from planner.executor.train import cross_entropy
     from planner.nn.model import Transformer
 
@@ -142,10 +143,12 @@ def build_parts(job: Job) -> None:
     job.local_stages = local_stages(plan, job.coords["pp"]) if par.pp > 1 else sorted(plan.stages, key=lambda s: s.stage)[:1]
     groups = ep_groups(plan, job.mesh) if par.ep > 1 else (None, None)
     job.dp_group = job.mesh["dp"].get_group()
+    job.tied_group = tied_embedding_group(plan, job.mesh)
     for stage in job.local_stages:
         module = cut_stage(full, stage.layers) if par.pp > 1 else full
         module.to_empty(device=job.device)
         module.init_weights(job.options.seed)
+        init_tied_head(module, job.options.seed)
         train_module = parallelize_part(job, module, stage, groups, par_fns)
         job.parts.append(module)
         job.train_parts.append(train_module)
@@ -215,13 +218,14 @@ def _set_grad_sync(model: nn.Module, enabled: bool) -> None:
 def pipelined(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
     """One step through the pipeline schedule; the mean micro-batch loss on last-stage ranks, else None."""
     from planner.executor.parallelize import sync_gradients
-    from planner.executor.pipeline import pipeline_step
+    from planner.executor.pipeline import pipeline_step, sync_tied_embeddings
 
     last = job.plan.parallelism.pp * job.plan.parallelism.vpp - 1
     with torch.autocast(job.device.type, dtype=job.autocast_dtype, enabled=job.autocast_dtype is not None):
         losses = pipeline_step(job.schedule, job.local_stages, inputs, targets, last_stage=last)
     for part in job.train_parts:
         sync_gradients(part)
+    sync_tied_embeddings(job.parts, job.tied_group)
     return torch.stack([loss.detach().float() for loss in losses]).mean() if losses else None
 
 

@@ -18,6 +18,9 @@ TINY = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=32, ffn_hidden_siz
 TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
                      vocab_size=64, seq_len=SEQ, activation="swiglu", norm="rmsnorm",
                      moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, first_k_dense=1, capacity_factor=1.0))
+TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
+                     vocab_size=64, seq_len=SEQ, activation="gelu", norm="layernorm", position="learned",
+                     linear_bias=True, tied_embeddings=True)
 CPU = Topology(
     name="cpu-test", device=DeviceSpec(name="cpu", memory_bytes=2**31, peak_bf16_tflops=0.05, peak_fp32_tflops=0.05,
                                        hbm_bandwidth_GBps=10.0),

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor_plans import TINY, make_plan, write_plan  # noqa: E402
+from executor_plans import TINY, TINY_GPT, make_plan, write_plan  # noqa: E402
 
 from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import RunFailedError, run_plan  # noqa: E402
@@ -77,10 +77,12 @@ def test_pp2_1f1b_matches_single_process_and_reports(pp2_1f1b):
     assert report.errors.step_time_rel == pytest.approx((plan.prediction.step_time_s - report.step_time_s) / report.step_time_s)
 
 
-def test_pp2_interleaved_vpp2_matches_single_process(tmp_path):
-    plan = make_plan(pp=2, vpp=2, schedule="interleaved", num_microbatches=4)
+def test_pp2_interleaved_vpp2_with_tied_embeddings_matches_single_process(tmp_path):
+    """Interleaved 1F1B (4 virtual stages on 2 ranks) on a GPT-style model whose LM head is tied to the
+    embedding: the two copies live on different ranks and their gradients are summed (embedding group)."""
+    plan = make_plan(TINY_GPT, pp=2, vpp=2, schedule="interleaved", num_microbatches=4)
     report = run_plan(write_plan(plan, tmp_path / "plan.json"), options=options(steps=3))
-    assert_close(report.losses, reference_losses(plan, 3), "pp2 interleaved vpp2")
+    assert_close(report.losses, reference_losses(plan, 3), "pp2 interleaved vpp2, tied embeddings")
 
 
 def test_dp2_tp2_pp2_on_eight_processes_matches_single_process(tmp_path):

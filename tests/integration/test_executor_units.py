@@ -24,7 +24,6 @@ from planner.schemas.plan import Stage
         (dict(spec=TINY_MOE, dp=2, ep=2, tp=2, tp_overlap="domino"), "domino is not runnable on an MoE model"),
         (dict(tp=2, sp=True, tp_overlap="domino"), "without sequence parallelism"),
         (dict(dp=2, tp=2, zero_stage=1), "zero_stage=1 with tp > 1"),
-        (dict(spec=TINY.model_copy(update={"tied_embeddings": True}), pp=2), "tied weights across pipeline stages"),
         (dict(pp=2, vpp=2, schedule="zero-bubble", recompute="selective", num_microbatches=4), "selective recompute fails"),
     ],
 )
