@@ -35,8 +35,9 @@ def serve_command(
     threads: bool = typer.Option(False, "--threads", help="Solve in threads instead of processes."),
     max_gpus: int = typer.Option(16384, "--max-gpus", min=1, help="Search size limit: the most GPUs a request may ask for."),
     max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes", min=1024, help="Request size limit (413 above it)."),
+    grace_s: float = typer.Option(30.0, "--grace-s", min=0.0, help="Seconds past a request's time_limit_s before it is answered 504."),
 ) -> None:
     from planner.service import serve
 
     serve(host=host, port=port, db_path=str(db) if db else None, workers=workers, use_processes=not threads,
-          max_gpus=max_gpus, max_body_bytes=max_body_bytes)
+          max_gpus=max_gpus, max_body_bytes=max_body_bytes, grace_s=grace_s)

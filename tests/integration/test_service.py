@@ -188,3 +188,15 @@ def test_store_survives_restart(tmp_path):
         assert again.headers["x-cache"] == "hit" and again.text == first.text
     finally:
         srv.stop()
+
+
+def test_past_the_time_limit_is_504_and_the_solve_does_not_outlive_the_server(tmp_path):
+    srv = Server(tmp_path / "slow.sqlite", extra=("--grace-s", "0.5"))
+    try:
+        started = time.monotonic()
+        big = {"model": "llama3-405b", "topology": "dgx-h100", "nodes": 512, "time_limit_s": 0.1}
+        response = httpx.post(srv.url + "/v1/plan", json=big, timeout=60)
+        assert response.status_code == 504 and "time_limit_s=0.1" in response.json()["detail"]
+        assert time.monotonic() - started < 20
+    finally:
+        srv.stop()  # asserts that the busy worker was stopped with the server
