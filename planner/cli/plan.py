@@ -9,10 +9,7 @@ from planner.cli.common import emit_text, guarded
 
 HELP = """Find the fastest plan that fits: DP x TP x PP x EP x CP, ZeRO, SP, micro-batching, recompute, schedule.
 
-Searches the whole space (print `solver.configurations_considered` to see how large it was), writes a
-versioned LaunchPlan JSON with the chosen configuration, stages, rank map, predicted step time and memory,
-the next best alternatives with why they lost, and what was pruned and why. Exit 1 when nothing fits (the
-message says how far the closest configuration is and what would make it fit), 2 on bad input.
+Searches the whole space and writes a versioned LaunchPlan JSON: the chosen configuration, stages, rank map, predicted step time and memory, the next best alternatives with why they lost, what was pruned and why, and how many configurations were considered. Exit 1 when nothing fits (the message says how far the closest configuration is and what would make it fit), 2 on bad input.
 
 Examples:
 

@@ -26,10 +26,10 @@ import numpy as np
 from planner.errors import InfeasibleError
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search import bounds
-from planner.search.outcome import Ranking, Scored, describe, infeasible_message, rank_key
+from planner.search.outcome import Ranking, Scored, infeasible_message, rank_key
 from planner.search.partition import StageProblem, partition
 from planner.search.refine import Counters, partial_recompute, rank_excess_bytes, rank_of_modules, rank_sums, split_for
-from planner.search.space import Factorisation, Group, Options, Space, axis_orders
+from planner.search.space import Group, Options, Space, axis_orders
 
 ProgressFn = Callable[[int, int], None]
 
@@ -342,4 +342,4 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dic
     return assemble(request, result)
 
 
-__all__ = ["plan", "search", "SearchResult", "describe"]
+__all__ = ["plan", "search", "SearchResult", "make_cost_model"]
