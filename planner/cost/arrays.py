@@ -17,27 +17,57 @@ if TYPE_CHECKING:
     from planner.cost.model import Candidate, CostModel, Detail
 
 
-def _module_costs(model: "CostModel", cand: "Candidate") -> list[ModuleCost]:
+MODULE_FIELDS = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_fwd_s", "ep_bwd_s", "cp_fwd_s", "cp_bwd_s",
+                 "selective_s", "act_none", "act_selective", "act_full", "full_recompute_s")
+KIND_ORDER = ("embedding", "decoder", "moe_decoder", "head")
+
+
+def _kind_costs(model: "CostModel", cand: "Candidate") -> dict[str, ModuleCost]:
     """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it."""
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
               shape=model.shape(cand), links=model.links(cand), tp_overlap=cand.tp_overlap)
-    kinds = {"embedding": embedding_cost(env), "decoder": decoder_cost(env, moe_layer=False), "head": head_cost(env)}
+    kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
+    if not (model.moe_mask.size and model.moe_mask.all()):
+        kinds["decoder"] = decoder_cost(env, moe_layer=False)
     if model.moe_mask.any():
         kinds["moe_decoder"] = decoder_cost(env, moe_layer=True)
-    if model.moe_mask.size and model.moe_mask.all():
-        kinds.pop("decoder")  # every decoder layer is MoE
     if model.profile is not None:
-        kinds = apply_profile(model, cand, kinds)
-    else:
-        model.analytic_shapes.update(
-            f"{kind}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
-            for kind in kinds if kind in ("decoder", "moe_decoder")
-        )
-    layer_kinds = ["moe_decoder" if flag else "decoder" for flag in model.moe_mask]
-    return [kinds["embedding"], *(kinds[kind] for kind in layer_kinds), kinds["head"]]
+        return apply_profile(model, cand, kinds)
+    model.analytic_shapes.update(
+        f"{kind}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
+        for kind in kinds if kind in ("decoder", "moe_decoder")
+    )
+    return kinds
+
+
+def _module_table(model: "CostModel", cand: "Candidate") -> np.ndarray:
+    """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and layout (the
+    candidate's ZeRO stage, recompute mode and schedule do not change a module's cost)."""
+    key = ("modules", cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap,
+           tuple(cand.axis_order))
+    found = model.memo.get(key)
+    if found is None:
+        kinds = _kind_costs(model, cand)
+        table = np.array([[getattr(kinds[k], f) for f in MODULE_FIELDS] if k in kinds else [0.0] * len(MODULE_FIELDS)
+                          for k in KIND_ORDER]).T
+        index = np.concatenate([[0], np.where(model.moe_mask, 2, 1), [3]])
+        found = table[:, index]
+        found[MODULE_FIELDS.index("full_recompute_s"), [0, -1]] = 0.0  # embedding and head are never recomputed
+        found.setflags(write=False)  # shared by every Detail of this shape: callers must not modify it
+        model.memo[key] = found
+    return found
 
 
 def _flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    found = model.memo.get("flops")
+    if found is None:
+        found = model.memo["flops"] = _count_flops_per_sequence(model)
+        for array in found:
+            array.setflags(write=False)
+    return found
+
+
+def _count_flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Forward FLOPs of one sequence per module, whole model (no parallel split), full-attention convention:
     (model: MoE without capacity padding, hardware: with it, attention core)."""
     spec = model.spec
@@ -62,20 +92,23 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     """All per-module arrays of `cand` (memoised by CostModel.detail)."""
     from planner.cost.model import Detail, LayerCosts
 
-    mods = _module_costs(model, cand)
-    arr = lambda attr: np.array([getattr(m, attr) for m in mods], dtype=np.float64)  # noqa: E731
-    fwd = arr("compute_fwd_s") + arr("tp_fwd_s") + arr("ep_fwd_s") + arr("cp_fwd_s")
-    bwd = arr("compute_bwd_s") + arr("tp_bwd_s") + arr("ep_bwd_s") + arr("cp_bwd_s")
-    full_rec = np.array([m.full_recompute_s for m in mods])
-    full_rec[0] = full_rec[-1] = 0.0  # embedding and head are never recomputed (Megatron recomputes decoder layers)
-    act_full = arr("act_full")
+    table = _module_table(model, cand)
+    col = dict(zip(MODULE_FIELDS, table))
+    compute_fwd, compute_bwd = col["compute_fwd_s"], col["compute_bwd_s"]
+    tp_s, ep_s, cp_s = col["tp_fwd_s"] + col["tp_bwd_s"], col["ep_fwd_s"] + col["ep_bwd_s"], col["cp_fwd_s"] + col["cp_bwd_s"]
+    fwd = compute_fwd + col["tp_fwd_s"] + col["ep_fwd_s"] + col["cp_fwd_s"]
+    bwd = compute_bwd + col["tp_bwd_s"] + col["ep_bwd_s"] + col["cp_bwd_s"]
+    full_rec, act_full = col["full_recompute_s"], col["act_full"]
     if cand.recompute == "full":
-        rec, act = full_rec.copy(), act_full.copy()
+        rec, act = full_rec, act_full
     elif cand.recompute == "selective":
-        rec, act = arr("selective_s"), arr("act_selective")
+        rec, act = col["selective_s"], col["act_selective"]
     else:
-        rec, act = np.zeros(len(mods)), arr("act_none")
-    dense, expert = module_params(model.spec, tp=cand.tp, ep=cand.ep, tied_copy=cand.pp > 1)
+        rec, act = np.zeros_like(fwd), col["act_none"]
+    params_key = ("params", cand.tp, cand.ep, cand.pp > 1)
+    if params_key not in model.memo:
+        model.memo[params_key] = module_params(model.spec, tp=cand.tp, ep=cand.ep, tied_copy=cand.pp > 1)
+    dense, expert = model.memo[params_key]
     weights, grads, optim = _static_parts(model, cand, dense, expert)
     model_f, hw_f, core_f = _flops_per_sequence(model)
     costs = LayerCosts(
@@ -83,8 +116,7 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
         static_bytes=weights + grads + optim, activation_bytes=act, full_recompute_activation_bytes=act_full,
     )
     detail = Detail(
-        costs=costs, compute_s=arr("compute_fwd_s") + arr("compute_bwd_s"), tp_s=arr("tp_fwd_s") + arr("tp_bwd_s"),
-        ep_s=arr("ep_fwd_s") + arr("ep_bwd_s"), cp_s=arr("cp_fwd_s") + arr("cp_bwd_s"), bwd_compute_s=arr("compute_bwd_s"),
+        costs=costs, compute_s=compute_fwd + compute_bwd, tp_s=tp_s, ep_s=ep_s, cp_s=cp_s, bwd_compute_s=compute_bwd,
         weight_bytes=weights, grad_bytes=grads, optimizer_bytes=optim, dense_params=dense, expert_params=expert,
         model_fwd_flops=model_f, hw_fwd_flops=hw_f, core_fwd_flops=core_f,
         zero3_gather_bytes=float(np.max(dense + expert)) * model.recipe.gather_bytes,

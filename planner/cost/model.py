@@ -146,6 +146,7 @@ class CostModel:
         self._validity: dict[Candidate, tuple[str, ...]] = {}
         self._links: dict[tuple, L.Links] = {}
         self._fixed_cache: dict[Candidate, object] = {}
+        self.memo: dict = {}  # per-instance memo of shape/layout-level arrays (planner.cost.arrays)
 
     # --- memory capacity -------------------------------------------------------------------------------
 
