@@ -2,20 +2,19 @@
 
 `check_runnable(plan)` raises BadInputError naming the field, the value and the fix for anything the
 runtime would refuse, so `planner run` fails in a second instead of after torchrun start-up, and returns
-notes on what the runtime adjusts (said in the run report). `RUNNABLE_SCHEDULES` is what the search's
-`--runnable` may choose.
+notes on what the runtime adjusts (said in the run report). The configuration rules live in planner.capabilities,
+shared with the search's `--runnable` filter.
 """
 
 from __future__ import annotations
 
+from planner.capabilities import precision_refusal, refusal
 from planner.errors import BadInputError
 from planner.schemas.plan import LaunchPlan
 
-RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
 EMBEDDING_PARTS = ("tok_embeddings",)
 HEAD_PARTS = ("norm", "output")
-RUNNABLE_PRECISIONS = ("fp32", "bf16", "amp-bf16")
 
 
 def stage_layer_indices(names: tuple[str, ...], num_layers: int, stage: int) -> list[int]:
@@ -73,45 +72,36 @@ def _check_ranks(plan: LaunchPlan) -> None:
 
 
 def _check_parallelism(plan: LaunchPlan) -> None:
+    """The configuration rules shared with the search's --runnable filter (planner.capabilities)."""
     par, spec = plan.parallelism, plan.request.model
-    if par.cp > 1:
-        raise BadInputError(f"cp={par.cp}: context parallelism is not runnable by the executor: re-plan with cp=1 (plan --runnable)")
-    if par.ep > 1:
-        if spec.moe is None:
-            raise BadInputError(f"ep={par.ep} but model {spec.name!r} has no MoE layers: use ep=1")
-        if par.dp % par.ep:
-            raise BadInputError(f"ep={par.ep} must divide dp={par.dp} (experts are sharded inside the dp group): choose ep in a divisor of dp")
-    if par.tp_overlap == "domino":
-        if spec.moe is not None:
-            raise BadInputError("tp_overlap=domino is not runnable on an MoE model (no expert TP in the executor): use tp_overlap=none")
-        if par.sp:
-            raise BadInputError("tp_overlap=domino runs without sequence parallelism: set sp=false or tp_overlap=none")
-    if par.zero_stage == 1 and par.tp > 1:
-        raise BadInputError("zero_stage=1 with tp > 1 is not runnable by the executor (ZeroRedundancyOptimizer takes no DTensors): use zero_stage 2 or 3")
+    if par.ep > 1 and spec.moe is None:
+        raise BadInputError(f"ep={par.ep} but model {spec.name!r} has no MoE layers: use ep=1")
+    modes = {s.recompute.mode for s in plan.stages} or {"none"}
+    for mode in sorted(modes):
+        refused = refusal(
+            cp=par.cp, ep=par.ep, dp=par.dp, tp=par.tp, pp=par.pp, sp=par.sp, zero_stage=par.zero_stage,
+            schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
+        )
+        if refused is not None:
+            raise BadInputError(refused[1])
 
 
 def _check_schedule(plan: LaunchPlan) -> None:
     par = plan.parallelism
-    if plan.schedule not in RUNNABLE_SCHEDULES:
-        raise BadInputError(
-            f"schedule={plan.schedule!r} is not runnable by the executor: torch.distributed.pipelining has no "
-            f"PipeDream-2BW (it keeps two weight versions); choose one of {list(RUNNABLE_SCHEDULES)} (plan --runnable)"
-        )
     if par.pp == 1 and par.vpp > 1:
         raise BadInputError(f"vpp={par.vpp} with pp=1: virtual stages need pipeline parallelism; set vpp=1")
     if par.pp > 1 and par.vpp > 1 and plan.schedule in SINGLE_STAGE_SCHEDULES:
         raise BadInputError(f"vpp={par.vpp} needs schedule interleaved or zero-bubble, not {plan.schedule!r}")
     if par.pp > 1 and plan.schedule == "interleaved" and par.vpp == 1:
         raise BadInputError("schedule=interleaved needs vpp > 1: set vpp=2 or schedule=1f1b")
-    if plan.schedule == "zero-bubble" and any(s.recompute.mode == "selective" for s in plan.stages) and par.pp > 1:
-        raise BadInputError("selective recompute fails under zero-bubble schedules in torch: use recompute full or none")
 
 
 def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     """Raise BadInputError for what the executor cannot run; return notes on what it adjusts."""
     par, batch = plan.parallelism, plan.batch
-    if plan.request.precision not in RUNNABLE_PRECISIONS:
-        raise BadInputError(f"precision={plan.request.precision!r} is not runnable by the executor: choose one of {list(RUNNABLE_PRECISIONS)}")
+    refused = precision_refusal(plan.request.precision)
+    if refused is not None:
+        raise BadInputError(refused)
     if batch.global_batch_size != batch.microbatch_size * batch.num_microbatches * par.dp:
         raise BadInputError(
             f"global_batch_size={batch.global_batch_size} != microbatch_size={batch.microbatch_size} x "

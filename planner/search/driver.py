@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.capabilities import refusal
 from planner.errors import InfeasibleError
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search import bounds
@@ -242,6 +243,15 @@ class _Search:
         return float(np.max(self._static[skey] + inflight * act + other))
 
     def visit(self, cand) -> None:
+        if self.opts.runnable:
+            refused = refusal(
+                cp=cand.cp, ep=cand.ep, dp=cand.dp, tp=cand.tp, pp=cand.pp, sp=cand.sp, zero_stage=cand.zero_stage,
+                schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
+                is_moe=self.request.model.moe is not None,
+            )
+            if refused is not None:
+                self.space.pruned[refused[0]] += 1
+                return
         reasons = self.cost.validity_reasons(cand)
         if reasons:
             self.space.pruned[_slug(reasons[0])] += 1

@@ -34,11 +34,11 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from planner.capabilities import RUNNABLE_SCHEDULES, precision_refusal
 from planner.errors import BadInputError
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
 
 FLAT_SCHEDULES = ("gpipe", "1f1b", "2bw", "zero-bubble")
-RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
 
 
 def divisors(n: int) -> list[int]:
@@ -56,12 +56,15 @@ class Options:
     tp_overlap: tuple[str, ...]
     max_microbatch_size: int
     fixed: dict[str, int] = field(default_factory=dict)  # degrees fixed by the caller (--tp, --pp, ...)
+    runnable: bool = False  # only what the executor can run (planner.capabilities)
 
     @staticmethod
     def from_request(request: PlanRequest, fixed: dict[str, int] | None = None) -> Options:
         limits = request.search or SearchLimits()
         pinned = {**limits.fixed, **(fixed or {})}
         _check_fixed(pinned, request.gpus)
+        if limits.runnable:
+            _check_runnable_request(request.precision, pinned)
         schedules = tuple(s for s in limits.schedules if not limits.runnable or s in RUNNABLE_SCHEDULES)
         overlap = tuple(o for o in limits.tp_overlap if not limits.runnable or o == "none")
         return Options(
@@ -71,7 +74,17 @@ class Options:
             tp_overlap=overlap or ("none",),
             max_microbatch_size=limits.max_microbatch_size,
             fixed=pinned,
+            runnable=limits.runnable,
         )
+
+
+def _check_runnable_request(precision: str, fixed: dict[str, int]) -> None:
+    """--runnable with a precision or a fixed cp the executor cannot run has no answer: say so up front."""
+    refused = precision_refusal(precision)
+    if refused is not None:
+        raise BadInputError(refused.replace("is not runnable", "is not runnable with --runnable"))
+    if fixed.get("cp", 1) > 1:
+        raise BadInputError(f"cp={fixed['cp']} with --runnable: the executor has no context parallelism; drop --cp or --runnable")
 
 
 def _check_fixed(fixed: dict[str, int], gpus: int) -> None:
@@ -196,6 +209,10 @@ class Space:
             return "seq_len_not_divisible_by_2cp"
         if m.moe is not None and m.moe.num_experts % fact.ep:
             return "experts_not_divisible_by_ep"
+        if self.opts.runnable and fact.cp > 1:
+            return "cp_not_runnable"
+        if self.opts.runnable and fact.dp % fact.ep:
+            return "ep_not_dividing_dp"
         return None
 
     def group_options(self, fact: Factorisation) -> tuple[list[int], list[bool], list[str]]:

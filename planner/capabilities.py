@@ -1,0 +1,43 @@
+"""What our executor can run, as rules over a configuration's plain fields (no torch, no plan objects).
+
+One source for two users: the search's `--runnable` filter (planner.search.space) prunes exactly what these
+rules refuse, and the executor's pre-launch check (planner.executor.runnable) refuses a plan with the same
+words. Each rule says why torch cannot do it here, so the message can name the fix.
+"""
+
+from __future__ import annotations
+
+RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+RUNNABLE_PRECISIONS = ("fp32", "bf16", "amp-bf16")
+
+
+def precision_refusal(precision: str) -> str | None:
+    """fp8 needs TransformerEngine/torchao float8 kernels the executor does not wire in."""
+    if precision not in RUNNABLE_PRECISIONS:
+        return f"precision={precision!r} is not runnable by the executor: choose one of {list(RUNNABLE_PRECISIONS)}"
+    return None
+
+
+def refusal(*, cp: int, ep: int, dp: int, tp: int, pp: int, sp: bool, zero_stage: int, schedule: str,
+            recompute: str, tp_overlap: str, is_moe: bool) -> tuple[str, str] | None:
+    """(pruned key, message) of the first rule a configuration breaks; None when the executor can run it."""
+    if cp > 1:
+        return "cp_not_runnable", f"cp={cp}: context parallelism is not runnable by the executor: re-plan with cp=1 (plan --runnable)"
+    if ep > 1 and dp % ep:
+        return "ep_not_dividing_dp", f"ep={ep} must divide dp={dp} (experts are sharded inside the dp group): choose ep in a divisor of dp"
+    if tp_overlap == "domino" and is_moe:
+        return "domino_moe_not_runnable", "tp_overlap=domino is not runnable on an MoE model (no expert TP in the executor): use tp_overlap=none"
+    if tp_overlap == "domino" and sp:
+        return "domino_sp_not_runnable", "tp_overlap=domino runs without sequence parallelism: set sp=false or tp_overlap=none"
+    if zero_stage == 1 and tp > 1:
+        return "zero1_with_tp_not_runnable", (
+            "zero_stage=1 with tp > 1 is not runnable by the executor (ZeroRedundancyOptimizer takes no DTensors): use zero_stage 2 or 3"
+        )
+    if schedule not in RUNNABLE_SCHEDULES:
+        return "schedule_not_runnable", (
+            f"schedule={schedule!r} is not runnable by the executor: torch.distributed.pipelining has no "
+            f"PipeDream-2BW (it keeps two weight versions); choose one of {list(RUNNABLE_SCHEDULES)} (plan --runnable)"
+        )
+    if schedule == "zero-bubble" and pp > 1 and recompute == "selective":
+        return "zero_bubble_selective_not_runnable", "selective recompute fails under zero-bubble schedules in torch: use recompute full or none"
+    return None
