@@ -2,7 +2,8 @@
 
 Each reason names the numbers and what would fix it. Rules follow Megatron-LM's argument checks
 (arguments.py: heads and query groups divisible by tp, layers by pp*vpp for the interleaved schedule,
-num_microbatches % pp == 0 for interleaving, experts divisible by ep, ep inside dp*cp).
+num_microbatches % pp == 0 for interleaving, experts divisible by ep, ep inside dp*cp), and PipeDream-2BW's
+m >= d (Narayanan et al. 2021, Sec. 3.1).
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ def _schedule_reasons(c: "Candidate") -> list[str]:
             out.append(f"the interleaved schedule needs num_microbatches={c.num_microbatches} divisible by pp={c.pp}")
     elif c.vpp > 1:
         out.append(f"vpp={c.vpp} needs schedule=interleaved (got {c.schedule})")
+    if c.schedule == "2bw" and c.pp > 1 and c.num_microbatches < c.pp:
+        # Narayanan et al. 2021 (PipeDream-2BW) Sec. 3.1: two weight versions suffice only when each update
+        # accumulates m >= d micro-batches (d = pipeline depth); with fewer, in-flight inputs span more versions.
+        out.append(f"PipeDream-2BW needs num_microbatches={c.num_microbatches} >= pp={c.pp} (two weight versions hold "
+                   f"only when m >= d): raise the global batch, lower microbatch_size, or use 1f1b")
     if c.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage={c.zero_stage} must be 0, 1, 2 or 3")
     if c.recompute not in ("none", "selective", "full"):
@@ -101,7 +107,7 @@ def input_reasons(request: PlanRequest, cand: "Candidate") -> tuple[str, ...]:
         return positive
     model = [r for r in _model_reasons(request, cand) if not r.startswith(("pp*vpp", "num_layers"))]
     batch = [r for r in _batch_reasons(request, cand) if r.startswith("dp*tp*pp*cp")]
-    schedule = [r for r in _schedule_reasons(cand) if "divisible" not in r]
+    schedule = [r for r in _schedule_reasons(cand) if "divisible" not in r and not r.startswith("PipeDream-2BW needs")]
     return tuple(model + batch + schedule)
 
 

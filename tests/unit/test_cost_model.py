@@ -111,6 +111,17 @@ def test_validity_reasons_name_the_numbers(model):
     assert not ev.fits and ev.reasons and ev.step_time_s == float("inf")
 
 
+def test_2bw_needs_as_many_microbatches_as_stages():
+    """PipeDream-2BW (Narayanan et al. 2021, Sec. 3.1): two weight versions hold only with m >= d."""
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=8, seq_len=4096)
+    cost = CostModel(request)
+    few = cost.validity_reasons(cand(dp=1, tp=4, pp=4, microbatch_size=2, num_microbatches=4, schedule="2bw"))
+    assert few == ()
+    short = cost.validity_reasons(cand(dp=1, tp=4, pp=4, microbatch_size=4, num_microbatches=2, schedule="2bw"))
+    assert any("PipeDream-2BW needs num_microbatches=2 >= pp=4" in r for r in short)
+    assert cost.validity_reasons(cand(dp=1, tp=4, pp=4, microbatch_size=4, num_microbatches=2, schedule="1f1b")) == ()
+
+
 def test_too_big_does_not_fit_and_says_why():
     request = api.build_request(model="llama3-70b", topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=8192)
     ev = CostModel(request).evaluate(Candidate(dp=1, tp=8, pp=1, microbatch_size=1, num_microbatches=8))
