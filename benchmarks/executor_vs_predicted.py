@@ -95,10 +95,19 @@ def same_config(a: LaunchPlan, b: LaunchPlan) -> bool:
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rho: Pearson correlation of the ranks (average ranks for ties)."""
-    from scipy.stats import spearmanr
+    """Spearman's rho: Pearson correlation of the ranks (average ranks for ties); numpy only, no scipy."""
+    import numpy as np
 
-    return float(spearmanr(xs, ys).statistic)
+    def ranks(values: list[float]) -> np.ndarray:
+        v = np.asarray(values, dtype=np.float64)
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(1, len(v) + 1)
+        for value in np.unique(v):  # ties share their average rank
+            r[v == value] = r[v == value].mean()
+        return r
+
+    return float(np.corrcoef(ranks(xs), ranks(ys))[0, 1])
 
 
 def measure(plan: LaunchPlan, folder: Path, steps: int) -> dict:
