@@ -55,6 +55,11 @@ class Topology(Schema):
     intra_node: IntraNodeFabric
     inter_node: InterNodeFabric
     comm_calibration: str | None = Field(default=None, description="path of a `planner profile comm` calibration file")
+    compute_slots_per_node: int | None = Field(
+        default=None, gt=0,
+        description="ranks a node can compute at once (CPU cores when ranks are processes sharing a CPU); "
+                    "None = every rank has its own device (GPUs). Fewer slots than ranks on a node bound the step "
+                    "time below by the node's total compute / slots (planner.cost.contention)")
 
     @model_validator(mode="after")
     def _check(self) -> "Topology":
