@@ -91,6 +91,7 @@ def profile_compute(
     no_ops: bool = typer.Option(False, "--no-ops", help="Skip the per-operator breakdown (faster)."),
     threads: int = typer.Option(None, "--threads", help="CPU only: intra-op threads (e.g. 1 = one gloo rank per core)."),
     clock: str = typer.Option("wall", "--clock", help="CPU only: wall (perf_counter) or process (CPU time; robust on a shared box with --threads 1)."),
+    tp_runtime: str = typer.Option("sharded", "--tp-runtime", help="tp > 1 timed as: sharded (plain layers at heads/tp) or dtensor (the executor's DTensor TP on a fake process group: carries its per-op overhead)."),
     output: Path = typer.Option(None, "--output", "-o", help="Profile JSON to write (kept up to date after every shape)."),
 ) -> None:
     """Measure forward/backward/recompute time, FLOPs, parameter and saved bytes of every layer type.
@@ -111,7 +112,7 @@ def profile_compute(
         device=device, dtype=dtype, seq_len=seq_len or spec.seq_len,
         microbatch_sizes=parse_int_list(microbatch_size, name="--microbatch-size"), tp=parse_int_list(tp, name="--tp"),
         ep=parse_int_list(ep, name="--ep"), warmup=warmup, repeats=repeats, ops=not no_ops, threads=threads, clock=clock,
-        layer_types=tuple(k.strip() for k in layer_types.split(",")) if layer_types else None,
+        tp_runtime=tp_runtime, layer_types=tuple(k.strip() for k in layer_types.split(",")) if layer_types else None,
     )
     _run_profile(spec, opts, hf=hf, model_ref=model, output=output, command=_command_line(ctx, "planner profile"))
 

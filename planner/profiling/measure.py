@@ -173,9 +173,8 @@ def _saved_bytes(case: LayerCase, amp_dtype, device) -> tuple[int, int, int]:
     return total, selective, tensor_bytes(inputs)
 
 
-def measure_case(case: LayerCase, opts: ProfileOptions, *, device: torch.device, microbatch_size: int,
-                 seq_len: int, tp: int, ep: int) -> LayerProfile:
-    """Everything the profile records about one layer at one shape."""
+def _times(case: LayerCase, opts: ProfileOptions, device: torch.device):
+    """(forward+backward timing, selective recompute extra, full recompute extra) of one layer."""
     _, amp_dtype = DTYPES[opts.dtype]
 
     def step():
@@ -194,6 +193,20 @@ def measure_case(case: LayerCase, opts: ProfileOptions, *, device: torch.device,
         with _selective(case):
             selective_extra = max(0.0, time_forward_backward(step, **timing_args).backward_s - plain.backward_s)
     full_extra = max(0.0, time_forward_backward(full_step, **timing_args).backward_s - plain.backward_s)
+    return plain, selective_extra, full_extra
+
+
+def measure_case(case: LayerCase, opts: ProfileOptions, *, device: torch.device, microbatch_size: int,
+                 seq_len: int, tp: int, ep: int, timed: LayerCase | None = None) -> LayerProfile:
+    """Everything the profile records about one layer at one shape; times from `timed` when given (the same
+    layer as the executor runs it, planner.profiling.measure_dtensor), the rest from `case`."""
+    _, amp_dtype = DTYPES[opts.dtype]
+
+    def step():
+        with autocast_context(device, amp_dtype):
+            return case.apply(case.make_inputs())
+
+    plain, selective_extra, full_extra = _times(timed or case, opts, device)
     saved, saved_selective, saved_full = _saved_bytes(case, amp_dtype, device)
     flops = count_flops(step)
     case.module.zero_grad(set_to_none=True)
@@ -224,7 +237,12 @@ def profile_shape(spec: ModelSpec, layer_type: str, opts: ProfileOptions, *, dev
     torch.manual_seed(0)
     try:
         case = build(spec, layer_type, device=device, param_dtype=param_dtype, **shape)
-        entry = measure_case(case, opts, device=device, **shape)
+        timed = None
+        if opts.tp_runtime == "dtensor" and tp > 1:
+            from planner.profiling.measure_dtensor import dtensor_case
+
+            timed = dtensor_case(spec, layer_type, device=device, param_dtype=param_dtype, **shape)
+        entry = measure_case(case, opts, device=device, timed=timed, **shape)
         return entry.model_copy(update={"message": case.note}) if case.note else entry
     except (RuntimeError, torch.OutOfMemoryError) as exc:
         if not is_out_of_memory(exc):

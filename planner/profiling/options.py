@@ -8,6 +8,7 @@ from planner.errors import BadInputError
 
 PROFILE_DTYPES = ("fp32", "bf16", "fp16", "amp-bf16")
 LAYER_TYPES = ("embedding", "decoder", "moe_decoder", "head")
+TP_RUNTIMES = ("sharded", "dtensor")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +29,7 @@ class ProfileOptions:
     ops: bool = True
     threads: int | None = None  # CPU intra-op threads (torch.set_num_threads); None = torch's default
     clock: str = "wall"  # CPU only: "wall" (perf_counter) or "process" (process CPU time, see measure_timing)
+    tp_runtime: str = "sharded"  # tp > 1 timed on: "sharded" plain layers at heads/tp, or "dtensor" (measure_dtensor)
 
     def __post_init__(self) -> None:
         if self.dtype not in PROFILE_DTYPES:
@@ -46,6 +48,8 @@ class ProfileOptions:
             raise BadInputError(f"threads={self.threads} must be a positive integer")
         if self.clock not in ("wall", "process"):
             raise BadInputError(f"clock={self.clock!r} is unknown: choose wall or process")
+        if self.tp_runtime not in TP_RUNTIMES:
+            raise BadInputError(f"tp_runtime={self.tp_runtime!r} is unknown: choose {' or '.join(TP_RUNTIMES)}")
         if self.repeats <= 0 or self.warmup < 0 or self.op_repeats <= 0 or self.op_warmup < 0:
             raise BadInputError("repeats and op_repeats must be positive, warmup and op_warmup non-negative")
 
