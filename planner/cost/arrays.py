@@ -9,7 +9,7 @@ import numpy as np
 
 from planner.cost import compute, memory
 from planner.cost.evaluate import prefix_sums
-from planner.cost.layers import Env, ModuleCost, decoder_cost, embedding_cost, head_cost, module_params
+from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
 from planner.models import counting
 
@@ -22,10 +22,10 @@ MODULE_FIELDS = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_f
 KIND_ORDER = ("embedding", "decoder", "moe_decoder", "head")
 
 
-def _kind_costs(model: "CostModel", cand: "Candidate") -> dict[str, ModuleCost]:
+def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str, ModuleCost]:
     """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it."""
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
-              shape=model.shape(cand), links=model.links(cand), tp_overlap=cand.tp_overlap)
+              shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
         kinds["decoder"] = decoder_cost(env, moe_layer=False)
@@ -40,14 +40,17 @@ def _kind_costs(model: "CostModel", cand: "Candidate") -> dict[str, ModuleCost]:
     return kinds
 
 
-def _module_table(model: "CostModel", cand: "Candidate") -> np.ndarray:
-    """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and layout (the
-    candidate's ZeRO stage, recompute mode and schedule do not change a module's cost)."""
-    key = ("modules", cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap,
-           tuple(cand.axis_order))
+def _module_table(model: "CostModel", cand: "Candidate", links: Links | None = None) -> np.ndarray:
+    """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and the links of the
+    tp, cp and ep groups, the only links a module's cost reads (planner.cost.layers), so factorisations and axis
+    orders that give those groups the same links share it; the candidate's ZeRO stage, recompute mode and
+    schedule do not change a module's cost. `links` overrides the candidate's (comm_free_links)."""
+    links = model.links(cand) if links is None else links
+    key = ("modules", cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap, links.tp, links.cp,
+           links.ep)
     found = model.memo.get(key)
     if found is None:
-        kinds = _kind_costs(model, cand)
+        kinds = _kind_costs(model, cand, links)
         table = np.array([[getattr(kinds[k], f) for f in MODULE_FIELDS] if k in kinds else [0.0] * len(MODULE_FIELDS)
                           for k in KIND_ORDER]).T
         index = np.concatenate([[0], np.where(model.moe_mask, 2, 1), [3]])
@@ -88,40 +91,73 @@ def _count_flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarra
     return model_f, hw_f, core_f
 
 
+def _rows(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
+    """The per-module rows of a module table under a recompute mode (forward and backward with exposed comm)."""
+    col = dict(zip(MODULE_FIELDS, table))
+    fwd = col["compute_fwd_s"] + col["tp_fwd_s"] + col["ep_fwd_s"] + col["cp_fwd_s"]
+    bwd = col["compute_bwd_s"] + col["tp_bwd_s"] + col["ep_bwd_s"] + col["cp_bwd_s"]
+    if recompute == "full":
+        rec, act = col["full_recompute_s"], col["act_full"]
+    elif recompute == "selective":
+        rec, act = col["selective_s"], col["act_selective"]
+    else:
+        rec, act = np.zeros_like(fwd), col["act_none"]
+    return dict(col, fwd=fwd, bwd=bwd, rec=rec, act=act)
+
+
+def module_params_of(model: "CostModel", cand: "Candidate") -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameters per module held by one GPU, memoised per (tp, ep, pp > 1)."""
+    key = ("params", cand.tp, cand.ep, cand.pp > 1)
+    if key not in model.memo:
+        model.memo[key] = module_params(model.spec, tp=cand.tp, ep=cand.ep, tied_copy=cand.pp > 1)
+    return model.memo[key]
+
+
+def zero3_gather_bytes(model: "CostModel", cand: "Candidate") -> float:
+    """Bytes of the largest module's weights when gathered (the ZeRO-3 working set of one module)."""
+    key = ("gather", cand.tp, cand.ep, cand.pp > 1)
+    found = model.memo.get(key)
+    if found is None:
+        dense, expert = module_params_of(model, cand)
+        found = model.memo[key] = float(np.max(dense + expert)) * model.recipe.gather_bytes
+    return found
+
+
 def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     """All per-module arrays of `cand` (memoised by CostModel.detail)."""
     from planner.cost.model import Detail, LayerCosts
 
-    table = _module_table(model, cand)
-    col = dict(zip(MODULE_FIELDS, table))
-    compute_fwd, compute_bwd = col["compute_fwd_s"], col["compute_bwd_s"]
-    tp_s, ep_s, cp_s = col["tp_fwd_s"] + col["tp_bwd_s"], col["ep_fwd_s"] + col["ep_bwd_s"], col["cp_fwd_s"] + col["cp_bwd_s"]
-    fwd = compute_fwd + col["tp_fwd_s"] + col["ep_fwd_s"] + col["cp_fwd_s"]
-    bwd = compute_bwd + col["tp_bwd_s"] + col["ep_bwd_s"] + col["cp_bwd_s"]
-    full_rec, act_full = col["full_recompute_s"], col["act_full"]
-    if cand.recompute == "full":
-        rec, act = full_rec, act_full
-    elif cand.recompute == "selective":
-        rec, act = col["selective_s"], col["act_selective"]
-    else:
-        rec, act = np.zeros_like(fwd), col["act_none"]
-    params_key = ("params", cand.tp, cand.ep, cand.pp > 1)
-    if params_key not in model.memo:
-        model.memo[params_key] = module_params(model.spec, tp=cand.tp, ep=cand.ep, tied_copy=cand.pp > 1)
-    dense, expert = model.memo[params_key]
+    row = _rows(_module_table(model, cand), cand.recompute)
+    compute_fwd, compute_bwd = row["compute_fwd_s"], row["compute_bwd_s"]
+    dense, expert = module_params_of(model, cand)
     weights, grads, optim = _static_parts(model, cand, dense, expert)
     model_f, hw_f, core_f = _flops_per_sequence(model)
     costs = LayerCosts(
-        names=model.names, forward_s=fwd, backward_s=bwd, recompute_s=rec, full_recompute_s=full_rec,
-        static_bytes=weights + grads + optim, activation_bytes=act, full_recompute_activation_bytes=act_full,
+        names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
+        full_recompute_s=row["full_recompute_s"], static_bytes=weights + grads + optim, activation_bytes=row["act"],
+        full_recompute_activation_bytes=row["act_full"],
     )
     detail = Detail(
-        costs=costs, compute_s=compute_fwd + compute_bwd, tp_s=tp_s, ep_s=ep_s, cp_s=cp_s, bwd_compute_s=compute_bwd,
+        costs=costs, compute_s=compute_fwd + compute_bwd, tp_s=row["tp_fwd_s"] + row["tp_bwd_s"],
+        ep_s=row["ep_fwd_s"] + row["ep_bwd_s"], cp_s=row["cp_fwd_s"] + row["cp_bwd_s"], bwd_compute_s=compute_bwd,
         weight_bytes=weights, grad_bytes=grads, optimizer_bytes=optim, dense_params=dense, expert_params=expert,
         model_fwd_flops=model_f, hw_fwd_flops=hw_f, core_fwd_flops=core_f,
-        zero3_gather_bytes=float(np.max(dense + expert)) * model.recipe.gather_bytes,
+        zero3_gather_bytes=zero3_gather_bytes(model, cand),
     )
     return dataclasses.replace(detail, prefix=prefix_sums(detail, cand.recompute))
+
+
+def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "LayerCosts":
+    """LayerCosts of `cand` under `links` (its own, or CostModel.comm_free_links), equal to build_detail's."""
+    from planner.cost.model import LayerCosts
+
+    row = _rows(_module_table(model, cand, links), cand.recompute)
+    weights, grads, optim = _static_parts(model, cand, *module_params_of(model, cand))
+    return LayerCosts(
+        names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
+        full_recompute_s=row["full_recompute_s"], static_bytes=weights + grads + optim, activation_bytes=row["act"],
+        full_recompute_activation_bytes=row["act_full"],
+    )
 
 
 def _static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -139,7 +139,7 @@ def _stage_sums(prefix: np.ndarray, split: tuple[int, ...], full: tuple[int, ...
     return sums
 
 
-def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float) -> float:
+def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float, links=None) -> float:
     """Data-parallel gradient reduction (and ZeRO weight gathers) of one pipeline rank holding `dense` and
     `expert` parameters, before overlap.
 
@@ -148,7 +148,8 @@ def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: floa
     micro-batch (sharded gradients cannot accumulate locally) and one all-gather. ZeRO-3: per micro-batch
     all-gathers of the weights in forward and backward and a reduce-scatter of the gradients.
     """
-    links, r, m, z = model.links(cand), model.recipe, cand.num_microbatches, cand.zero_stage
+    links = model.links(cand) if links is None else links  # another layout's links (CostModel.dp_exposed_s)
+    r, m, z = model.recipe, cand.num_microbatches, cand.zero_stage
     total = 0.0
     for params, link in ((dense, links.dp), (expert, links.expert_dp)):
         if params <= 0 or link.size <= 1:
@@ -200,8 +201,8 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
     sharded = cand.zero_stage >= 1
     found = _Fixed(
-        inflight=np.array([model.inflight_microbatches(cand, r) for r in range(pp)]),
-        other=np.array([model.stage_other_bytes(cand, r) for r in range(pp)], dtype=np.float64),
+        inflight=model.inflight_per_rank(cand),
+        other=model.other_per_rank(cand),
         pp_comm_s=2 * transfers * comm.p2p_s(p2p, group=model.links(cand).pp),
         dp_dense=_linear(lambda x: _dp_comm_s(model, cand, x, 0.0)),
         dp_expert=_linear(lambda x: _dp_comm_s(model, cand, 0.0, x)),

@@ -69,9 +69,7 @@ def rank_excess_bytes(cost, cand, lc, stage_layers: Sequence[int]) -> list[float
     ranks = rank_of_modules(tuple(stage_layers), cand.pp)
     static = rank_sums(lc.static_bytes, ranks, cand.pp)
     act = rank_sums(lc.activation_bytes, ranks, cand.pp)
-    inflight = np.array([float(cost.inflight_microbatches(cand, r)) for r in range(cand.pp)])
-    other = np.array([float(cost.stage_other_bytes(cand, r)) for r in range(cand.pp)])
-    return list(static + inflight * act + other - float(cost.capacity_bytes()))
+    return list(static + cost.inflight_per_rank(cand) * act + cost.other_per_rank(cand) - float(cost.capacity_bytes()))
 
 
 def _rank_recompute_count(
