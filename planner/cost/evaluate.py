@@ -3,8 +3,8 @@
 Step time (per optimizer step) = m * t_b + bubble(t_b) + pp_comm + dp_comm_exposed + optimizer, where t_b is the
 per-micro-batch forward + backward (+ recompute) time of the bottleneck pipeline rank (the sum over its virtual
 stages) and the bubble follows the schedule (planner.cost.schedule). Where a node has fewer compute slots than
-ranks (CPU processes sharing cores), the step is at least the node's total compute / slots plus the exposed
-data-parallel time (planner.cost.contention); the wait for a core is counted in compute_s. The breakdown splits m * t_b into compute,
+ranks (CPU processes sharing cores), compute, recompute, bubble and optimizer are stretched by ranks / slots
+(planner.cost.contention); the wait for a core is counted in compute_s. The breakdown splits m * t_b into compute,
 recompute and exposed TP/EP/CP communication, so its fields add up to the step time.
 """
 
@@ -255,13 +255,12 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
         "ep_comm_s": m * ep_b, "cp_comm_s": m * cp_b, "optimizer_s": optimizer,
     }
     step = m * t_b + bubble + fixed.pp_comm_s + dp + optimizer
-    busy = m * (rank_time - row["tp"] - row["ep"] - row["cp"]) + opt
-    bound = contention.node_compute_bound_s(
-        float(busy.mean()), ranks=contention.ranks_per_node(cand.world_size, model.topology.gpus_per_node),
-        slots=model.topology.compute_slots_per_node, tail_s=dp)
-    if bound > step:  # waiting for a core stretches the bottleneck rank's compute (planner.cost.contention)
-        breakdown["compute_s"] += bound - step
-        step = bound
+    stretch = contention.fair_share_stretch(
+        ranks=contention.ranks_per_node(cand.world_size, model.topology.gpus_per_node), slots=model.topology.compute_slots_per_node)
+    if stretch > 1.0:  # ranks sharing a node's cores: compute and bubble run at slots/ranks speed (planner.cost.contention)
+        extra = (stretch - 1.0) * (breakdown["compute_s"] + breakdown["recompute_s"] + bubble + optimizer)
+        breakdown["compute_s"] += extra
+        step += extra
     return _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown)
 
 
