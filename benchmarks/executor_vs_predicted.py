@@ -12,8 +12,9 @@ Prints one row per plan (predicted, measured, error) and:
 - the planner's first choice's measured time against the fastest measured plan (goal: within 15%).
 
 Every number comes from this run: nothing is fitted to the measurements. The CPU is shared by the 4
-processes (and whatever else runs on the machine): absolute errors show that; ranks are what the search
-needs. Usage:
+processes (the `cpu` topology's compute_slots_per_node prices that, planner.cost.contention) and by whatever
+else runs on the machine, which the model cannot know: each row records the 1-minute load average after it
+(the 4 ranks alone make about 4), and rows measured under a higher load are slower than predicted. Usage:
 
     python benchmarks/executor_vs_predicted.py [--steps 4] [--json benchmarks/results/executor_vs_predicted.json]
 """
@@ -135,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan in plans:
             row = {"name": name, "config": describe(plan), "predicted_step_time_s": plan.prediction.step_time_s,
-                   **measure(plan, Path(tmp), args.steps)}
+                   **measure(plan, Path(tmp), args.steps), "load_average_1min": os.getloadavg()[0]}
             row["error"] = (row["predicted_step_time_s"] - row["measured_step_time_s"]) / row["measured_step_time_s"]
             rows.append(row)
             print(f"{name:28s} {row['config']:42s} predicted {row['predicted_step_time_s']:7.3f} s  measured "
-                  f"{row['measured_step_time_s']:7.3f} s  error {row['error']:+7.1%}", flush=True)
+                  f"{row['measured_step_time_s']:7.3f} s  error {row['error']:+7.1%}  load {row['load_average_1min']:.1f}", flush=True)
     rho = spearman([r["predicted_step_time_s"] for r in rows], [r["measured_step_time_s"] for r in rows])
     fastest = min(rows, key=lambda r: r["measured_step_time_s"])
     chosen = next(r for r in rows if r["name"] == first_name)
