@@ -26,6 +26,8 @@ class DeviceCalibration:
     hbm_efficiency: float  # achieved / datasheet HBM bandwidth for streaming kernels
     attention_fraction: float  # fused (flash) attention achieved / datasheet peak
     source: str
+    eager_kernel_s: float = 0.0  # eager recipe: device time per kernel beyond bytes / bandwidth (planner.cost.eager)
+    eager_host_op_s: float = 0.0  # eager recipe: host (CPU) time per aten operator (planner.cost.eager)
 
 
 @dataclass(frozen=True, kw_only=True)

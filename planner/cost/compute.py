@@ -64,7 +64,9 @@ class Shape:
 class KernelBytes:
     """HBM bytes per element (reads + writes, bf16 activations) of the memory-bound operators, and bytes per element
     they save for backward, for fused kernels (Megatron-LM/Transformer Engine/torchtitan: one read and one write
-    per operator) and for eager PyTorch as HuggingFace transformers writes them (modeling_llama.py).
+    per operator) and for eager PyTorch as HuggingFace transformers writes them (modeling_llama.py). The amp-bf16
+    recipe's dense layers are counted operator by operator in planner.cost.eager instead (fp32 residual stream
+    under autocast); EAGER serves the fp32 recipe and amp-bf16 MoE/MLA layers.
 
     Eager RMSNorm: x.to(fp32) (2 + 4), pow (4 + 4), mean (4), x * rsqrt (4 + 4), .to(bf16) (4 + 2), weight * (2 + 2)
     = 36; it saves the fp32 input and normalised fp32 tensor plus the bf16 cast (4 + 4 + 2 = 10). Eager

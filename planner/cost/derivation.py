@@ -73,3 +73,16 @@ def derive_a100_ceiling() -> tuple[float, list[float]]:
     """(median implied ceiling, per-row implied ceilings) over Narayanan 2021 Table 1."""
     per_row = [implied_ceiling(lambda c, row=row: _row_tflops(row, c), row[-1]) for row in NARAYANAN_2021_TABLE_1]
     return statistics.median(per_row), per_row
+
+
+def implied_value(step_of: Callable[[float], float], target_s: float, *, high: float = 1e-3, iterations: int = 48) -> float:
+    """The x in [0, high] at which step_of(x), a non-decreasing step time, reaches target_s (bisection); 0 when
+    even x = 0 is slower than the target. Used for the eager-recipe constants (calibration.yaml, hopper), each the
+    median of the values implied by the H100 TinyLlama rows (benchmarks/tinyllama_accuracy.py)."""
+    low = 0.0
+    if step_of(low) >= target_s:
+        return 0.0
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        low, high = (mid, high) if step_of(mid) < target_s else (low, mid)
+    return (low + high) / 2

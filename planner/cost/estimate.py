@@ -50,6 +50,10 @@ def model_notes(model: CostModel) -> list[str]:
         + ("; data-parallel reduction overlapped with backward" if model.options.dp_overlap else "; data-parallel reduction not overlapped")
     )
     cal = model.cal
+    if model.request.precision == "amp-bf16" and not model.fused_kernels:
+        notes.append(f"eager recipe (HF transformers under torch.autocast): each phase of a dense layer takes max(device + "
+                     f"kernels x {cal.eager_kernel_s * 1e6:.1f} us, aten operators x {cal.eager_host_op_s * 1e6:.1f} us host) "
+                     f"(planner.cost.eager)")
     notes.append(
         f"device calibration {cal.family}: GEMM ceiling {cal.matmul_ceiling_fraction:.3f} of peak, HBM {cal.hbm_efficiency:.3f} "
         f"({cal.source})"

@@ -7,11 +7,12 @@ Measured profiles replace the compute times of the layer types they cover (see `
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, memory
+from planner.cost import autocast, comm, compute, eager, memory
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compute import Shape
 from planner.models import counting
@@ -61,11 +62,14 @@ class ModuleCost:
     act_none: float = 0.0
     act_selective: float = 0.0
     act_full: float = 0.0
+    recompute_compute_s: float | None = None  # compute a full recompute adds, when it is not one more forward
 
     @property
     def full_recompute_s(self) -> float:
-        """A second forward, communication included (Megatron's full recompute reruns the TP collectives)."""
-        return self.compute_fwd_s + self.tp_fwd_s + self.ep_fwd_s + self.cp_fwd_s
+        """A second forward, communication included (Megatron's full recompute reruns the TP collectives); the
+        eager recipe's recompute is costed inside its host-bound backward (planner.cost.eager)."""
+        compute_s = self.compute_fwd_s if self.recompute_compute_s is None else self.recompute_compute_s
+        return compute_s + self.tp_fwd_s + self.ep_fwd_s + self.cp_fwd_s
 
 
 def _gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float]:
@@ -137,9 +141,46 @@ def _autocast_cast_s(env: Env, params: float) -> tuple[float, float]:
             compute.memory_bound_time_s(params * bwd_bytes, device=env.device, cal=env.cal))
 
 
+def _is_eager(env: Env) -> bool:
+    return env.precision == eager.RECIPE and not env.shape.fused_kernels
+
+
+def _eager_device_s(env: Env, ops: eager.OpCount, gemm_fwd_s: float, gemm_bwd_s: float, params: float) -> tuple[float, float]:
+    """(forward, backward) device seconds of an eager module: GEMMs, counted memory-bound bytes, weight casts."""
+    cast_fwd, cast_bwd = _autocast_cast_s(env, params)
+    return (gemm_fwd_s + compute.memory_bound_time_s(ops.fwd_bytes, device=env.device, cal=env.cal) + cast_fwd,
+            gemm_bwd_s + compute.memory_bound_time_s(ops.bwd_bytes, device=env.device, cal=env.cal) + cast_bwd)
+
+
+def _eager_compute_s(env: Env, params: float) -> tuple[float, float, float, float]:
+    """(forward, backward, recompute extra, attention core forward) compute seconds of an eager dense decoder
+    layer: GEMMs as HF issues them (separate q, k, v and MLP input projections), each phase max(device, host)
+    (planner.cost.eager). A checkpointed layer reruns its forward inside the backward, less the last linear's
+    GEMM and the closing residual add (torch.utils.checkpoint's early stop)."""
+    spec, shape, cal = env.spec, env.shape, env.cal
+    calls = {"qkv": 3, "mlp": 3 if spec.gated else 2}
+    gemms = [dataclasses.replace(g, calls=calls.get(g.name, g.calls))
+             for g in compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=None)]
+    g_fwd, g_bwd, core = _gemm_times(env, gemms)
+    mlp_flops = next(g.flops for g in gemms if g.name == "mlp")
+    last = compute.Gemm("down", mlp_flops / (3 if spec.gated else 2))
+    last_s = compute.gemm_time_s(last, peak_tflops=compute.peak_tflops(env.device, env.precision), cal=cal, flash=False)
+    ops = eager.decoder_ops(spec, shape)
+    dev_f, dev_b = _eager_device_s(env, ops, g_fwd, g_bwd, params)
+    skipped_bytes = ops.fwd_bytes - eager.recompute_bytes(spec, shape, ops)
+    dev_r = dev_f - last_s - compute.memory_bound_time_s(skipped_bytes, device=env.device, cal=cal)
+    rec_ops = ops.fwd_ops - eager.RECOMPUTE_SKIPPED_OPS
+    rates = {"kernel_s": cal.eager_kernel_s, "host_op_s": cal.eager_host_op_s}
+    bwd = eager.phase_s(dev_b, ops.bwd_ops, **rates)
+    rec = eager.phase_s(dev_b + dev_r, ops.bwd_ops + rec_ops, **rates) - bwd
+    return eager.phase_s(dev_f, ops.fwd_ops, **rates), bwd, rec, core
+
+
 def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     """Costs of one decoder layer (dense or MoE) for one micro-batch on one GPU."""
     spec, shape = env.spec, env.shape
+    if _is_eager(env) and eager.supported(spec, shape, moe_layer=moe_layer):
+        return _eager_decoder_cost(env)
     moe = counting.moe_params(spec) if moe_layer else None
     gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=moe)
     g_fwd, g_bwd, core = _gemm_times(env, gemms)
@@ -164,14 +205,35 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     )
 
 
+def _eager_decoder_cost(env: Env) -> ModuleCost:
+    """decoder_cost for the eager recipe (planner.cost.eager); activations as torch.autocast saves them."""
+    fwd, bwd, rec, core = _eager_compute_s(env, _layer_params_per_gpu(env.spec, env.shape, False))
+    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
+    cp_fwd, cp_bwd = _cp_times(env, core)
+    acts = autocast.decoder_activation_bytes(env.spec, env.shape)
+    return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd,
+                      cp_bwd_s=cp_bwd, act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
+                      recompute_compute_s=rec)
+
+
+def _eager_phases(env: Env, ops: eager.OpCount, gemm_fwd_s: float, gemm_bwd_s: float, params: float) -> tuple[float, float]:
+    """(forward, backward) of an eager embedding or head: max(device, host) per phase (planner.cost.eager)."""
+    dev_f, dev_b = _eager_device_s(env, ops, gemm_fwd_s, gemm_bwd_s, params)
+    rates = {"kernel_s": env.cal.eager_kernel_s, "host_op_s": env.cal.eager_host_op_s}
+    return eager.phase_s(dev_f, ops.fwd_ops, **rates), eager.phase_s(dev_b, ops.bwd_ops, **rates)
+
+
 def embedding_cost(env: Env) -> ModuleCost:
     """Token embedding: a memory-bound gather forward, a scatter-add backward (twice the bytes); with tp the
     vocabulary-parallel lookup all-reduces its output (reduce-scatter with SP) in forward only."""
     num_bytes = compute.embedding_elementwise_bytes(env.spec, env.shape)
     fwd = compute.memory_bound_time_s(num_bytes, device=env.device, cal=env.cal)
-    tp_fwd, _ = _tp_times(env, fwd, 2 * fwd, collectives=1)
+    bwd = 2 * fwd
+    if _is_eager(env):
+        fwd, bwd = _eager_phases(env, eager.embedding_ops(env.spec, env.shape), 0.0, 0.0, 0.0)
+    tp_fwd, _ = _tp_times(env, fwd, bwd, collectives=1)
     act = memory.embedding_activation_bytes(env.spec, env.shape)
-    return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=2 * fwd, tp_fwd_s=tp_fwd, act_none=act, act_selective=act, act_full=act)
+    return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, act_none=act, act_selective=act, act_full=act)
 
 
 def head_cost(env: Env) -> ModuleCost:
@@ -180,6 +242,9 @@ def head_cost(env: Env) -> ModuleCost:
     g_fwd, g_bwd, _ = _gemm_times(env, compute.head_gemms(env.spec, env.shape))
     mem = compute.memory_bound_time_s(compute.head_elementwise_bytes(env.spec, env.shape), device=env.device, cal=env.cal)
     fwd, bwd = g_fwd + mem, g_bwd + 2 * mem
+    if _is_eager(env):
+        lm_head = env.spec.vocab_size * env.spec.hidden_size / env.shape.tp
+        fwd, bwd = _eager_phases(env, eager.head_ops(env.spec, env.shape), g_fwd, g_bwd, lm_head)
     tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=1)
     if not env.shape.sp:
         tp_fwd = 0.0

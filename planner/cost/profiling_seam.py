@@ -35,6 +35,7 @@ def _measured_cost(analytic: ModuleCost, measured) -> ModuleCost:
         "compute_fwd_s": float(measured.forward_s),
         "compute_bwd_s": float(measured.backward_s),
         "selective_s": float(getattr(measured, "recompute_selective_s", 0.0) or 0.0),
+        "recompute_compute_s": None,  # a full recompute reruns the measured forward
     }
     for ours, theirs in (("act_none", "saved_bytes"), ("act_selective", "saved_bytes_selective"), ("act_full", "saved_bytes_full")):
         value = getattr(measured, theirs, None)
