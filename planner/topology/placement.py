@@ -33,6 +33,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 
+import numpy as np
+
 from planner.errors import BadInputError
 from planner.schemas.plan import AXES, RankEntry
 from planner.schemas.topology import Topology
@@ -200,8 +202,14 @@ def _worst_footprint(patterns: Iterable[tuple[int, ...]], residues: frozenset[in
         if len(pattern) > 1 and all(b - a >= gpn for a, b in zip(pattern, pattern[1:])):
             worst = max(worst, (len(pattern), 1))  # every member on its own node, whatever the base
             continue
-        for base in residues:
-            worst = max(worst, node_stats((base + offset for offset in pattern), gpn))
+        if len(pattern) <= 64:
+            for base in residues:
+                worst = max(worst, node_stats((base + offset for offset in pattern), gpn))
+            continue
+        offsets = np.asarray(pattern, dtype=np.int64)
+        for base in residues:  # node_stats of base + a long pattern (up to the world size), in numpy
+            counts = np.bincount((base + offsets) // gpn - (base + int(offsets.min())) // gpn)
+            worst = max(worst, (int(np.count_nonzero(counts)), int(counts.max())))
     return worst
 
 
@@ -224,20 +232,23 @@ def _footprint(gpn: int, dims: tuple[int, ...], order: tuple[str, ...], axis: st
         return (1, 1)
     strides = _strides(dims)
     inner = [i for i, name in enumerate(order) if name in ("dp", "cp")]
-    offsets = sorted(a * strides[inner[0]] + b * strides[inner[1]] for a in range(dims[inner[0]]) for b in range(dims[inner[1]]))
     base_axes = [(strides[i], dims[i]) for i, name in enumerate(order) if name in ("pp", "tp")]
     residues = _residues(base_axes, gpn)
     worst = (1, 1)
-    seen: set[tuple[tuple[int, ...], int]] = set()
-    for start in range(0, len(offsets), ep):
-        chunk = offsets[start : start + ep]
-        key = (tuple(o - chunk[0] for o in chunk), chunk[0] % gpn)  # chunks with one shape and phase fall alike
-        if key in seen:
-            continue
-        seen.add(key)
-        shifted = frozenset((r + key[1]) % gpn for r in residues)
-        worst = max(worst, _worst_footprint([key[0]], shifted, gpn))
+    for key in _chunk_shapes(dims[inner[0]], strides[inner[0]], dims[inner[1]], strides[inner[1]], ep, gpn):
+        shifted = frozenset((r + key[-1]) % gpn for r in residues)
+        worst = max(worst, _worst_footprint([tuple(key[:-1])], shifted, gpn))
     return worst
+
+
+def _chunk_shapes(size_a: int, stride_a: int, size_b: int, stride_b: int, ep: int, gpn: int) -> list[list[int]]:
+    """The distinct (offsets relative to the first rank..., first rank mod gpn) of the ep groups carved, in rank
+    order, from the dp x cp ranks of one (pp, tp) coordinate (chunks with one shape and phase fall alike)."""
+    grid = np.add.outer(np.arange(size_a) * stride_a, np.arange(size_b) * stride_b)
+    chunks = np.sort(grid, axis=None).reshape(-1, ep)
+    rows = np.ascontiguousarray(np.column_stack([chunks - chunks[:, :1], chunks[:, 0] % gpn]), dtype=np.int64)
+    _, first = np.unique(rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel(), return_index=True)
+    return rows[np.sort(first)].tolist()
 
 
 def axis_link(
