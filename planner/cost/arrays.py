@@ -44,7 +44,7 @@ def _module_table(model: "CostModel", cand: "Candidate", links: Links | None = N
     """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and the links of the
     tp, cp and ep groups, the only links a module's cost reads (planner.cost.layers), so factorisations and axis
     orders that give those groups the same links share it; the candidate's ZeRO stage, recompute mode and
-    schedule do not change a module's cost. `links` overrides the candidate's (comm_free_links)."""
+    schedule do not change a module's cost. `links` overrides the candidate's (planner.cost.bounds.floor_links)."""
     links = model.links(cand) if links is None else links
     key = ("modules", cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap, links.tp, links.cp,
            links.ep)
@@ -148,14 +148,18 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
 
 
 def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "LayerCosts":
-    """LayerCosts of `cand` under `links` (its own, or CostModel.comm_free_links), equal to build_detail's."""
+    """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
     from planner.cost.model import LayerCosts
 
     row = _rows(_module_table(model, cand, links), cand.recompute)
-    weights, grads, optim = _static_parts(model, cand, *module_params_of(model, cand))
+    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.schedule == "2bw")
+    static = model.memo.get(key)
+    if static is None:
+        static = model.memo[key] = sum(_static_parts(model, cand, *module_params_of(model, cand)))
+        static.setflags(write=False)  # shared by the LayerCosts of every shape of this layout
     return LayerCosts(
         names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
-        full_recompute_s=row["full_recompute_s"], static_bytes=weights + grads + optim, activation_bytes=row["act"],
+        full_recompute_s=row["full_recompute_s"], static_bytes=static, activation_bytes=row["act"],
         full_recompute_activation_bytes=row["act_full"],
     )
 

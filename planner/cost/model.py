@@ -116,14 +116,6 @@ class Detail:
         return float(self.hw_fwd_flops.sum())
 
 
-@dataclass(frozen=True)
-class _DpTerms:
-    """(slope, intercept) of the dense and expert gradient reduction time (the fields _dp_exposed reads)."""
-
-    dp_dense: tuple[float, float]
-    dp_expert: tuple[float, float]
-
-
 class CostModel:
     """Analytic (or profiled) cost of candidates for one PlanRequest."""
 
@@ -207,36 +199,6 @@ class CostModel:
             found = self.memo[key] = layer_costs_with(self, cand, self.links(cand))
         return found
 
-    def comm_free_links(self, cand: Candidate) -> L.Links:
-        """The candidate's tp link, and single-rank links for the cp, ep, dp and pp groups (their communication
-        then costs nothing). Only the tp group's placement is computed (cheap)."""
-        from planner.topology.groups import GroupLink
-        from planner.topology.placement import axis_link
-
-        sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
-        tp = axis_link(self.topology, sizes, tuple(cand.axis_order), "tp")
-        alone = GroupLink(size=1, ranks_per_node=1, num_nodes=1, intra_bandwidth_GBps=tp.intra_bandwidth_GBps,
-                          intra_latency_s=tp.intra_latency_s, inter_bandwidth_GBps=tp.inter_bandwidth_GBps,
-                          inter_latency_s=tp.inter_latency_s)
-        return L.Links(tp=tp, cp=alone, ep=alone, dp=alone, expert_dp=alone, pp=alone)
-
-    def comm_free_costs(self, cand: Candidate) -> LayerCosts:
-        """layer_costs with the cp and ep groups' communication taken as free (comm_free_links). Every time is
-        at most the candidate's under any placement of those groups: a module's cost reads no other link, and
-        exposed communication (planner.cost.layers: TP, max(0, ring - attention) for CP, all-to-all for EP) is
-        never negative, nor is its share of a full recompute's forward. Memory arrays are the candidate's. The
-        search bounds a whole group of configurations with it before it places the cp, ep, dp and pp groups.
-        With tp innermost (every order of the search's space) the tp groups are the same ranks under every order,
-        so the result is shared by the orders."""
-        order = () if cand.axis_order[-1] == "tp" else cand.axis_order
-        key = ("comm_free", *self._key(cand)[:-2], order, cand.schedule == "2bw")
-        found = self.memo.get(key)
-        if found is None:
-            from planner.cost.arrays import layer_costs_with
-
-            found = self.memo[key] = layer_costs_with(self, cand, self.comm_free_links(cand))
-        return found
-
     def detail(self, cand: Candidate) -> Detail:
         key = self._key(cand)
         found = self._details.get(key)
@@ -294,109 +256,37 @@ class CostModel:
             self.memo[key] = found
         return found
 
+    # --- what the search's bounds ask for (planner.cost.bounds) --------------------------------------------
+
+    def floor_costs(self, cand: Candidate) -> LayerCosts:
+        """layer_costs at most the candidate's under every placement of its cp, ep, dp and pp groups."""
+        from planner.cost import bounds
+
+        return bounds.floor_costs(self, cand)
+
     def held_static_bytes(self, cand: Candidate) -> np.ndarray:
-        """Per-module static bytes held at the memory peak with the activations: params + grads + optimizer
-        states, less the grads where the amp-bf16 peak comes before any exist (planner.cost.autocast); what a
-        rank holds at least, besides in-flight activations and other bytes (the search's memory bounds)."""
-        key = ("held", cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.zero_stage, cand.num_microbatches == 1,
-               cand.schedule == "2bw")
-        found = self.memo.get(key)
-        if found is None:
-            from planner.cost import autocast
-            from planner.cost.arrays import _static_parts, module_params_of
+        """Per-module static bytes held at the memory peak together with the activations."""
+        from planner.cost import bounds
 
-            weights, grads, optimizer = _static_parts(self, cand, *module_params_of(self, cand))
-            if self.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
-                    dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
-                grads = 0.0 * grads
-            found = weights + grads + optimizer
-            found.setflags(write=False)
-            self.memo[key] = found
-        return found
-
-    def pp_comm_floor_s(self, cand: Candidate) -> float:
-        """pp_comm_s over the fastest link any group can have on the topology (the higher of the best intra-node
-        bandwidth and the NIC share, the lower latency): at most pp_comm_s under every placement, as a
-        point-to-point send is bytes / bandwidth + latency (planner.cost.comm.p2p_s)."""
-        from planner.cost import schedule
-
-        transfers = schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches)
-        if transfers == 0:
-            return 0.0
-        key = ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp)
-        send = self.memo.get(key)
-        if send is None:
-            from planner.cost import comm
-            from planner.cost.memory import p2p_activation_bytes
-            from planner.topology.groups import GroupLink
-            from planner.topology.placement import intra_bandwidth_GBps, nic_share_GBps
-
-            topo = self.topology
-            fastest = GroupLink(
-                size=2, ranks_per_node=2, num_nodes=1,
-                intra_bandwidth_GBps=max(intra_bandwidth_GBps(topo, topo.gpus_per_node), nic_share_GBps(topo)),
-                intra_latency_s=min(topo.intra_node.latency_s, topo.inter_node.latency_s),
-                inter_bandwidth_GBps=nic_share_GBps(topo), inter_latency_s=topo.inter_node.latency_s)
-            send = self.memo[key] = comm.p2p_s(p2p_activation_bytes(self.spec, self.shape(cand)), group=fastest)
-        return 2 * transfers * send
-
-    def dp_exposed_s(self, cand: Candidate, ranks: np.ndarray, *, fastest: bool = False) -> float:
-        """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i] (evaluate's formula). With
-        `fastest`, over a flat link of the dp group's size at the highest bandwidth of the topology and no
-        latency: at most the time under every placement, as a ring all-reduce, reduce-scatter or all-gather
-        moves at least (n-1)/n of the bytes through each rank ((rpn-1)/rpn + (nodes-1)/(nodes rpn) >= (n-1)/n
-        for the hierarchical form, nodes * rpn >= n) and the exposure is increasing in the communication."""
-        from planner.cost.arrays import module_params_of
-        from planner.cost.evaluate import _dp_comm_s, _dp_exposed, _linear
-
-        links = self.fastest_links(cand) if fastest else self.links(cand)
-        dense, expert = module_params_of(self, cand)
-        table = self.compute_rows(cand)
-        pp = cand.pp
-        row = {"dense": np.bincount(ranks, weights=dense, minlength=pp),
-               "expert": np.bincount(ranks, weights=expert, minlength=pp),
-               "bwd_compute": np.bincount(ranks, weights=table[1], minlength=pp),
-               "compute": np.bincount(ranks, weights=table[0] + table[1], minlength=pp)}
-        terms = _DpTerms(_linear(lambda x: _dp_comm_s(self, cand, x, 0.0, links)),
-                         _linear(lambda x: _dp_comm_s(self, cand, 0.0, x, links)))
-        return float(_dp_exposed(self, cand, terms, row))
-
-    def compute_rows(self, cand: Candidate) -> np.ndarray:
-        """(forward, backward) compute seconds per module (no communication): the same under every layout."""
-        from planner.cost.arrays import MODULE_FIELDS, _module_table
-
-        table = _module_table(self, cand, self.comm_free_links(cand))
-        return table[[MODULE_FIELDS.index("compute_fwd_s"), MODULE_FIELDS.index("compute_bwd_s")]]
-
-    def fastest_links(self, cand: Candidate) -> L.Links:
-        """Flat links of each group's size at the highest bandwidth of the topology, no latency (dp_exposed_s)."""
-        from planner.topology.groups import GroupLink
-        from planner.topology.placement import intra_bandwidth_GBps, nic_share_GBps
-
-        topo = self.topology
-        best = max(intra_bandwidth_GBps(topo, topo.gpus_per_node), nic_share_GBps(topo))
-
-        def flat(size: int) -> GroupLink:
-            return GroupLink(size=size, ranks_per_node=size, num_nodes=1, intra_bandwidth_GBps=best, intra_latency_s=0.0,
-                             inter_bandwidth_GBps=best, inter_latency_s=0.0)
-
-        # the dp x cp reduction runs on the dp axis's node footprint (planner.cost.links): across nodes it is a
-        # ring over nodes * rpn >= dp ranks, on one node a ring over all dp * cp ranks
-        edp = max(1, cand.dp * cand.cp // cand.ep)
-        ring = cand.dp if cand.dp > 1 else cand.dp * cand.cp
-        return L.Links(tp=flat(cand.tp), cp=flat(cand.cp), ep=flat(cand.ep), dp=flat(min(ring, cand.dp * cand.cp)),
-                       expert_dp=flat(min(ring, edp)), pp=flat(cand.pp))
+        return bounds.held_static_bytes(self, cand)
 
     def pp_comm_s(self, cand: Candidate) -> float:
-        """Pipeline point-to-point time of one step (the breakdown's pp_comm_s): 2 directions x the sequential
-        boundary transfers of the schedule (planner.cost.schedule.p2p_transfers) x one activation send."""
-        from planner.cost import comm, schedule
-        from planner.cost.memory import p2p_activation_bytes
+        """The breakdown's pp_comm_s."""
+        from planner.cost import bounds
 
-        transfers = schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches)
-        if transfers == 0:
-            return 0.0
-        return 2 * transfers * comm.p2p_s(p2p_activation_bytes(self.spec, self.shape(cand)), group=self.links(cand).pp)
+        return bounds.pp_comm_s(self, cand)
+
+    def pp_comm_floor_s(self, cand: Candidate) -> float:
+        """pp_comm_s at most the candidate's under every placement of its pp groups."""
+        from planner.cost import bounds
+
+        return bounds.pp_comm_floor_s(self, cand)
+
+    def dp_exposed_s(self, cand: Candidate, ranks: np.ndarray) -> float:
+        """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i]."""
+        from planner.cost import bounds
+
+        return bounds.dp_exposed_s(self, cand, ranks)
 
     def evaluate(self, cand: Candidate, *, stage_layers: Sequence[int] | None = None,
                  full_recompute_layers: Sequence[int] | None = None) -> Evaluation:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +27,11 @@ import numpy as np
 from planner.capabilities import refusal
 from planner.errors import InfeasibleError
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
-from planner.search import bounds
+from planner.search.floors import Floors
+from planner.search.group_bounds import MARGIN_BYTES
+from planner.search.members import Members
 from planner.search.outcome import Ranking, Scored, infeasible_message, rank_key
-from planner.search.partition import StageProblem, partition
-from planner.search.refine import Counters, partial_recompute, rank_excess_bytes, rank_of_modules, rank_sums, split_for
+from planner.search.refine import Counters, partial_recompute, rank_excess_bytes, split_for
 from planner.search.space import Group, Options, Space, axis_orders
 
 ProgressFn = Callable[[int, int], None]
@@ -48,16 +50,6 @@ class SearchResult:
     opts: Options
 
 
-@dataclass
-class _Arrays:
-    """Sums of one group's per-layer arrays (what the bounds need)."""
-
-    time_sum_s: float
-    activation_floor_bytes: float
-    end_stage_s: float  # max(embedding, head) + the fastest decoder layer (bound (1))
-    time_keys: tuple  # keys of the per-layer time arrays of the group's orders
-
-
 class _Search:
     def __init__(self, request: PlanRequest, cost, opts: Options, *, exhaustive: bool, progress: ProgressFn | None):
         self.request, self.cost, self.opts = request, cost, opts
@@ -70,99 +62,25 @@ class _Search:
         self.closest: Scored | None = None
         self.floor: tuple[float, str] | None = None
         self.evaluated = 0
-        self._arrays: dict[tuple, _Arrays] = {}
-        self._static: dict[tuple, np.ndarray] = {}
-        self._times: dict[tuple, tuple] = {}
-        self._split_bounds: dict[tuple, float] = {}
-        self._acts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.partial_ok = "full" in opts.recompute_modes
+        self.floors = Floors(self)
+        self.members = Members(self)
 
-    # ---- bounds -------------------------------------------------------------------------------------------
-    def _candidate(self, group: Group, **member):
+    def candidate(self, group: Group, **member):
         from planner.cost.model import Candidate
 
         fields = group.candidate_fields()
         fields.update(member)
         return Candidate(**fields)
 
-    def group_arrays(self, group: Group) -> _Arrays:
-        """Time sum and activation floor of a group: the minimum over its axis orders (a bound must hold for every
-        member). The per-layer times depend on the micro-batch shape, recompute, tp_overlap and the links of the
-        TP, CP and EP groups only (planner.cost.layers reads no other link), so they are shared by every
-        factorisation and order with the same links: computed once per such key."""
-        key = (group.fact, group.microbatch_size, group.sp, group.recompute, group.tp_overlap)
-        if key not in self._arrays:
-            time_sum, act, end_s, keys = np.inf, np.inf, np.inf, []
-            for order in axis_orders(group.fact):
-                cand = self._candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order)
-                links = self.cost.links(cand)
-                tkey = (group.fact.tp, group.fact.cp, group.fact.ep, group.microbatch_size, group.sp,
-                        group.recompute, group.tp_overlap, links.tp, links.cp, links.ep)
-                if tkey not in self._times:
-                    lc = self.cost.layer_costs(cand)
-                    a = np.asarray(lc.activation_bytes, dtype=np.float64)
-                    if self.partial_ok:
-                        a = np.minimum(a, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
-                    t = np.asarray(lc.forward_s) + np.asarray(lc.backward_s) + np.asarray(lc.recompute_s)
-                    end = max(float(t[0]), float(t[-1])) + float(np.min(t[1:-1]))
-                    self._times[tkey] = (float(t.sum()), float(a.sum()), end, t)
-                keys.append(tkey)
-                time_sum = min(time_sum, self._times[tkey][0])
-                act = min(act, self._times[tkey][1])
-                end_s = min(end_s, self._times[tkey][2])
-            self._arrays[key] = _Arrays(time_sum, act, end_s, tuple(keys))
-        return self._arrays[key]
+    def partial(self, group: Group) -> bool:
+        """A partial full recompute may apply to the group's members (refine.partial_recompute)."""
+        return self.partial_ok and group.recompute != "full"
 
-    def static_floor(self, group: Group) -> tuple[float, float]:
-        """Least static bytes (the highest ZeRO stage allowed: every stage shards at least what the one below
-        does) and least other bytes (the lowest ZeRO stage: ZeRO-3 adds gathered weights) over the stages."""
-        most = self._candidate(group, zero_stage=max(self.opts.zero_stages))
-        least = self._candidate(group, zero_stage=min(self.opts.zero_stages))
-        static = float(np.sum(self.cost.layer_costs(most).static_bytes))
-        other = min(float(self.cost.stage_other_bytes(least, s)) for s in range(group.fact.pp))
-        return static, other
-
-    def memory_bound(self, group: Group, static: tuple[float, float]) -> float:
-        arrays = self.group_arrays(group)
-        return bounds.memory_lower_bound_bytes(static[0], arrays.activation_floor_bytes, group.fact.pp, static[1])
-
-    def time_bound(self, group: Group, schedule: str = "2bw", vpp: int = 1) -> float:
-        arrays = self.group_arrays(group)
-        return bounds.step_time_lower_bound_s(arrays.time_sum_s, group.num_microbatches, group.fact.pp, schedule, vpp,
-                                              arrays.end_stage_s)
-
-    def split_bound_s(self, group: Group) -> float:
-        """With vpp = 1: the least bottleneck stage time over every contiguous split (the partition DP on time
-        alone, no memory limit), minimum over the group's orders; a rank time no split can go below."""
-        best = np.inf
-        for tkey in self.group_arrays(group).time_keys:
-            key = (tkey, group.fact.pp)
-            if key not in self._split_bounds:
-                t = self._times[tkey][3]
-                zeros = [0.0] * group.fact.pp
-                problem = StageProblem(time_s=t[1:-1], static_bytes=np.zeros(len(t) - 2), activation_bytes=np.zeros(len(t) - 2),
-                                       inflight=zeros, other_bytes=zeros, capacity_bytes=np.inf,
-                                       embed_time_s=float(t[0]), head_time_s=float(t[-1]))
-                self.counters.dp_calls += 1
-                found = partition(problem)
-                self._split_bounds[key] = found.bottleneck_s if found is not None else np.inf
-            best = min(best, self._split_bounds[key])
-        return best
-
-    def variant_bound(self, group: Group, schedule: str, vpp: int) -> float:
-        """Bound (1) for one (schedule, vpp) variant, with the DP's least bottleneck when vpp = 1."""
-        from planner.cost.schedule import bubble_s
-
-        lower = self.time_bound(group, schedule, vpp)
-        if vpp > 1 or group.fact.pp == 1:
-            return lower
-        rank_s = self.split_bound_s(group)
-        return max(lower, group.num_microbatches * rank_s + bubble_s(schedule, pp=group.fact.pp, vpp=1, rank_time_s=rank_s))
-
-    # ---- the loop -----------------------------------------------------------------------------------------
-    def bounded_groups(self) -> list[tuple[float, tuple, Group]]:
-        """Every valid group that passes the memory bound, with its time bound, sorted by bound then a fixed
-        tie-break (best-first: the incumbent improves fastest and the rest is pruned in one sweep)."""
+    # ---- phase 1: bounds of every group (planner.search.floors), visited least first -------------------------
+    def bounded_groups(self) -> list[tuple]:
+        """Every valid group as a heap entry (time bound, tie-break, stage, group, payload); a stage-0 entry gets
+        its memory bound and the dp refinement when it reaches the top of the heap (most never do)."""
         out = []
         for fact in self.space.factorisations():
             count = self.space.fact_count(fact)
@@ -171,76 +89,82 @@ class _Search:
             if reason is not None:
                 self.space.pruned[reason] += count
                 continue
-            groups = self.space.fact_groups(fact)
-            static = self.static_floor(groups[0])
-            for group in groups:
-                mem = self.memory_bound(group, static)
-                if mem > self.capacity and not self.exhaustive:
-                    self.space.pruned["memory_lower_bound"] += self.space.members_per_group(fact)
-                    if self.floor is None or mem < self.floor[0]:
-                        self.floor = (mem, f"dp={fact.dp} tp={fact.tp} pp={fact.pp} cp={fact.cp} ep={fact.ep} mbs={group.microbatch_size}")
+            for group in self.space.fact_groups(fact):
+                if self.exhaustive:
+                    out.append((0.0, _group_tie(group), 1, group, None))
                     continue
-                out.append((self.time_bound(group), _group_tie(group), group))
-        out.sort(key=lambda item: (item[0], item[1]))
+                lower, times = self.floors.time(group)
+                out.append((lower, _group_tie(group), 0, group, times))
+        heapq.heapify(out)
         return out
 
+    def memory_zeros(self, group: Group) -> list[int]:
+        """The ZeRO stages that pass the group's memory bound; none: the group is counted pruned."""
+        memory = self.floors.memory(group)
+        zeros = [zero for zero, mem in memory.items() if mem <= self.capacity + MARGIN_BYTES]
+        if not zeros:
+            fact = group.fact
+            self.space.pruned["memory_lower_bound"] += self.space.members_per_group(fact)
+            mem = min(memory.values())
+            if self.floor is None or mem < self.floor[0]:
+                self.floor = (mem, f"dp={fact.dp} tp={fact.tp} pp={fact.pp} cp={fact.cp} ep={fact.ep} mbs={group.microbatch_size}")
+        return zeros
+
     def run(self) -> None:
-        groups = self.bounded_groups()
-        for done, (lower, _, group) in enumerate(groups):
-            if lower > self.ranking.threshold_s and not self.exhaustive:
-                self.space.pruned["time_lower_bound"] += self._group_members(group)
+        """Best-first over one heap: a group's entry is refined once with the dp bound, then visited (its members
+        enter the heap with their own bounds), a member's entry is refined with its exact exposed dp time, then
+        evaluated; once the least bound exceeds the threshold, every entry left is pruned."""
+        self.heap = self.bounded_groups()
+        total, done = len(self.heap), 0
+        while self.heap:
+            lower, tie, stage, group, payload = heapq.heappop(self.heap)
+            if lower > self.ranking.threshold_s:
+                if stage <= 1:
+                    self.space.prune_group(group, "time_lower_bound")
+                else:
+                    self.space.pruned["time_lower_bound"] += 1
+            elif stage == 0:
+                zeros = self.memory_zeros(group)
+                if zeros:
+                    refined = max(lower, self.floors.refined(group, payload, zeros))
+                    heapq.heappush(self.heap, (refined, tie, 1, group, None))
+                    continue
+            elif stage == 1:
+                self.visit_group(group, tie)
+            elif stage == 2:
+                vpp, schedule, zero, order = payload
+                cand = self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order)
+                heapq.heappush(self.heap, (lower + self.members.dp_exposed_s(group, cand), tie, 3, group, cand))
+                continue
             else:
-                self.visit_group(group)
-            if self.progress is not None and (done % 64 == 63 or done + 1 == len(groups)):
-                self.progress(done + 1, len(groups))
+                self.visit(payload)
+                continue
+            done += 1
+            if self.progress is not None and (done % 64 == 0 or done == total):
+                self.progress(done, total)
 
-    def _group_members(self, group: Group) -> int:
-        return sum(count for _, _, count in self.space.variants(group))
+    # ---- phase 2: the members of a group (planner.search.members) -----------------------------------------
+    def visit_group(self, group: Group, tie: tuple) -> None:
+        """Members by (schedule, vpp) variant, ZeRO stage and axis order: with `exhaustive` every one evaluated,
+        else those within the threshold pushed on the heap with their bound (tie-break `tie` + the member)."""
+        arrays = self.members.order_arrays(group) if not self.exhaustive else None
+        for schedule, vpp, count in self.space.variants(group):
+            if arrays is None:
+                for zero in self.opts.zero_stages:
+                    for order in axis_orders(group.fact):
+                        self.visit(self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
+            elif self.cost.validity_reasons(self.candidate(group, schedule=schedule, vpp=vpp)):
+                for zero in self.opts.zero_stages:  # every member invalid for the same reasons: counted by visit
+                    for order, _ in arrays:
+                        self.visit(self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
+            else:
+                self.members.expand(group, schedule, vpp, count, arrays,
+                                    lambda lower, member: heapq.heappush(self.heap, (lower, (*tie, *member), 2, group, member)))
 
-    def visit_group(self, group: Group) -> None:
-        """Members by (schedule, vpp) variant, ZeRO stage and axis order; the bound is re-checked before every
-        member, as the incumbent improves while the group is visited."""
-        orders = axis_orders(group.fact)
-        for schedule, vpp, _ in self.space.variants(group):
-            lower = self.variant_bound(group, schedule, vpp) if not self.exhaustive else 0.0
-            for zero in self.opts.zero_stages:
-                if not self.exhaustive and lower > self.ranking.threshold_s:
-                    self.space.pruned["time_lower_bound"] += len(orders)
-                    continue
-                if not self.exhaustive and self.member_memory_floor(group, schedule, vpp, zero) > self.capacity:
-                    self.space.pruned["memory_lower_bound"] += len(orders)
-                    continue
-                for order in orders:
-                    if not self.exhaustive and lower > self.ranking.threshold_s:
-                        self.space.pruned["time_lower_bound"] += 1
-                        continue
-                    self.visit(self._candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
-
-    def member_memory_floor(self, group: Group, schedule: str, vpp: int, zero: int) -> float:
-        """Bound (2) per pipeline rank for the balanced split the members are evaluated with: the rank's static
-        bytes at this ZeRO stage + in-flight x its activation floor + its other bytes at the lowest ZeRO stage;
-        the most loaded rank. Static bytes (params, grads, optimizer states) do not depend on the micro-batch,
-        sp, recompute or the axis order, so they are taken once per (factorisation, ZeRO stage)."""
-        fact = group.fact
-        split = split_for(self.request.model.num_layers, _Shape(fact.pp, vpp))
-        ranks = rank_of_modules(split, fact.pp)
-        skey = (fact, zero, split)
-        if skey not in self._static:
-            lc = self.cost.layer_costs(self._candidate(group, zero_stage=zero))
-            self._static[skey] = rank_sums(lc.static_bytes, ranks, fact.pp)
-        akey = (group, split)
-        if akey not in self._acts:
-            cand = self._candidate(group, zero_stage=min(self.opts.zero_stages))
-            lc = self.cost.layer_costs(cand)
-            act = np.asarray(lc.activation_bytes, dtype=np.float64)
-            if self.partial_ok:
-                act = np.minimum(act, np.asarray(lc.full_recompute_activation_bytes, dtype=np.float64))
-            other = np.array([float(self.cost.stage_other_bytes(cand, r)) for r in range(fact.pp)])
-            self._acts[akey] = (rank_sums(act, ranks, fact.pp), other)
-        act, other = self._acts[akey]
-        probe = _Shape(fact.pp, vpp, schedule, group.num_microbatches)
-        inflight = np.array([float(self.cost.inflight_microbatches(probe, r)) for r in range(fact.pp)])
-        return float(np.max(self._static[skey] + inflight * act + other))
+    def variant_bound(self, group: Group, schedule: str, vpp: int) -> float:
+        """Bound (3) of every member of one (schedule, vpp) variant (x = 0), the least over the axis orders."""
+        arrays = self.members.order_arrays(group)
+        return min(lower for lower, _, _ in self.members.variant_bounds(group, schedule, vpp, arrays))
 
     def visit(self, cand) -> None:
         if self.opts.runnable:
@@ -282,16 +206,6 @@ class _Search:
                         return Scored(rank_key(cand, ev), cand, ev, split, counts)
         ev = self.cost.evaluate(cand)
         return Scored(rank_key(cand, ev), cand, ev)
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """The fields of a candidate that the split and CostModel.inflight_microbatches read."""
-
-    pp: int
-    vpp: int
-    schedule: str = "1f1b"
-    num_microbatches: int = 1
 
 
 def _group_tie(group: Group) -> tuple:

@@ -167,6 +167,7 @@ class Space:
         self.model = request.model
         self.pruned: Counter[str] = Counter()
         self.considered = 0
+        self._variant_counts: dict[tuple[Factorisation, int], tuple[int, Counter]] = {}
 
     def factorisations(self) -> Iterator[Factorisation]:
         gpus, gpn, fixed = self.request.gpus, self.request.topology.gpus_per_node, self.opts.fixed
@@ -250,17 +251,37 @@ class Space:
                 continue
             yield from self.fact_groups(fact)
 
+    def variant_reason(self, group: Group, schedule: str, vpp: int) -> str | None:
+        """The interleaving rule a (schedule, vpp) variant of the group breaks, as a `pruned` key; None if valid."""
+        if schedule == "interleaved" and self.model.num_layers % (group.fact.pp * vpp):
+            return "layers_not_divisible_by_pp_vpp"
+        if schedule == "interleaved" and group.num_microbatches % group.fact.pp:
+            return "microbatches_not_divisible_by_pp"
+        return None
+
     def variants(self, group: Group) -> Iterator[tuple[str, int, int]]:
         """(schedule, vpp, members) of a group that pass the interleaving rules; the rest are counted pruned."""
-        fact, layers = group.fact, self.model.num_layers
-        per_variant = len(self.opts.zero_stages) * len(axis_orders(fact))
-        for schedule, vpp in schedule_variants(fact.pp, layers, self.opts):
-            if schedule == "interleaved" and layers % (fact.pp * vpp):
-                self.pruned["layers_not_divisible_by_pp_vpp"] += per_variant
-            elif schedule == "interleaved" and group.num_microbatches % fact.pp:
-                self.pruned["microbatches_not_divisible_by_pp"] += per_variant
+        per_variant = len(self.opts.zero_stages) * len(axis_orders(group.fact))
+        for schedule, vpp in schedule_variants(group.fact.pp, self.model.num_layers, self.opts):
+            reason = self.variant_reason(group, schedule, vpp)
+            if reason is not None:
+                self.pruned[reason] += per_variant
             else:
                 yield schedule, vpp, per_variant
+
+    def prune_group(self, group: Group, reason: str) -> None:
+        """Count a whole group as pruned for `reason`, its variants that break an interleaving rule under that
+        rule (what `variants` would count). The split is the same for every group of a factorisation with this
+        num_microbatches, so it is worked out once."""
+        key = (group.fact, group.num_microbatches)
+        found = self._variant_counts.get(key)
+        if found is None:
+            before = Counter(self.pruned)
+            valid = sum(count for _, _, count in self.variants(group))
+            found = self._variant_counts[key] = (valid, Counter(self.pruned) - before)
+        else:
+            self.pruned.update(found[1])
+        self.pruned[reason] += found[0]
 
     def members(self, group: Group, schedule: str, vpp: int) -> Iterator[Member]:
         """The members of one (schedule, vpp) variant: every ZeRO stage and axis order."""

@@ -1,0 +1,210 @@
+"""What the search's bounds ask of the cost model: single terms of `evaluate` without building a Detail, and
+per-module costs that are at most a candidate's under every placement of its groups (CostModel wraps them).
+
+Placement floor. A module's cost reads the links of the tp, cp and ep groups only (planner.cost.layers). tp is
+innermost in every axis order of the search's space, so its groups are the same ranks under every order (the
+real tp link is used). A cp or ep group of n ranks lives on the dp x cp ranks of one tp coordinate: at most
+g = gpus_per_node / tp of them share a node, so its worst group has rpn <= min(n, g) ranks on one node and
+nodes >= ceil(n / rpn) nodes (one node exactly when rpn = n). For a fixed rpn the collectives of
+planner.cost.comm read the node count only through "spans nodes" and the latency that goes with it, both least
+at the fewest nodes. So the least time over rpn in 1..min(n, g) at ceil(n / rpn) nodes is at most the time of
+every placement: `floor_links` takes, per group, the footprint that gives the least EP all-to-all (forward and
+backward) and the least CP ring transfer (exposed CP time is max(0, transfer - attention), increasing in the
+transfer); where no single footprint gives the least of both directions the group's communication is taken
+as free (a single-rank link), still a lower bound. dp and pp get single-rank links: modules do not read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from planner.cost import layers as L
+from planner.topology.groups import GroupLink
+
+if TYPE_CHECKING:
+    from planner.cost.model import Candidate, CostModel, LayerCosts
+
+
+@dataclasses.dataclass(frozen=True)
+class _DpTerms:
+    """(slope, intercept) of the dense and expert gradient reduction time (the fields _dp_exposed reads)."""
+
+    dp_dense: tuple[float, float]
+    dp_expert: tuple[float, float]
+
+
+def _memo(model: "CostModel", key: tuple, make):
+    found = model.memo.get(key)
+    if found is None:
+        found = model.memo[key] = make()
+    return found
+
+
+def _order(cand: "Candidate") -> tuple[str, ...]:
+    """What of the axis order the floor depends on: nothing with tp innermost (module docstring)."""
+    return () if cand.axis_order[-1] == "tp" else tuple(cand.axis_order)
+
+
+def _alone(like: GroupLink) -> GroupLink:
+    return dataclasses.replace(like, size=1, ranks_per_node=1, num_nodes=1)
+
+
+def _footprints(model: "CostModel", cand: "Candidate", size: int) -> list[GroupLink]:
+    """A link for every (rpn, fewest nodes) a group of `size` ranks of one tp coordinate can have (docstring)."""
+    from planner.topology.placement import make_link
+
+    topo = model.topology
+    gpn = topo.gpus_per_node
+    share = gpn // cand.tp if gpn % cand.tp == 0 else gpn
+    if cand.world_size <= gpn:
+        share = size  # one node holds every rank
+    out = []
+    for rpn in range(1, min(size, share) + 1):
+        out.append(make_link(topo, size=size, num_nodes=1 if rpn == size else max(2, math.ceil(size / rpn)),
+                             ranks_per_node=rpn))
+    return out
+
+
+def _least(options: list[GroupLink], cost) -> GroupLink | None:
+    """The option with the least (forward, backward) cost in both directions; None when none has both."""
+    times = [cost(link) for link in options]
+    fwd, bwd = min(t[0] for t in times), min(t[1] for t in times)
+    for link, (f, b) in zip(options, times):
+        if f <= fwd and b <= bwd:
+            return link
+    return None
+
+
+def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
+    """The candidate's tp link and the cheapest footprints of its cp and ep groups (module docstring)."""
+    from planner.topology.placement import axis_link
+
+    key = ("floor_links", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.dp * cand.pp, _order(cand))
+    found = model.memo.get(key)
+    if found is not None:
+        return found
+    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
+    tp = axis_link(model.topology, sizes, tuple(cand.axis_order), "tp")
+    alone = _alone(tp)
+    base = L.Links(tp=tp, cp=alone, ep=alone, dp=alone, expert_dp=alone, pp=alone)
+    env = L.Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
+                shape=model.shape(cand), links=base, tp_overlap=cand.tp_overlap)
+    cp = ep = alone
+    if cand.cp > 1:
+        cp = _least(_footprints(model, cand, cand.cp),
+                    lambda link: L._cp_times(dataclasses.replace(env, links=dataclasses.replace(base, cp=link)), 0.0)) or alone
+    if cand.ep > 1:
+        ep = _least(_footprints(model, cand, cand.ep),
+                    lambda link: L._ep_times(dataclasses.replace(env, links=dataclasses.replace(base, ep=link)))) or alone
+    found = model.memo[key] = dataclasses.replace(base, cp=cp, ep=ep)
+    return found
+
+
+def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
+    """layer_costs under floor_links: every time at most the candidate's under any placement of its groups
+    (memory arrays and static bytes are the candidate's). Shared by every axis order."""
+    from planner.cost.arrays import layer_costs_with
+
+    key = ("floor_costs", *model._key(cand)[:-2], _order(cand), cand.schedule == "2bw")
+    return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand)))
+
+
+def compute_rows(model: "CostModel", cand: "Candidate") -> np.ndarray:
+    """(forward, backward) compute seconds per module (no communication): the same under every layout."""
+    from planner.cost.arrays import MODULE_FIELDS, _module_table
+
+    key = ("compute_rows", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.tp_overlap)
+    rows = [MODULE_FIELDS.index("compute_fwd_s"), MODULE_FIELDS.index("compute_bwd_s")]
+    return _memo(model, key, lambda: _module_table(model, cand, floor_links(model, cand))[rows])
+
+
+def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
+    """Per-module static bytes held at the memory peak with the activations: params + grads + optimizer states,
+    less the grads where the amp-bf16 peak comes before any exist (planner.cost.autocast); what a rank holds at
+    least besides in-flight activations and other bytes."""
+    from planner.cost import autocast
+    from planner.cost.arrays import _static_parts, module_params_of
+
+    def make():
+        weights, grads, optimizer = _static_parts(model, cand, *module_params_of(model, cand))
+        if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
+                dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
+            grads = 0.0 * grads
+        held = weights + grads + optimizer
+        held.setflags(write=False)
+        return held
+
+    key = ("held", cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.zero_stage, cand.num_microbatches == 1,
+           cand.schedule == "2bw")
+    return _memo(model, key, make)
+
+
+def _p2p_transfers(cand: "Candidate") -> int:
+    from planner.cost import schedule
+
+    return schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches)
+
+
+def pp_comm_s(model: "CostModel", cand: "Candidate") -> float:
+    """Pipeline point-to-point time of one step (the breakdown's pp_comm_s): 2 directions x the sequential
+    boundary transfers of the schedule (planner.cost.schedule.p2p_transfers) x one activation send."""
+    from planner.cost import comm
+    from planner.cost.memory import p2p_activation_bytes
+
+    transfers = _p2p_transfers(cand)
+    if transfers == 0:
+        return 0.0
+    return 2 * transfers * comm.p2p_s(p2p_activation_bytes(model.spec, model.shape(cand)), group=model.links(cand).pp)
+
+
+def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
+    """pp_comm_s over the fastest link any group can have on the topology (the higher of the best intra-node
+    bandwidth and the NIC share, the lower latency): at most pp_comm_s under every placement, as a
+    point-to-point send is bytes / bandwidth + latency (planner.cost.comm.p2p_s)."""
+    transfers = _p2p_transfers(cand)
+    if transfers == 0:
+        return 0.0
+
+    def send() -> float:
+        from planner.cost import comm
+        from planner.cost.memory import p2p_activation_bytes
+        from planner.topology.placement import intra_bandwidth_GBps, nic_share_GBps
+
+        topo = model.topology
+        fastest = GroupLink(
+            size=2, ranks_per_node=2, num_nodes=1,
+            intra_bandwidth_GBps=max(intra_bandwidth_GBps(topo, topo.gpus_per_node), nic_share_GBps(topo)),
+            intra_latency_s=min(topo.intra_node.latency_s, topo.inter_node.latency_s),
+            inter_bandwidth_GBps=nic_share_GBps(topo), inter_latency_s=topo.inter_node.latency_s)
+        return comm.p2p_s(p2p_activation_bytes(model.spec, model.shape(cand)), group=fastest)
+
+    return 2 * transfers * _memo(model, ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp), send)
+
+
+def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> float:
+    """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i] (evaluate's formula), without
+    the candidate's Detail: per-rank sums memoised per shape and split, the reduction's (slope, intercept) per
+    ZeRO stage and links."""
+    from planner.cost.arrays import module_params_of
+    from planner.cost.evaluate import _dp_comm_s, _dp_exposed, _linear
+
+    def rows() -> dict:
+        dense, expert = module_params_of(model, cand)
+        fwd, bwd = compute_rows(model, cand)
+        pp = cand.pp
+        return {"dense": np.bincount(ranks, weights=dense, minlength=pp),
+                "expert": np.bincount(ranks, weights=expert, minlength=pp),
+                "bwd_compute": np.bincount(ranks, weights=bwd, minlength=pp),
+                "compute": np.bincount(ranks, weights=fwd + bwd, minlength=pp)}
+
+    row = _memo(model, ("dp_rows", cand.tp, cand.cp, cand.ep, cand.pp, cand.microbatch_size, cand.sp,
+                        cand.tp_overlap, ranks.tobytes()), rows)
+    links = model.links(cand)
+    m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
+    terms = _memo(model, ("dp_terms", cand.zero_stage, m, links.dp, links.expert_dp), lambda: _DpTerms(
+        _linear(lambda x: _dp_comm_s(model, cand, x, 0.0)), _linear(lambda x: _dp_comm_s(model, cand, 0.0, x))))
+    return float(_dp_exposed(model, cand, terms, row))

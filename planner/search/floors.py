@@ -1,0 +1,134 @@
+"""Phase 1 of the branch and bound: bounds of every group before any process group but tp's is placed.
+
+A group's members differ in (schedule, vpp), ZeRO stage and axis order. Its bounds hold for all of them:
+
+- memory, per ZeRO stage: bound (2) of planner.search.bounds with the static bytes held at the peak
+  (CostModel.held_static_bytes) and the least other bytes of the stage; a stage whose bound exceeds the capacity
+  holds no member that fits, and a group with no such stage is pruned;
+- time, per (schedule, vpp) variant: bound (3) of planner.search.group_bounds over the placement-floor arrays
+  (CostModel.floor_costs) with x = 0 and the balanced split of the variant, plus pp_comm over the fastest
+  link (CostModel.pp_comm_floor_s); refined on demand with each axis order's pp link and exposed dp time
+  (CostModel.pp_comm_s, CostModel.dp_exposed_s), the latter the least over the ZeRO stages that pass the memory
+  bound (the placement of the dp and pp groups, not yet the per-module costs under it).
+
+Everything is memoised on what it depends on: the placement-floor arrays on (tp, cp, ep, micro-batch shape,
+recompute, tp_overlap), shared by every pp; static bytes per (factorisation, ZeRO stage).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.search import bounds
+from planner.search.group_bounds import ModuleArrays, module_arrays, rank_sums, step_lower_s, variant_shape
+from planner.search.space import Factorisation, Group, axis_orders, schedule_variants
+
+
+class Floors:
+    """Bounds of groups for one search (`state`: the driver's _Search: cost, opts, request, space)."""
+
+    def __init__(self, state):
+        self.state, self.cost, self.opts = state, state.cost, state.opts
+        self.num_layers = state.request.model.num_layers
+        self.memo: dict[tuple, object] = {}
+
+    def _cached(self, key: tuple, make):
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = make()
+        return found
+
+    def order(self, fact: Factorisation) -> tuple[str, ...]:
+        return self._cached(("order", fact), lambda: axis_orders(fact)[0])
+
+    def shape(self, pp: int, vpp: int):
+        return self._cached(("shape", pp, vpp), lambda: variant_shape(self.num_layers, pp, vpp))
+
+    def candidate(self, group: Group, **member):
+        member.setdefault("axis_order", self.order(group.fact))
+        return self.state.candidate(group, **member)
+
+    @staticmethod
+    def arrays_key(group: Group) -> tuple:
+        f = group.fact
+        return ("free", f.tp, f.cp, f.ep, group.microbatch_size, group.sp, group.recompute, group.tp_overlap, f.pp > 1)
+
+    def arrays(self, group: Group) -> ModuleArrays:
+        """Comm-free ModuleArrays of the group (shared by every pp with these tp, cp, ep and shape)."""
+        return self._cached(self.arrays_key(group), lambda: module_arrays(
+            self.cost.floor_costs(self.candidate(group, zero_stage=self.opts.zero_stages[0])),
+            self.state.partial(group)))
+
+    def memory(self, group: Group) -> dict[int, float]:
+        """Bound (2) per ZeRO stage."""
+        f = group.fact
+        act = float(self.arrays(group).floor_bytes.sum())
+        out = {}
+        for zero in self.opts.zero_stages:
+            static = self._cached(("static", f, zero, group.num_microbatches == 1), lambda: float(
+                self.cost.held_static_bytes(self.candidate(group, zero_stage=zero)).sum()))
+            other = self._cached(("other", f, zero, group.microbatch_size, group.sp), lambda: float(
+                self.cost.other_per_rank(self.candidate(group, zero_stage=zero)).min()))
+            out[zero] = bounds.memory_lower_bound_bytes(static, act, f.pp, other)
+        return out
+
+    def variants(self, group: Group) -> list[tuple[int, tuple[str, ...]]]:
+        """The group's valid variants as (vpp, schedules); PipeDream-2BW only where validity_reasons allows it
+        (it needs num_microbatches >= pp: only then is it asked). The same for every group of a factorisation
+        with this num_microbatches."""
+        f = group.fact
+        key = ("variants", f, group.num_microbatches)
+        found = self.memo.get(key)
+        if found is None:
+            by_vpp: dict[int, list[str]] = {}
+            for schedule, vpp in schedule_variants(f.pp, self.num_layers, self.opts):
+                if self.state.space.variant_reason(group, schedule, vpp) is not None:
+                    continue
+                if schedule == "2bw" and group.num_microbatches < f.pp and self.cost.validity_reasons(
+                        self.candidate(group, schedule=schedule)):
+                    continue
+                by_vpp.setdefault(vpp, []).append(schedule)
+            found = self.memo[key] = [(vpp, tuple(schedules)) for vpp, schedules in by_vpp.items()]
+        return found
+
+    def time(self, group: Group) -> tuple[float, list[tuple[float, int, str]]]:
+        """Per vpp among the variants: bound (3) with x = 0 on the placement-floor arrays and no pp communication,
+        the least over the schedules of that vpp (with one of them), sorted; and the group's bound, the least of
+        those plus pp communication over the fastest link (CostModel.pp_comm_floor_s)."""
+        f, m, memo = group.fact, group.num_microbatches, self.memo
+        akey = self.arrays_key(group)
+        times, lower = [], np.inf
+        for vpp, schedules in self.variants(group):
+            rank_s = memo.get(("rank", akey, f.pp, vpp))
+            if rank_s is None:
+                rank_s = memo[("rank", akey, f.pp, vpp)] = float(
+                    rank_sums(self.arrays(group).time_s, self.shape(f.pp, vpp).ranks, f.pp).max())
+            time_s = min(step_lower_s(m, rank_s, s, f.pp, vpp, 0.0) for s in schedules)
+            key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedules[0] == "interleaved")
+            ppc = memo.get(key)
+            if ppc is None:
+                ppc = memo[key] = self.cost.pp_comm_floor_s(self.candidate(group, schedule=schedules[0], vpp=vpp))
+            times.append((time_s, vpp, schedules[0]))
+            lower = min(lower, time_s + ppc)
+        return lower, sorted(times)
+
+    def refined(self, group: Group, times: list[tuple[float, int, str]], zeros: list[int]) -> float:
+        """The group's bound with each axis order's pp link and exposed dp time (the least over the ZeRO stages
+        in `zeros`, those that pass the memory bound): min over vpp and order of time + pp_comm + dp."""
+        f, m = group.fact, group.num_microbatches
+        best = np.inf
+        for time_s, vpp, schedule in times:
+            if time_s >= best:
+                break
+            ranks = self.shape(f.pp, vpp).ranks
+            for order in axis_orders(f):
+                key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule == "interleaved")
+                ppc = self._cached(key, lambda: self.cost.pp_comm_s(
+                    self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
+                if time_s + ppc >= best:
+                    continue
+                dp = min(self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp), lambda: (
+                    self.cost.dp_exposed_s(self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order), ranks)))
+                    for zero in zeros)
+                best = min(best, time_s + ppc + dp)
+        return best

@@ -1,0 +1,115 @@
+"""Phase 2 of the branch and bound: the members of one group, bounded with each axis order's own arrays.
+
+A group reaches phase 2 when its phase-1 bound (planner.search.floors) is within the threshold. Its members are
+(schedule, vpp) variant x ZeRO stage x axis order. Per variant and order, bound (3) of
+planner.search.group_bounds with x = 0 and the order's pp link; a variant whose least bound exceeds the threshold
+is pruned whole. Per ZeRO stage, the rank memory floor (held static bytes + in-flight x the least activations
++ other bytes, the balanced split of the variant): a stage over capacity on some rank holds no member that fits.
+Per member, bound (3) with the recompute a rank over capacity needs (x_r); a member within the threshold goes on
+the search's heap, where its exact exposed dp time is added (CostModel.dp_exposed_s) before it is evaluated.
+Nothing here evaluates a configuration: every count goes to `pruned` or to the heap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.search.group_bounds import (MARGIN_BYTES, ModuleArrays, module_arrays, rank_sums, recompute_floor_s,
+                                         step_lower_s, variant_shape)
+from planner.search.space import Group, axis_orders
+
+
+class Members:
+    """Phase-2 bounds for one search (`state`: the driver's _Search)."""
+
+    def __init__(self, state):
+        self.state, self.cost, self.opts = state, state.cost, state.opts
+        self.num_layers = state.request.model.num_layers
+        self.memo: dict[tuple, object] = {}
+
+    def _cached(self, key: tuple, make):
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = make()
+        return found
+
+    def shape(self, pp: int, vpp: int):
+        return self._cached(("shape", pp, vpp), lambda: variant_shape(self.num_layers, pp, vpp))
+
+    def order_arrays(self, group: Group) -> list[tuple[tuple[str, ...], ModuleArrays]]:
+        """ModuleArrays of the group under each axis order (its own links)."""
+        out = []
+        for order in axis_orders(group.fact):
+            lc = self.cost.layer_costs(self.state.candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
+            out.append((order, module_arrays(lc, self.state.partial(group))))
+        return out
+
+    def variant_bounds(self, group: Group, schedule: str, vpp: int, arrays) -> list[tuple[float, np.ndarray, float]]:
+        """Per axis order: bound (3) with x = 0, the rank times and the pp communication."""
+        f, m = group.fact, group.num_microbatches
+        ranks = self.shape(f.pp, vpp).ranks
+        out = []
+        for order, arr in arrays:
+            times = rank_sums(arr.time_s, ranks, f.pp)
+            key = ("ppc", f, order, m, group.microbatch_size, group.sp, schedule == "interleaved", vpp)
+            ppc = self._cached(key, lambda: self.cost.pp_comm_s(
+                self.state.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
+            out.append((step_lower_s(m, float(times.max()), schedule, f.pp, vpp, ppc), times, ppc))
+        return out
+
+    def rank_fixed_bytes(self, group: Group, schedule: str, vpp: int, zero: int) -> np.ndarray:
+        """Per rank: held static bytes + other bytes - capacity (what activations may use is minus this)."""
+        f = group.fact
+        cand = None
+
+        def probe():
+            nonlocal cand
+            cand = cand or self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)
+            return cand
+
+        ranks = self.shape(f.pp, vpp).ranks
+        static = self._cached(("static", f, zero, schedule == "2bw", group.num_microbatches == 1, vpp), lambda: rank_sums(
+            self.cost.held_static_bytes(probe()), ranks, f.pp))
+        other = self._cached(("other", f, zero, group.microbatch_size, group.sp),
+                             lambda: self.cost.other_per_rank(probe()))
+        return static + other - self.state.capacity
+
+    def expand(self, group: Group, schedule: str, vpp: int, count: int, arrays, push) -> None:
+        """Bound the members of one valid variant; `push(lower, (vpp, schedule, zero, order))` those within the
+        threshold, count the rest in `pruned`."""
+        state, f, m = self.state, group.fact, group.num_microbatches
+        pruned = state.space.pruned
+        per_order = self.variant_bounds(group, schedule, vpp, arrays)
+        least = min(lower for lower, _, _ in per_order)
+        if least > state.ranking.threshold_s:
+            pruned["time_lower_bound"] += count
+            return
+        ranks = self.shape(f.pp, vpp).ranks
+        inflight = self.cost.inflight_per_rank(state.candidate(group, schedule=schedule, vpp=vpp))
+        act = rank_sums(arrays[0][1].activation_bytes, ranks, f.pp)  # activations read no link
+        act_floor = rank_sums(arrays[0][1].floor_bytes, ranks, f.pp)
+        ratios: dict[int, np.ndarray] = {}
+        for zero in self.opts.zero_stages:
+            if least > state.ranking.threshold_s:
+                pruned["time_lower_bound"] += len(arrays)
+                continue
+            fixed = self.rank_fixed_bytes(group, schedule, vpp, zero)
+            if float((fixed + inflight * act_floor).max()) > MARGIN_BYTES:
+                pruned["memory_lower_bound"] += len(arrays)
+                continue
+            excess = fixed + inflight * act
+            over = state.partial(group) and float(excess.max()) > MARGIN_BYTES
+            for index, ((order, arr), (lower, times, ppc)) in enumerate(zip(arrays, per_order)):
+                if over and lower <= state.ranking.threshold_s:
+                    extra = recompute_floor_s(arr, ranks, f.pp, excess, inflight, ratios, index)
+                    lower = step_lower_s(m, float((times + extra).max()), schedule, f.pp, vpp, ppc)
+                if lower > state.ranking.threshold_s:
+                    pruned["time_lower_bound"] += 1
+                    continue
+                push(lower, (vpp, schedule, zero, order))
+
+    def dp_exposed_s(self, group: Group, cand) -> float:
+        """The member's exact exposed dp time (shared by members that differ in schedule, recompute, overlap)."""
+        key = ("dp", group.fact, cand.axis_order, cand.zero_stage, cand.num_microbatches, cand.microbatch_size,
+               cand.sp, cand.vpp)
+        return self._cached(key, lambda: self.cost.dp_exposed_s(cand, self.shape(cand.pp, cand.vpp).ranks))
