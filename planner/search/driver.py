@@ -91,7 +91,7 @@ class _Search:
                 continue
             for group in self.space.fact_groups(fact):
                 if self.exhaustive:
-                    out.append((0.0, _group_tie(group), 1, group, None))
+                    out.append((0.0, _group_tie(group), 2, group, None))
                     continue
                 lower, times = self.floors.time(group)
                 out.append((lower, _group_tie(group), 0, group, times))
@@ -119,22 +119,26 @@ class _Search:
         while self.heap:
             lower, tie, stage, group, payload = heapq.heappop(self.heap)
             if lower > self.ranking.threshold_s:
-                if stage <= 1:
+                if stage <= 2:
                     self.space.prune_group(group, "time_lower_bound")
                 else:
                     self.space.pruned["time_lower_bound"] += 1
-            elif stage == 0:
+            elif stage == 0:  # placement floor -> memory bound and each order's pp link
                 zeros = self.memory_zeros(group)
                 if zeros:
-                    refined = max(lower, self.floors.refined(group, payload, zeros))
-                    heapq.heappush(self.heap, (refined, tie, 1, group, None))
+                    times = self.floors.pp_refined(group, payload)
+                    heapq.heappush(self.heap, (max(lower, times[0][0]), tie, 1, group, (zeros, times)))
                     continue
-            elif stage == 1:
-                self.visit_group(group, tie)
+            elif stage == 1:  # -> each order's exposed dp time
+                refined = max(lower, self.floors.dp_refined(group, payload[1], payload[0]))
+                heapq.heappush(self.heap, (refined, tie, 2, group, None))
+                continue
             elif stage == 2:
+                self.visit_group(group, tie)
+            elif stage == 3:
                 vpp, schedule, zero, order = payload
                 cand = self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order)
-                heapq.heappush(self.heap, (lower + self.members.dp_exposed_s(group, cand), tie, 3, group, cand))
+                heapq.heappush(self.heap, (lower + self.members.dp_exposed_s(group, cand), tie, 4, group, cand))
                 continue
             else:
                 self.visit(payload)
@@ -159,7 +163,7 @@ class _Search:
                         self.visit(self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
             else:
                 self.members.expand(group, schedule, vpp, count, arrays,
-                                    lambda lower, member: heapq.heappush(self.heap, (lower, (*tie, *member), 2, group, member)))
+                                    lambda lower, member: heapq.heappush(self.heap, (lower, (*tie, *member), 3, group, member)))
 
     def variant_bound(self, group: Group, schedule: str, vpp: int) -> float:
         """Bound (3) of every member of one (schedule, vpp) variant (x = 0), the least over the axis orders."""

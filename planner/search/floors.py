@@ -112,23 +112,29 @@ class Floors:
             lower = min(lower, time_s + ppc)
         return lower, sorted(times)
 
-    def refined(self, group: Group, times: list[tuple[float, int, str]], zeros: list[int]) -> float:
-        """The group's bound with each axis order's pp link and exposed dp time (the least over the ZeRO stages
-        in `zeros`, those that pass the memory bound): min over vpp and order of time + pp_comm + dp."""
+    def pp_refined(self, group: Group, times: list[tuple[float, int, str]]) -> list[tuple[float, int, str, tuple]]:
+        """`time` plus each axis order's pp communication (CostModel.pp_comm_s), per (vpp, order), sorted."""
         f, m = group.fact, group.num_microbatches
-        best = np.inf
+        out = []
         for time_s, vpp, schedule in times:
-            if time_s >= best:
-                break
-            ranks = self.shape(f.pp, vpp).ranks
             for order in axis_orders(f):
                 key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule == "interleaved")
                 ppc = self._cached(key, lambda: self.cost.pp_comm_s(
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
-                if time_s + ppc >= best:
-                    continue
-                dp = min(self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp), lambda: (
-                    self.cost.dp_exposed_s(self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order), ranks)))
-                    for zero in zeros)
-                best = min(best, time_s + ppc + dp)
+                out.append((time_s + ppc, vpp, schedule, order))
+        return sorted(out)
+
+    def dp_refined(self, group: Group, times: list[tuple[float, int, str, tuple]], zeros: list[int]) -> float:
+        """The least over (vpp, order) of `pp_refined` plus the exposed dp time of that order, the least over the
+        ZeRO stages in `zeros` (those that pass the memory bound)."""
+        f, m = group.fact, group.num_microbatches
+        best = np.inf
+        for time_s, vpp, _, order in times:
+            if time_s >= best:
+                break
+            ranks = self.shape(f.pp, vpp).ranks
+            dp = min(self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp), lambda: (
+                self.cost.dp_exposed_s(self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order), ranks)))
+                for zero in zeros)
+            best = min(best, time_s + dp)
         return best
