@@ -162,9 +162,9 @@ def pp_comm_s(model: "CostModel", cand: "Candidate") -> float:
 
 
 def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
-    """pp_comm_s over the fastest link any group can have on the topology (the higher of the best intra-node
-    bandwidth and the NIC share, the lower latency): at most pp_comm_s under every placement, as a
-    point-to-point send is bytes / bandwidth + latency (planner.cost.comm.p2p_s)."""
+    """pp_comm_s over the cheapest footprint a pp group of the candidate's size can have (module docstring: a
+    point-to-point send, bytes / bandwidth + latency, reads the node count only through "spans nodes"): at most
+    pp_comm_s under every placement."""
     transfers = _p2p_transfers(cand)
     if transfers == 0:
         return 0.0
@@ -172,17 +172,12 @@ def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
     def send() -> float:
         from planner.cost import comm
         from planner.cost.memory import p2p_activation_bytes
-        from planner.topology.placement import intra_bandwidth_GBps, nic_share_GBps
 
-        topo = model.topology
-        fastest = GroupLink(
-            size=2, ranks_per_node=2, num_nodes=1,
-            intra_bandwidth_GBps=max(intra_bandwidth_GBps(topo, topo.gpus_per_node), nic_share_GBps(topo)),
-            intra_latency_s=min(topo.intra_node.latency_s, topo.inter_node.latency_s),
-            inter_bandwidth_GBps=nic_share_GBps(topo), inter_latency_s=topo.inter_node.latency_s)
-        return comm.p2p_s(p2p_activation_bytes(model.spec, model.shape(cand)), group=fastest)
+        size = p2p_activation_bytes(model.spec, model.shape(cand))
+        return min(comm.p2p_s(size, group=link) for link in _footprints(model, cand, cand.pp))
 
-    return 2 * transfers * _memo(model, ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp), send)
+    key = ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp, cand.pp, cand.world_size)
+    return 2 * transfers * _memo(model, key, send)
 
 
 def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> float:
@@ -208,3 +203,53 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> fl
     terms = _memo(model, ("dp_terms", cand.zero_stage, m, links.dp, links.expert_dp), lambda: _DpTerms(
         _linear(lambda x: _dp_comm_s(model, cand, x, 0.0)), _linear(lambda x: _dp_comm_s(model, cand, 0.0, x))))
     return float(_dp_exposed(model, cand, terms, row))
+
+
+def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:
+    """A lower bound of sum_l (forward_s + backward_s) / microbatch_size over every micro-batch size and every
+    placement of the cp, ep, dp and pp groups, for the candidate's tp, cp, ep, sp and tp_overlap; 0 with a
+    measured profile (its times follow no formula). The search bounds all micro-batch sizes of a
+    factorisation family with it before any module table is built.
+
+    Per micro-batch of b sequences every term below is b x its value at b = 1 plus a non-negative fixed part,
+    which the bound drops: matmuls take flops / (peak x ceiling) + calls x t0 (planner.cost.compute.gemm_time_s,
+    flops proportional to the tokens), backward 2x (FLASH_BACKWARD_FACTOR x for a flash core); TP all-reduces
+    and EP all-to-alls are bytes / bandwidth + latencies (planner.cost.comm), exposed whole without overlap and
+    at least half under Domino (comm.domino_exposed_s); the EP link is the cheapest footprint (module docstring).
+    Memory-bound operators, exposed CP time and recompute are >= 0 and left out."""
+    if model.profile is not None:
+        return 0.0
+    key = ("per_sample", cand.tp, cand.cp, cand.ep, cand.sp, cand.tp_overlap, cand.world_size)
+    return _memo(model, key, lambda: _per_sample(model, dataclasses.replace(cand, microbatch_size=1)))
+
+
+def _per_sample(model: "CostModel", cand: "Candidate") -> float:
+    from planner.cost import compute
+    from planner.models import counting
+
+    spec, shape = model.spec, model.shape(cand)
+    cal = dataclasses.replace(model.cal, gemm_fixed_s=0.0)
+    def fast(link: GroupLink) -> GroupLink:
+        return dataclasses.replace(link, intra_latency_s=0.0, inter_latency_s=0.0)
+
+    base = floor_links(model, cand)
+    env = L.Env(spec=spec, device=model.device, cal=cal, precision=model.request.precision, shape=shape,
+                links=dataclasses.replace(base, tp=fast(base.tp)), tp_overlap="none")
+    ep_s = 0.0
+    if cand.ep > 1:
+        ep_s = min(sum(L._ep_times(dataclasses.replace(env, links=dataclasses.replace(env.links, ep=fast(link)))))
+                   for link in _footprints(model, cand, cand.ep))
+    share = 0.5 if cand.tp_overlap == "domino" else 1.0
+    total = 0.0
+    kinds = [(False, int((~model.moe_mask).sum())), (True, int(model.moe_mask.sum()))]
+    for moe_layer, count in kinds:
+        if count == 0:
+            continue
+        moe = counting.moe_params(spec) if moe_layer else None
+        fwd, bwd, _ = L._gemm_times(env, compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=moe))
+        tp = sum(L._tp_times(env, fwd, bwd, collectives=2))
+        ep = ep_s if moe_layer else 0.0
+        total += count * (fwd + bwd + share * tp + ep)
+    fwd, bwd, _ = L._gemm_times(env, compute.head_gemms(spec, shape))
+    tp_fwd, tp_bwd = L._tp_times(env, fwd, bwd, collectives=1)
+    return total + fwd + bwd + share * (tp_bwd + (tp_fwd if shape.sp else 0.0))

@@ -264,6 +264,12 @@ class CostModel:
 
         return bounds.floor_costs(self, cand)
 
+    def per_sample_floor_s(self, cand: Candidate) -> float:
+        """Per-sequence floor of the modules' forward + backward time over every micro-batch size and placement."""
+        from planner.cost import bounds
+
+        return bounds.per_sample_floor_s(self, cand)
+
     def held_static_bytes(self, cand: Candidate) -> np.ndarray:
         """Per-module static bytes held at the memory peak together with the activations."""
         from planner.cost import bounds

@@ -35,6 +35,7 @@ from planner.search.refine import Counters, partial_recompute, rank_excess_bytes
 from planner.search.space import Group, Options, Space, axis_orders
 
 ProgressFn = Callable[[int, int], None]
+FAMILY, SHAPE, GROUP, PLACED, VISIT, MEMBER, EVALUATE = range(7)  # stages of a heap entry (_Search.run)
 
 
 @dataclass
@@ -79,9 +80,10 @@ class _Search:
 
     # ---- phase 1: bounds of every group (planner.search.floors), visited least first -------------------------
     def bounded_groups(self) -> list[tuple]:
-        """Every valid group as a heap entry (time bound, tie-break, stage, group, payload); a stage-0 entry gets
-        its memory bound and the dp refinement when it reaches the top of the heap (most never do)."""
-        out = []
+        """The heap's first entries (bound, tie-break, stage, group, payload): one per family (FAMILY: the groups
+        of every factorisation with one tp, cp, ep, sp and tp_overlap; payload its shapes), or with `exhaustive`
+        one per group, visited as they come."""
+        out, families = [], {}
         for fact in self.space.factorisations():
             count = self.space.fact_count(fact)
             self.space.considered += count
@@ -91,10 +93,15 @@ class _Search:
                 continue
             for group in self.space.fact_groups(fact):
                 if self.exhaustive:
-                    out.append((0.0, _group_tie(group), 2, group, None))
+                    out.append((0.0, _group_tie(group), VISIT, group, None))
                     continue
-                lower, times = self.floors.time(group)
-                out.append((lower, _group_tie(group), 0, group, times))
+                family = families.setdefault((fact.tp, fact.cp, fact.ep, group.sp, group.tp_overlap), {})
+                family.setdefault(self.floors.arrays_key(group), []).append(group)
+        for (tp, cp, ep, sp, overlap), shapes in families.items():
+            first = next(iter(shapes.values()))[0]
+            out.append((self.floors.family_lower(first), (-1, tp, cp, ep, int(sp), overlap), FAMILY, None, shapes))
+        self.groups_total = len(out) if self.exhaustive else sum(
+            len(groups) for shapes in families.values() for groups in shapes.values())
         heapq.heapify(out)
         return out
 
@@ -111,41 +118,68 @@ class _Search:
         return zeros
 
     def run(self) -> None:
-        """Best-first over one heap: a group's entry is refined once with the dp bound, then visited (its members
-        enter the heap with their own bounds), a member's entry is refined with its exact exposed dp time, then
-        evaluated; once the least bound exceeds the threshold, every entry left is pruned."""
+        """Best-first over one heap. An entry whose bound exceeds the threshold is pruned with all it stands for
+        (the heap's least bound then exceeds it too: everything left is pruned); else it is refined and pushed
+        back, or visited: family -> its shapes -> their groups (placement floor) -> memory bound and each order's pp link ->
+        exposed dp time -> the group's members (their own bounds) -> the member's exposed dp time -> evaluated."""
+        self.groups_done = 0
         self.heap = self.bounded_groups()
-        total, done = len(self.heap), 0
         while self.heap:
             lower, tie, stage, group, payload = heapq.heappop(self.heap)
             if lower > self.ranking.threshold_s:
-                if stage <= 2:
-                    self.space.prune_group(group, "time_lower_bound")
-                else:
-                    self.space.pruned["time_lower_bound"] += 1
-            elif stage == 0:  # placement floor -> memory bound and each order's pp link
-                zeros = self.memory_zeros(group)
-                if zeros:
-                    times = self.floors.pp_refined(group, payload)
-                    heapq.heappush(self.heap, (max(lower, times[0][0]), tie, 1, group, (zeros, times)))
-                    continue
-            elif stage == 1:  # -> each order's exposed dp time
-                refined = max(lower, self.floors.dp_refined(group, payload[1], payload[0]))
-                heapq.heappush(self.heap, (refined, tie, 2, group, None))
-                continue
-            elif stage == 2:
-                self.visit_group(group, tie)
-            elif stage == 3:
-                vpp, schedule, zero, order = payload
-                cand = self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order)
-                heapq.heappush(self.heap, (lower + self.members.dp_exposed_s(group, cand), tie, 4, group, cand))
-                continue
+                self.prune(stage, group, payload)
             else:
-                self.visit(payload)
-                continue
-            done += 1
-            if self.progress is not None and (done % 64 == 0 or done == total):
-                self.progress(done, total)
+                self.advance(lower, tie, stage, group, payload)
+
+    def prune(self, stage: int, group: Group | None, payload) -> None:
+        if stage == FAMILY:
+            for groups in payload.values():
+                self.prune(SHAPE, None, groups)
+        elif stage == SHAPE:
+            for each in payload:
+                self.space.prune_group(each, "time_lower_bound")
+            self.done(len(payload))
+        elif stage <= VISIT:
+            self.space.prune_group(group, "time_lower_bound")
+            self.done(1)
+        else:
+            self.space.pruned["time_lower_bound"] += 1
+
+    def advance(self, lower: float, tie: tuple, stage: int, group: Group | None, payload) -> None:
+        def push(*entry):
+            heapq.heappush(self.heap, entry)
+
+        if stage == FAMILY:
+            for key, groups in payload.items():
+                push(max(lower, self.floors.shape_lower(groups[0])), (0, *key[1:]), SHAPE, None, groups)
+        elif stage == SHAPE:
+            for each in payload:
+                bound, times = self.floors.time(each)
+                push(max(lower, bound), _group_tie(each), GROUP, each, times)
+        elif stage == GROUP:
+            zeros = self.memory_zeros(group)
+            if zeros:
+                times = self.floors.pp_refined(group, payload)
+                push(max(lower, times[0][0]), tie, PLACED, group, (zeros, times))
+            else:
+                self.done(1)
+        elif stage == PLACED:
+            push(max(lower, self.floors.dp_refined(group, payload[1], payload[0])), tie, VISIT, group, None)
+        elif stage == VISIT:
+            self.visit_group(group, tie)
+            self.done(1)
+        elif stage == MEMBER:
+            vpp, schedule, zero, order = payload
+            cand = self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order)
+            push(lower + self.members.dp_exposed_s(group, cand), tie, EVALUATE, group, cand)
+        else:
+            self.visit(payload)
+
+    def done(self, groups: int) -> None:
+        """Count groups finished (pruned or visited) for the progress callback."""
+        before, self.groups_done = self.groups_done, self.groups_done + groups
+        if self.progress is not None and (before // 64 != self.groups_done // 64 or self.groups_done == self.groups_total):
+            self.progress(self.groups_done, self.groups_total)
 
     # ---- phase 2: the members of a group (planner.search.members) -----------------------------------------
     def visit_group(self, group: Group, tie: tuple) -> None:
@@ -163,7 +197,7 @@ class _Search:
                         self.visit(self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
             else:
                 self.members.expand(group, schedule, vpp, count, arrays,
-                                    lambda lower, member: heapq.heappush(self.heap, (lower, (*tie, *member), 3, group, member)))
+                                    lambda lower, member: heapq.heappush(self.heap, (lower, (*tie, *member), MEMBER, group, member)))
 
     def variant_bound(self, group: Group, schedule: str, vpp: int) -> float:
         """Bound (3) of every member of one (schedule, vpp) variant (x = 0), the least over the axis orders."""

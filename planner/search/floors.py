@@ -59,6 +59,19 @@ class Floors:
             self.cost.floor_costs(self.candidate(group, zero_stage=self.opts.zero_stages[0])),
             self.state.partial(group)))
 
+    def family_lower(self, group: Group) -> float:
+        """A bound of every group with this group's tp, cp, ep, sp and tp_overlap, whatever its pp, micro-batch
+        size and recompute: m * microbatch_size * (per-sample floor) / pp (CostModel.per_sample_floor_s; bound
+        (1) with T >= microbatch_size x the floor), the same for them all (see shape_lower)."""
+        floor = self.cost.per_sample_floor_s(self.candidate(group, zero_stage=self.opts.zero_stages[0]))
+        return group.num_microbatches * group.microbatch_size * floor / group.fact.pp
+
+    def shape_lower(self, group: Group) -> float:
+        """A bound of every group with this group's ModuleArrays key, whatever its pp: m * T / pp (bound (1)),
+        the same for them all, since m / pp = global_batch_size * tp * cp / (gpus * microbatch_size)."""
+        f = group.fact
+        return bounds.step_time_lower_bound_s(self.arrays(group).time_sum_s, group.num_microbatches, f.pp)
+
     def memory(self, group: Group) -> dict[int, float]:
         """Bound (2) per ZeRO stage."""
         f = group.fact
