@@ -1,0 +1,86 @@
+"""The cost model's terms for the search's bounds (planner.cost.bounds): the single terms equal evaluate's, the
+floors are at most the candidate's under every axis order and micro-batch size."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.api import build_request
+from planner.cost.model import Candidate, CostModel
+from planner.schemas.model import ModelSpec, MoESpec
+from planner.search.refine import rank_of_modules, split_for
+from planner.search.space import Factorisation, axis_orders
+
+SMALL = ModelSpec(name="small", num_layers=6, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
+                  num_kv_heads=4, vocab_size=8000, seq_len=1024, activation="swiglu", norm="rmsnorm")
+MOE = SMALL.model_copy(update=dict(name="small-moe", moe=MoESpec(num_experts=16, top_k=2, expert_ffn_hidden_size=512)))
+
+
+def _candidates(gpus: int, moe: bool):
+    for tp, pp, cp in itertools.product((1, 2, 4), (1, 2, 3), (1, 2, 4)):
+        if gpus % (tp * pp * cp):
+            continue
+        dp = gpus // (tp * pp * cp)
+        for ep in ((1, 2, 4, 8, 16) if moe else (1,)):
+            if (dp * cp) % ep or 16 % ep:
+                continue
+            for order in axis_orders(Factorisation(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)):
+                yield dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, axis_order=order, sp=tp > 1,
+                           tp_overlap="domino" if tp > 1 else "none")
+
+
+CASES = [(SMALL, "dgx-h100", "bf16"), (MOE, "dgx-h100", "bf16"), (MOE, "mi300x-8", "fp8"), (SMALL, "dgx-a100-40g", "amp-bf16")]
+
+
+@pytest.mark.parametrize("model,topology,precision", CASES)
+def test_floors_are_below_the_candidates_costs(model, topology, precision):
+    request = build_request(model=model, topology=topology, gpus=48, global_batch_size=96, seq_len=1024,
+                            precision=precision)
+    cost = CostModel(request)
+    checked = 0
+    for fields in _candidates(48, model.moe is not None):
+        for mbs, recompute in ((1, "none"), (2, "selective"), (3, "full")):
+            cand = Candidate(**fields, microbatch_size=mbs, num_microbatches=96 // (fields["dp"] * mbs) or 1,
+                             recompute=recompute, schedule="1f1b")
+            lc, floor = cost.layer_costs(cand), cost.floor_costs(cand)
+            times = lc.forward_s + lc.backward_s + lc.recompute_s
+            assert np.all(floor.forward_s + floor.backward_s + floor.recompute_s <= times * (1 + 1e-12))
+            assert np.all(floor.full_recompute_s <= lc.full_recompute_s * (1 + 1e-12))
+            assert np.array_equal(floor.activation_bytes, lc.activation_bytes)
+            sample = cost.per_sample_floor_s(cand) * mbs
+            assert sample <= float((lc.forward_s + lc.backward_s).sum()) * (1 + 1e-12)
+            assert cost.pp_comm_floor_s(cand) <= cost.pp_comm_s(cand) * (1 + 1e-12)
+            assert np.all(cost.held_static_bytes(cand) <= lc.static_bytes)
+            checked += 1
+    assert checked > 50
+
+
+def test_single_terms_equal_evaluate():
+    request = build_request(model=MOE, topology="dgx-h100", gpus=48, global_batch_size=96, seq_len=1024)
+    cost = CostModel(request)
+    for fields in itertools.islice(_candidates(48, True), 0, None, 7):
+        for zero, schedule in ((0, "1f1b"), (2, "gpipe"), (3, "zero-bubble")):
+            cand = Candidate(**fields, microbatch_size=1, num_microbatches=96 // fields["dp"], zero_stage=zero,
+                             schedule=schedule)
+            ev = cost.evaluate(cand)
+            if ev.raw_breakdown:  # a valid candidate
+                ranks = rank_of_modules(split_for(MOE.num_layers, cand), cand.pp)
+                assert cost.pp_comm_s(cand) == pytest.approx(ev.raw_breakdown["pp_comm_s"], rel=1e-12, abs=1e-15)
+                assert cost.dp_exposed_s(cand, ranks) == pytest.approx(ev.raw_breakdown["dp_comm_exposed_s"],
+                                                                       rel=1e-12, abs=1e-15)
+                assert np.array_equal(cost.other_per_rank(cand), [cost.stage_other_bytes(cand, r) for r in range(cand.pp)])
+                assert np.array_equal(cost.inflight_per_rank(cand),
+                                      [cost.inflight_microbatches(cand, r) for r in range(cand.pp)])
+
+
+def test_floor_is_shared_by_the_axis_orders_and_zero_with_a_profile():
+    request = build_request(model=SMALL, topology="dgx-h100", gpus=48, global_batch_size=96, seq_len=1024)
+    cost = CostModel(request)
+    a = Candidate(dp=4, tp=2, pp=3, cp=2, microbatch_size=1, num_microbatches=24, axis_order=("pp", "dp", "cp", "tp"))
+    b = dataclasses.replace(a, axis_order=("cp", "dp", "pp", "tp"))
+    assert cost.floor_costs(a) is cost.floor_costs(b)
+    profiled = CostModel(request, profile=None)
+    profiled.profile = object()  # any measured profile: its times follow no formula
+    assert profiled.per_sample_floor_s(a) == 0.0
