@@ -253,3 +253,19 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> float:
     fwd, bwd, _ = L._gemm_times(env, compute.head_gemms(spec, shape))
     tp_fwd, tp_bwd = L._tp_times(env, fwd, bwd, collectives=1)
     return total + fwd + bwd + share * (tp_bwd + (tp_fwd if shape.sp else 0.0))
+
+
+def floor_time_sum_s(model: "CostModel", cand: "Candidate") -> float:
+    """sum_l forward_s + backward_s + min(0, selective recompute, full recompute) under floor_links: at most the
+    sum of the module times of any recompute mode (with or without a partial full recompute) under every
+    placement; one number for the three modes."""
+    from planner.cost.arrays import _module_table, _rows
+
+    def make() -> float:
+        row = _rows(_module_table(model, cand, floor_links(model, cand)), "none")
+        least = np.minimum(0.0, np.minimum(row["selective_s"], row["full_recompute_s"]))
+        return float((row["fwd"] + row["bwd"] + least).sum())
+
+    key = ("floor_sum", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.tp_overlap, cand.world_size,
+           _order(cand))
+    return _memo(model, key, make)

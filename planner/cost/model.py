@@ -264,6 +264,12 @@ class CostModel:
 
         return bounds.floor_costs(self, cand)
 
+    def floor_time_sum_s(self, cand: Candidate) -> float:
+        """Sum of the modules' time floors, the least over the recompute modes."""
+        from planner.cost import bounds
+
+        return bounds.floor_time_sum_s(self, cand)
+
     def per_sample_floor_s(self, cand: Candidate) -> float:
         """Per-sequence floor of the modules' forward + backward time over every micro-batch size and placement."""
         from planner.cost import bounds

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,9 +82,10 @@ class _Search:
     # ---- phase 1: bounds of every group (planner.search.floors), visited least first -------------------------
     def bounded_groups(self) -> list[tuple]:
         """The heap's first entries (bound, tie-break, stage, group, payload): one per family (FAMILY: the groups
-        of every factorisation with one tp, cp, ep, sp and tp_overlap; payload its shapes), or with `exhaustive`
-        one per group, visited as they come."""
+        of every factorisation with one tp, cp, ep, sp and tp_overlap; payload (sp, tp_overlap, factorisations)),
+        or with `exhaustive` one per group, visited as they come."""
         out, families = [], {}
+        self.groups_total = 0
         for fact in self.space.factorisations():
             count = self.space.fact_count(fact)
             self.space.considered += count
@@ -91,17 +93,17 @@ class _Search:
             if reason is not None:
                 self.space.pruned[reason] += count
                 continue
-            for group in self.space.fact_groups(fact):
-                if self.exhaustive:
-                    out.append((0.0, _group_tie(group), VISIT, group, None))
-                    continue
-                family = families.setdefault((fact.tp, fact.cp, fact.ep, group.sp, group.tp_overlap), {})
-                family.setdefault(self.floors.arrays_key(group), []).append(group)
-        for (tp, cp, ep, sp, overlap), shapes in families.items():
-            first = next(iter(shapes.values()))[0]
-            out.append((self.floors.family_lower(first), (-1, tp, cp, ep, int(sp), overlap), FAMILY, None, shapes))
-        self.groups_total = len(out) if self.exhaustive else sum(
-            len(groups) for shapes in families.values() for groups in shapes.values())
+            if self.exhaustive:
+                out.extend((0.0, _group_tie(group), VISIT, group, None) for group in self.space.fact_groups(fact))
+                continue
+            sizes, sps, overlaps = self.space.group_options(fact)
+            self.groups_total += len(sizes) * len(sps) * len(overlaps) * len(self.opts.recompute_modes)
+            for sp, overlap in itertools.product(sps, overlaps):
+                families.setdefault((fact.tp, fact.cp, fact.ep, sp, overlap), []).append(fact)
+        for (tp, cp, ep, sp, overlap), facts in families.items():
+            lower = self.floors.family_lower(facts[0], sp, overlap)
+            out.append((lower, (-1, tp, cp, ep, int(sp), overlap), FAMILY, None, (sp, overlap, facts)))
+        self.groups_total = len(out) if self.exhaustive else self.groups_total
         heapq.heapify(out)
         return out
 
@@ -133,11 +135,15 @@ class _Search:
 
     def prune(self, stage: int, group: Group | None, payload) -> None:
         if stage == FAMILY:
-            for groups in payload.values():
-                self.prune(SHAPE, None, groups)
+            sp, overlap, facts = payload
+            copies = len(self.opts.recompute_modes)
+            for fact in facts:
+                for mbs in self.space.group_options(fact)[0]:
+                    self.space.prune_group(self.floors.group(fact, mbs, sp, self.opts.recompute_modes[0], overlap),
+                                           "time_lower_bound", copies)
+                    self.done(copies)
         elif stage == SHAPE:
-            for each in payload:
-                self.space.prune_group(each, "time_lower_bound")
+            self.space.prune_groups(payload, "time_lower_bound")
             self.done(len(payload))
         elif stage <= VISIT:
             self.space.prune_group(group, "time_lower_bound")
@@ -150,8 +156,10 @@ class _Search:
             heapq.heappush(self.heap, entry)
 
         if stage == FAMILY:
-            for key, groups in payload.items():
-                push(max(lower, self.floors.shape_lower(groups[0])), (0, *key[1:]), SHAPE, None, groups)
+            sp, overlap, facts = payload
+            for (mbs, multi), groups in self.floors.shapes(*payload).items():
+                shape_tie = (0, facts[0].tp, facts[0].cp, facts[0].ep, mbs, multi, int(sp), overlap)
+                push(max(lower, self.floors.shape_lower(groups[0])), shape_tie, SHAPE, None, groups)
         elif stage == SHAPE:
             for each in payload:
                 bound, times = self.floors.time(each)

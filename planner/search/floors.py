@@ -59,18 +59,32 @@ class Floors:
             self.cost.floor_costs(self.candidate(group, zero_stage=self.opts.zero_stages[0])),
             self.state.partial(group)))
 
-    def family_lower(self, group: Group) -> float:
-        """A bound of every group with this group's tp, cp, ep, sp and tp_overlap, whatever its pp, micro-batch
-        size and recompute: m * microbatch_size * (per-sample floor) / pp (CostModel.per_sample_floor_s; bound
-        (1) with T >= microbatch_size x the floor), the same for them all (see shape_lower)."""
+    def group(self, fact: Factorisation, mbs: int, sp: bool, recompute: str, overlap: str) -> Group:
+        return Group(fact, mbs, self.state.request.global_batch_size // (fact.dp * mbs), sp, recompute, overlap)
+
+    def shapes(self, sp: bool, overlap: str, facts: list[Factorisation]) -> dict[tuple[int, bool], list[Group]]:
+        """The groups of a family by shape (micro-batch size, pp > 1): one ModuleArrays key but the recompute."""
+        out: dict[tuple[int, bool], list[Group]] = {}
+        for fact in facts:
+            for mbs in self.state.space.group_options(fact)[0]:
+                out.setdefault((mbs, fact.pp > 1), []).extend(
+                    self.group(fact, mbs, sp, recompute, overlap) for recompute in self.opts.recompute_modes)
+        return out
+
+    def family_lower(self, fact: Factorisation, sp: bool, overlap: str) -> float:
+        """A bound of every group with this factorisation's tp, cp, ep and these sp, tp_overlap, whatever its pp,
+        micro-batch size and recompute: m * microbatch_size * (per-sample floor) / pp (CostModel
+        .per_sample_floor_s; bound (1) with T >= microbatch_size x the floor), the same for them all, since
+        m / pp = global_batch_size * tp * cp / (gpus * microbatch_size)."""
+        group = self.group(fact, self.state.space.group_options(fact)[0][0], sp, self.opts.recompute_modes[0], overlap)
         floor = self.cost.per_sample_floor_s(self.candidate(group, zero_stage=self.opts.zero_stages[0]))
-        return group.num_microbatches * group.microbatch_size * floor / group.fact.pp
+        return group.num_microbatches * group.microbatch_size * floor / fact.pp
 
     def shape_lower(self, group: Group) -> float:
-        """A bound of every group with this group's ModuleArrays key, whatever its pp: m * T / pp (bound (1)),
-        the same for them all, since m / pp = global_batch_size * tp * cp / (gpus * microbatch_size)."""
-        f = group.fact
-        return bounds.step_time_lower_bound_s(self.arrays(group).time_sum_s, group.num_microbatches, f.pp)
+        """A bound of every group of the family with this group's micro-batch size, whatever its pp and recompute:
+        m * T / pp (bound (1)) with T the least sum over the recompute modes (CostModel.floor_time_sum_s)."""
+        floor = self.cost.floor_time_sum_s(self.candidate(group, zero_stage=self.opts.zero_stages[0]))
+        return bounds.step_time_lower_bound_s(floor, group.num_microbatches, group.fact.pp)
 
     def memory(self, group: Group) -> dict[int, float]:
         """Bound (2) per ZeRO stage."""

@@ -269,19 +269,30 @@ class Space:
             else:
                 yield schedule, vpp, per_variant
 
-    def prune_group(self, group: Group, reason: str) -> None:
-        """Count a whole group as pruned for `reason`, its variants that break an interleaving rule under that
-        rule (what `variants` would count). The split is the same for every group of a factorisation with this
-        num_microbatches, so it is worked out once."""
+    def prune_group(self, group: Group, reason: str, copies: int = 1) -> None:
+        """Count a whole group (`copies` groups of its factorisation and num_microbatches) as pruned for
+        `reason`, its variants that break an interleaving rule under that rule (what `variants` would count).
+        The split is the same for every group of a factorisation with this num_microbatches: worked out once."""
         key = (group.fact, group.num_microbatches)
         found = self._variant_counts.get(key)
+        structural = copies
         if found is None:
             before = Counter(self.pruned)
-            valid = sum(count for _, _, count in self.variants(group))
+            valid = sum(count for _, _, count in self.variants(group))  # counts the rules once
             found = self._variant_counts[key] = (valid, Counter(self.pruned) - before)
-        else:
-            self.pruned.update(found[1])
-        self.pruned[reason] += found[0]
+            structural -= 1
+        for rule, count in found[1].items():
+            self.pruned[rule] += count * structural
+        self.pruned[reason] += found[0] * copies
+
+    def prune_groups(self, groups: list[Group], reason: str) -> None:
+        """prune_group for each group, in one count per (factorisation, num_microbatches)."""
+        counts: dict[tuple, list] = {}
+        for group in groups:
+            entry = counts.setdefault((group.fact, group.num_microbatches), [group, 0])
+            entry[1] += 1
+        for group, copies in counts.values():
+            self.prune_group(group, reason, copies)
 
     def members(self, group: Group, schedule: str, vpp: int) -> Iterator[Member]:
         """The members of one (schedule, vpp) variant: every ZeRO stage and axis order."""
