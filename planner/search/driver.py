@@ -166,13 +166,16 @@ class _Search:
                 push(max(lower, bound), _group_tie(each), GROUP, each, times)
         elif stage == GROUP:
             zeros = self.memory_zeros(group)
-            if zeros:
-                times = self.floors.pp_refined(group, payload)
-                push(max(lower, times[0][0]), tie, PLACED, group, (zeros, times))
+            coupled = self.floors.coupled(group, zeros) if zeros else []
+            if coupled:
+                bounds = self.floors.pp_refined(group, coupled)
+                push(max(lower, bounds[0][0]), tie, PLACED, group, bounds)
             else:
+                if zeros:  # the per-rank floors of every variant and stage exceed the capacity
+                    self.space.pruned["memory_lower_bound"] += self.space.members_per_group(group.fact)
                 self.done(1)
         elif stage == PLACED:
-            push(max(lower, self.floors.dp_refined(group, payload[1], payload[0])), tie, VISIT, group, None)
+            push(max(lower, self.floors.dp_refined(group, payload)), tie, VISIT, group, None)
         elif stage == VISIT:
             self.visit_group(group, tie)
             self.done(1)

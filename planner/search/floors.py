@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from planner.search import bounds
-from planner.search.group_bounds import ModuleArrays, module_arrays, rank_sums, step_lower_s, variant_shape
+from planner.search.group_bounds import (MARGIN_BYTES, ModuleArrays, module_arrays, rank_sums, recompute_floor_s,
+                                         step_lower_s, variant_shape)
 from planner.search.space import Factorisation, Group, axis_orders, schedule_variants
 
 
@@ -139,29 +140,54 @@ class Floors:
             lower = min(lower, time_s + ppc)
         return lower, sorted(times)
 
-    def pp_refined(self, group: Group, times: list[tuple[float, int, str]]) -> list[tuple[float, int, str, tuple]]:
-        """`time` plus each axis order's pp communication (CostModel.pp_comm_s), per (vpp, order), sorted."""
+    def coupled(self, group: Group, zeros: list[int]) -> list[tuple[float, int, str, int]]:
+        """Per (vpp, schedule, ZeRO stage in `zeros`) that the per-rank memory floor (planner.search.members)
+        allows: bound (3) on the placement-floor arrays with x_r, the recompute a rank over capacity needs (its
+        d_l are at most any placement's), no pp communication; sorted. Empty: no member of the group fits."""
+        f, m = group.fact, group.num_microbatches
+        arrays, out = self.arrays(group), []
+        for vpp, schedules in self.variants(group):
+            ranks = self.shape(f.pp, vpp).ranks
+            times = rank_sums(arrays.time_s, ranks, f.pp)
+            act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
+            ratios: dict = {}
+            for schedule in schedules:
+                inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                    self.candidate(group, schedule=schedule, vpp=vpp)))
+                for zero in zeros:
+                    fixed = self.state.members.rank_fixed_bytes(group, schedule, vpp, zero)
+                    if float((fixed + inflight * act_floor).max()) > MARGIN_BYTES:
+                        continue
+                    rank_s = times
+                    excess = fixed + inflight * act
+                    if self.state.partial(group) and float(excess.max()) > MARGIN_BYTES:
+                        rank_s = times + recompute_floor_s(arrays, ranks, f.pp, excess, inflight, ratios, vpp)
+                    out.append((step_lower_s(m, float(rank_s.max()), schedule, f.pp, vpp, 0.0), vpp, schedule, zero))
+        return sorted(out)
+
+    def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple]]:
+        """`coupled` plus each axis order's pp communication (CostModel.pp_comm_s): (bound, vpp, zero, order),
+        sorted."""
         f, m = group.fact, group.num_microbatches
         out = []
-        for time_s, vpp, schedule in times:
+        for time_s, vpp, schedule, zero in bounds:
             for order in axis_orders(f):
                 key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule == "interleaved")
                 ppc = self._cached(key, lambda: self.cost.pp_comm_s(
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
-                out.append((time_s + ppc, vpp, schedule, order))
+                out.append((time_s + ppc, vpp, zero, order))
         return sorted(out)
 
-    def dp_refined(self, group: Group, times: list[tuple[float, int, str, tuple]], zeros: list[int]) -> float:
-        """The least over (vpp, order) of `pp_refined` plus the exposed dp time of that order, the least over the
-        ZeRO stages in `zeros` (those that pass the memory bound)."""
+    def dp_refined(self, group: Group, bounds: list[tuple[float, int, int, tuple]]) -> float:
+        """The least over the entries of `pp_refined` of the bound plus that order's exposed dp time at that
+        ZeRO stage (CostModel.dp_exposed_s)."""
         f, m = group.fact, group.num_microbatches
         best = np.inf
-        for time_s, vpp, _, order in times:
+        for time_s, vpp, zero, order in bounds:
             if time_s >= best:
                 break
             ranks = self.shape(f.pp, vpp).ranks
-            dp = min(self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp), lambda: (
+            dp = self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp), lambda: (
                 self.cost.dp_exposed_s(self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order), ranks)))
-                for zero in zeros)
             best = min(best, time_s + dp)
         return best

@@ -33,6 +33,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from planner.capabilities import RUNNABLE_SCHEDULES, precision_refusal
 from planner.errors import BadInputError
@@ -133,19 +134,24 @@ class Member:
     axis_order: tuple[str, ...]
 
 
-def axis_orders(fact: Factorisation) -> list[tuple[str, ...]]:
+def axis_orders(fact: Factorisation) -> tuple[tuple[str, ...], ...]:
     """tp innermost; every permutation of the outer axes with size > 1, placed in the default order's slots."""
+    return _orders(fact.pp > 1, fact.dp > 1, fact.cp > 1)
+
+
+@lru_cache(maxsize=8)
+def _orders(pp: bool, dp: bool, cp: bool) -> tuple[tuple[str, ...], ...]:
+    """axis_orders for the outer axes of size > 1 (pp, dp, cp): at most 8 distinct answers."""
     outer = [a for a in AXES if a != "tp"]
-    size = {"pp": fact.pp, "dp": fact.dp, "cp": fact.cp}
-    busy = [a for a in outer if size[a] > 1]
-    slots = [i for i, a in enumerate(outer) if size[a] > 1]
+    busy = [a for a in outer if {"pp": pp, "dp": dp, "cp": cp}[a]]
+    slots = [i for i, a in enumerate(outer) if a in busy]
     orders = []
     for perm in itertools.permutations(busy):
         order = list(outer)
         for slot, axis in zip(slots, perm, strict=True):
             order[slot] = axis
         orders.append((*order, "tp"))
-    return orders
+    return tuple(orders)
 
 
 def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str, int]]:
@@ -167,7 +173,7 @@ class Space:
         self.model = request.model
         self.pruned: Counter[str] = Counter()
         self.considered = 0
-        self._variant_counts: dict[tuple[Factorisation, int], tuple[int, Counter]] = {}
+        self._variant_counts: dict[tuple[int, bool], tuple[int, Counter]] = {}
 
     def factorisations(self) -> Iterator[Factorisation]:
         gpus, gpn, fixed = self.request.gpus, self.request.topology.gpus_per_node, self.opts.fixed
@@ -271,19 +277,24 @@ class Space:
 
     def prune_group(self, group: Group, reason: str, copies: int = 1) -> None:
         """Count a whole group (`copies` groups of its factorisation and num_microbatches) as pruned for
-        `reason`, its variants that break an interleaving rule under that rule (what `variants` would count).
-        The split is the same for every group of a factorisation with this num_microbatches: worked out once."""
-        key = (group.fact, group.num_microbatches)
+        `reason`, its variants that break an interleaving rule under that rule (what `variants` would count)."""
+        fact = group.fact
+        key = (fact.pp, group.num_microbatches % fact.pp == 0)
         found = self._variant_counts.get(key)
-        structural = copies
-        if found is None:
-            before = Counter(self.pruned)
-            valid = sum(count for _, _, count in self.variants(group))  # counts the rules once
-            found = self._variant_counts[key] = (valid, Counter(self.pruned) - before)
-            structural -= 1
+        if found is None:  # the rules read pp, num_layers and whether pp divides num_microbatches only
+            rules: Counter[str] = Counter()
+            valid = 0
+            for schedule, vpp in schedule_variants(fact.pp, self.model.num_layers, self.opts):
+                rule = self.variant_reason(group, schedule, vpp)
+                if rule is None:
+                    valid += 1
+                else:
+                    rules[rule] += 1
+            found = self._variant_counts[key] = (valid, rules)
+        per_variant = len(self.opts.zero_stages) * len(axis_orders(fact)) * copies
         for rule, count in found[1].items():
-            self.pruned[rule] += count * structural
-        self.pruned[reason] += found[0] * copies
+            self.pruned[rule] += count * per_variant
+        self.pruned[reason] += found[0] * per_variant
 
     def prune_groups(self, groups: list[Group], reason: str) -> None:
         """prune_group for each group, in one count per (factorisation, num_microbatches)."""
