@@ -53,23 +53,30 @@ def _alone(like: GroupLink) -> GroupLink:
     return dataclasses.replace(like, size=1, ranks_per_node=1, num_nodes=1)
 
 
-def _footprints(model: "CostModel", cand: "Candidate", size: int) -> list[GroupLink]:
+def _footprints(model: "CostModel", cand: "Candidate", size: int) -> tuple[GroupLink, ...]:
     """A link for every (rpn, fewest nodes) a group of `size` ranks of one tp coordinate can have (docstring)."""
     from planner.topology.placement import make_link
 
-    topo = model.topology
-    gpn = topo.gpus_per_node
-    share = gpn // cand.tp if gpn % cand.tp == 0 else gpn
-    if cand.world_size <= gpn:
-        share = size  # one node holds every rank
-    out = []
-    for rpn in range(1, min(size, share) + 1):
-        out.append(make_link(topo, size=size, num_nodes=1 if rpn == size else max(2, math.ceil(size / rpn)),
-                             ranks_per_node=rpn))
-    return out
+    def make() -> tuple[GroupLink, ...]:
+        topo = model.topology
+        gpn = topo.gpus_per_node
+        share = size if cand.world_size <= gpn else (gpn // cand.tp if gpn % cand.tp == 0 else gpn)
+        return tuple(make_link(topo, size=size, num_nodes=1 if rpn == size else max(2, math.ceil(size / rpn)),
+                               ranks_per_node=rpn) for rpn in range(1, min(size, share) + 1))
+
+    return _memo(model, ("footprints", size, cand.tp, cand.world_size), make)
 
 
-def _least(options: list[GroupLink], cost) -> GroupLink | None:
+def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink | None = None,
+         ep: GroupLink | None = None, cal=None, overlap: str | None = None) -> L.Env:
+    """The Env of the candidate's shape with these tp, cp and ep links (others single-rank)."""
+    alone = _alone(tp)
+    links = L.Links(tp=tp, cp=cp or alone, ep=ep or alone, dp=alone, expert_dp=alone, pp=alone)
+    return L.Env(spec=model.spec, device=model.device, cal=cal or model.cal, precision=model.request.precision,
+                 shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap)
+
+
+def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:
     """The option with the least (forward, backward) cost in both directions; None when none has both."""
     times = [cost(link) for link in options]
     fwd, bwd = min(t[0] for t in times), min(t[1] for t in times)
@@ -79,28 +86,27 @@ def _least(options: list[GroupLink], cost) -> GroupLink | None:
     return None
 
 
-def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
-    """The candidate's tp link and the cheapest footprints of its cp and ep groups (module docstring)."""
+def _tp_link(model: "CostModel", cand: "Candidate") -> GroupLink:
     from planner.topology.placement import axis_link
 
-    key = ("floor_links", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.dp * cand.pp, _order(cand))
+    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
+    return _memo(model, ("tp_link", cand.tp, cand.world_size, _order(cand)),
+                 lambda: axis_link(model.topology, sizes, tuple(cand.axis_order), "tp"))
+
+
+def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
+    """The candidate's tp link and the cheapest footprints of its cp and ep groups (module docstring)."""
+    key = ("floor_links", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.world_size, _order(cand))
     found = model.memo.get(key)
     if found is not None:
         return found
-    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
-    tp = axis_link(model.topology, sizes, tuple(cand.axis_order), "tp")
-    alone = _alone(tp)
-    base = L.Links(tp=tp, cp=alone, ep=alone, dp=alone, expert_dp=alone, pp=alone)
-    env = L.Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
-                shape=model.shape(cand), links=base, tp_overlap=cand.tp_overlap)
-    cp = ep = alone
+    tp = _tp_link(model, cand)
+    cp = ep = None
     if cand.cp > 1:
-        cp = _least(_footprints(model, cand, cand.cp),
-                    lambda link: L._cp_times(dataclasses.replace(env, links=dataclasses.replace(base, cp=link)), 0.0)) or alone
+        cp = _least(_footprints(model, cand, cand.cp), lambda link: L._cp_times(_env(model, cand, tp, cp=link), 0.0))
     if cand.ep > 1:
-        ep = _least(_footprints(model, cand, cand.ep),
-                    lambda link: L._ep_times(dataclasses.replace(env, links=dataclasses.replace(base, ep=link)))) or alone
-    found = model.memo[key] = dataclasses.replace(base, cp=cp, ep=ep)
+        ep = _least(_footprints(model, cand, cand.ep), lambda link: L._ep_times(_env(model, cand, tp, ep=link)))
+    found = model.memo[key] = _env(model, cand, tp, cp=cp, ep=ep).links
     return found
 
 
@@ -216,7 +222,9 @@ def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:
     flops proportional to the tokens), backward 2x (FLASH_BACKWARD_FACTOR x for a flash core); TP all-reduces
     and EP all-to-alls are bytes / bandwidth + latencies (planner.cost.comm), exposed whole without overlap and
     at least half under Domino (comm.domino_exposed_s); the EP link is the cheapest footprint (module docstring).
-    Memory-bound operators, exposed CP time and recompute are >= 0 and left out."""
+    Exposed CP time is max(0, ring - attention core) per direction, the ring b x its bytes at b = 1 over the
+    cheapest footprint, the core at most b x its time at b = 1 (t0 >= 0). Memory-bound operators and recompute
+    are >= 0 and left out."""
     if model.profile is not None:
         return 0.0
     key = ("per_sample", cand.tp, cand.cp, cand.ep, cand.sp, cand.tp_overlap, cand.world_size)
@@ -228,28 +236,29 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> float:
     from planner.models import counting
 
     spec, shape = model.spec, model.shape(cand)
-    cal = dataclasses.replace(model.cal, gemm_fixed_s=0.0)
+
     def fast(link: GroupLink) -> GroupLink:
         return dataclasses.replace(link, intra_latency_s=0.0, inter_latency_s=0.0)
 
-    base = floor_links(model, cand)
-    env = L.Env(spec=spec, device=model.device, cal=cal, precision=model.request.precision, shape=shape,
-                links=dataclasses.replace(base, tp=fast(base.tp)), tp_overlap="none")
-    ep_s = 0.0
-    if cand.ep > 1:
-        ep_s = min(sum(L._ep_times(dataclasses.replace(env, links=dataclasses.replace(env.links, ep=fast(link)))))
-                   for link in _footprints(model, cand, cand.ep))
+    tp = fast(_tp_link(model, cand))
+    env = _env(model, cand, tp, cal=dataclasses.replace(model.cal, gemm_fixed_s=0.0), overlap="none")
+    real = _env(model, cand, tp)  # t0 kept: the attention core at b = 1 is at least its per-sequence share at b
+    ep_s = min((sum(L._ep_times(_env(model, cand, tp, ep=fast(link)))) for link in _footprints(model, cand, cand.ep)),
+               default=0.0) if cand.ep > 1 else 0.0
     share = 0.5 if cand.tp_overlap == "domino" else 1.0
     total = 0.0
-    kinds = [(False, int((~model.moe_mask).sum())), (True, int(model.moe_mask.sum()))]
-    for moe_layer, count in kinds:
+    for moe_layer in (False, True):
+        count = int(model.moe_mask.sum()) if moe_layer else int((~model.moe_mask).sum())
         if count == 0:
             continue
-        moe = counting.moe_params(spec) if moe_layer else None
-        fwd, bwd, _ = L._gemm_times(env, compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=moe))
-        tp = sum(L._tp_times(env, fwd, bwd, collectives=2))
-        ep = ep_s if moe_layer else 0.0
-        total += count * (fwd + bwd + share * tp + ep)
+        gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(
+            spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
+        fwd, bwd, _ = L._gemm_times(env, gemms)
+        core = L._gemm_times(real, gemms)[2]
+        cp_s = min((sum(L._cp_times(_env(model, cand, tp, cp=fast(link)), core)) for link in _footprints(model, cand, cand.cp)),
+                   default=0.0) if cand.cp > 1 else 0.0
+        total += count * (fwd + bwd + share * sum(L._tp_times(env, fwd, bwd, collectives=2)) + cp_s
+                          + (ep_s if moe_layer else 0.0))
     fwd, bwd, _ = L._gemm_times(env, compute.head_gemms(spec, shape))
     tp_fwd, tp_bwd = L._tp_times(env, fwd, bwd, collectives=1)
     return total + fwd + bwd + share * (tp_bwd + (tp_fwd if shape.sp else 0.0))
