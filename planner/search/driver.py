@@ -36,7 +36,7 @@ from planner.search.refine import Counters, partial_recompute, rank_excess_bytes
 from planner.search.space import Group, Options, Space, axis_orders
 
 ProgressFn = Callable[[int, int], None]
-FAMILY, SHAPE, GROUP, PLACED, VISIT, MEMBER, EVALUATE = range(7)  # stages of a heap entry (_Search.run)
+FAMILY, SHAPE, GROUP, COUPLED, PLACED, VISIT, MEMBER, EVALUATE = range(8)  # stages of a heap entry (_Search.run)
 
 
 @dataclass
@@ -168,12 +168,15 @@ class _Search:
             zeros = self.memory_zeros(group)
             coupled = self.floors.coupled(group, zeros) if zeros else []
             if coupled:
-                bounds = self.floors.pp_refined(group, coupled)
-                push(max(lower, bounds[0][0]), tie, PLACED, group, bounds)
+                push(max(lower, min(t + self.floors.pp_comm_floor_s(group, vpp, s) for t, vpp, s, _ in coupled)),
+                     tie, COUPLED, group, coupled)
             else:
                 if zeros:  # the per-rank floors of every variant and stage exceed the capacity
                     self.space.pruned["memory_lower_bound"] += self.space.members_per_group(group.fact)
                 self.done(1)
+        elif stage == COUPLED:
+            bounds = self.floors.pp_refined(group, payload)
+            push(max(lower, bounds[0][0]), tie, PLACED, group, bounds)
         elif stage == PLACED:
             push(max(lower, self.floors.dp_refined(group, payload)), tie, VISIT, group, None)
         elif stage == VISIT:

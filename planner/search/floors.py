@@ -132,10 +132,7 @@ class Floors:
                 rank_s = memo[("rank", akey, f.pp, vpp)] = float(
                     rank_sums(self.arrays(group).time_s, self.shape(f.pp, vpp).ranks, f.pp).max())
             time_s = min(step_lower_s(m, rank_s, s, f.pp, vpp, 0.0) for s in schedules)
-            key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedules[0] == "interleaved")
-            ppc = memo.get(key)
-            if ppc is None:
-                ppc = memo[key] = self.cost.pp_comm_floor_s(self.candidate(group, schedule=schedules[0], vpp=vpp))
+            ppc = self.pp_comm_floor_s(group, vpp, schedules[0])
             times.append((time_s, vpp, schedules[0]))
             lower = min(lower, time_s + ppc)
         return lower, sorted(times)
@@ -151,19 +148,28 @@ class Floors:
             times = rank_sums(arrays.time_s, ranks, f.pp)
             act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
             ratios: dict = {}
-            for schedule in schedules:
+            for schedule in schedules:  # every ZeRO stage at once: rows of per-rank numbers
                 inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
                     self.candidate(group, schedule=schedule, vpp=vpp)))
-                for zero in zeros:
-                    fixed = self.state.members.rank_fixed_bytes(group, schedule, vpp, zero)
-                    if float((fixed + inflight * act_floor).max()) > MARGIN_BYTES:
-                        continue
-                    rank_s = times
-                    excess = fixed + inflight * act
-                    if self.state.partial(group) and float(excess.max()) > MARGIN_BYTES:
-                        rank_s = times + recompute_floor_s(arrays, ranks, f.pp, excess, inflight, ratios, vpp)
-                    out.append((step_lower_s(m, float(rank_s.max()), schedule, f.pp, vpp, 0.0), vpp, schedule, zero))
+                fixed = np.stack([self.state.members.rank_fixed_bytes(group, schedule, vpp, zero) for zero in zeros])
+                fits = (fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES
+                if not fits.any():
+                    continue
+                rank_s = np.broadcast_to(times, fixed.shape)
+                if self.state.partial(group):
+                    rank_s = times + recompute_floor_s(arrays, ranks, f.pp, fixed + inflight * act, inflight, ratios, vpp)
+                lowers = step_lower_s(m, rank_s.max(axis=1), schedule, f.pp, vpp, 0.0)
+                out.extend((float(lower), vpp, schedule, zero) for lower, zero, ok in zip(lowers, zeros, fits) if ok)
         return sorted(out)
+
+    def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
+        """CostModel.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""
+        f, m = group.fact, group.num_microbatches
+        key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule == "interleaved")
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self.cost.pp_comm_floor_s(self.candidate(group, schedule=schedule, vpp=vpp))
+        return found
 
     def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple]]:
         """`coupled` plus each axis order's pp communication (CostModel.pp_comm_s): (bound, vpp, zero, order),

@@ -70,12 +70,11 @@ def step_lower_s(m: int, rank_s: float, schedule: str, pp: int, vpp: int, pp_com
 
 def recompute_floor_s(arrays: ModuleArrays, ranks: np.ndarray, pp: int, excess: np.ndarray, inflight: np.ndarray,
                       cache: dict | None = None, key=None) -> np.ndarray:
-    """x_r of bound (3) per rank: 0 where the rank fits; inf where no module can save bytes. `cache[key]` keeps
-    the per-rank least d_l / (a_l - a'_l) of these arrays and ranks."""
-    out = np.zeros(pp)
+    """x_r of bound (3) per rank (`excess` per rank, or rows of them): 0 where the rank fits; inf where no module
+    can save bytes. `cache[key]` keeps the per-rank least d_l / (a_l - a'_l) of these arrays and ranks."""
     over = excess > MARGIN_BYTES
     if not over.any() or (arrays.extra_s < 0).any():
-        return out
+        return np.zeros_like(excess)
     best = None if cache is None else cache.get(key)
     if best is None:
         saves = arrays.saving_bytes > 0
@@ -84,8 +83,8 @@ def recompute_floor_s(arrays: ModuleArrays, ranks: np.ndarray, pp: int, excess: 
         np.minimum.at(best, ranks, ratio)
         if cache is not None:
             cache[key] = best
-    out[over] = excess[over] / inflight[over] * best[over]
-    return out
+    with np.errstate(invalid="ignore"):
+        return np.where(over, excess / inflight * best, 0.0)
 
 
 @dataclass
