@@ -70,7 +70,7 @@ def _footprints(model: "CostModel", cand: "Candidate", size: int) -> tuple[Group
 def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink | None = None,
          ep: GroupLink | None = None, cal=None, overlap: str | None = None) -> L.Env:
     """The Env of the candidate's shape with these tp, cp and ep links (others single-rank)."""
-    alone = _alone(tp)
+    alone = _memo(model, ("alone", tp), lambda: _alone(tp))
     links = L.Links(tp=tp, cp=cp or alone, ep=ep or alone, dp=alone, expert_dp=alone, pp=alone)
     return L.Env(spec=model.spec, device=model.device, cal=cal or model.cal, precision=model.request.precision,
                  shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap)

@@ -137,10 +137,10 @@ class _Search:
         if stage == FAMILY:
             sp, overlap, facts = payload
             copies = len(self.opts.recompute_modes)
+            batch = self.request.global_batch_size
             for fact in facts:
                 for mbs in self.space.group_options(fact)[0]:
-                    self.space.prune_group(self.floors.group(fact, mbs, sp, self.opts.recompute_modes[0], overlap),
-                                           "time_lower_bound", copies)
+                    self.space.prune_members(fact, batch // (fact.dp * mbs), "time_lower_bound", copies)
                     self.done(copies)
         elif stage == SHAPE:
             self.space.prune_groups(payload, "time_lower_bound")

@@ -148,19 +148,31 @@ class Floors:
             times = rank_sums(arrays.time_s, ranks, f.pp)
             act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
             ratios: dict = {}
+            bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
             for schedule in schedules:  # every ZeRO stage at once: rows of per-rank numbers
                 inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
                     self.candidate(group, schedule=schedule, vpp=vpp)))
-                fixed = np.stack([self.state.members.rank_fixed_bytes(group, schedule, vpp, zero) for zero in zeros])
-                fits = (fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES
+                fixed, fits = self._cached(
+                    ("fits", f, group.microbatch_size, group.sp, vpp, schedule, tuple(zeros), act_floor.tobytes()),
+                    lambda: self._fits(group, schedule, vpp, zeros, inflight, act_floor))
                 if not fits.any():
                     continue
-                rank_s = np.broadcast_to(times, fixed.shape)
-                if self.state.partial(group):
-                    rank_s = times + recompute_floor_s(arrays, ranks, f.pp, fixed + inflight * act, inflight, ratios, vpp)
-                lowers = step_lower_s(m, rank_s.max(axis=1), schedule, f.pp, vpp, 0.0)
+                key = (inflight.tobytes(), fixed.tobytes())
+                if key not in bottleneck:
+                    rank_s = np.broadcast_to(times, fixed.shape)
+                    if self.state.partial(group):
+                        rank_s = times + recompute_floor_s(arrays, ranks, f.pp, fixed + inflight * act, inflight, ratios, vpp)
+                    bottleneck[key] = rank_s.max(axis=1)
+                lowers = step_lower_s(m, bottleneck[key], schedule, f.pp, vpp, 0.0)
                 out.extend((float(lower), vpp, schedule, zero) for lower, zero, ok in zip(lowers, zeros, fits) if ok)
         return sorted(out)
+
+    def _fits(self, group: Group, schedule: str, vpp: int, zeros: list[int], inflight: np.ndarray,
+              act_floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows per ZeRO stage of held static + other - capacity per rank, and whether the least activations fit
+        on every rank (shared by the groups that differ only in recompute and tp_overlap)."""
+        fixed = np.stack([self.state.members.rank_fixed_bytes(group, schedule, vpp, zero) for zero in zeros])
+        return fixed, (fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES
 
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
         """CostModel.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""

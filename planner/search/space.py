@@ -278,14 +278,18 @@ class Space:
     def prune_group(self, group: Group, reason: str, copies: int = 1) -> None:
         """Count a whole group (`copies` groups of its factorisation and num_microbatches) as pruned for
         `reason`, its variants that break an interleaving rule under that rule (what `variants` would count)."""
-        fact = group.fact
-        key = (fact.pp, group.num_microbatches % fact.pp == 0)
+        self.prune_members(group.fact, group.num_microbatches, reason, copies)
+
+    def prune_members(self, fact: Factorisation, num_microbatches: int, reason: str, copies: int) -> None:
+        """prune_group for `copies` groups of `fact` with `num_microbatches`."""
+        key = (fact.pp, num_microbatches % fact.pp == 0)
         found = self._variant_counts.get(key)
         if found is None:  # the rules read pp, num_layers and whether pp divides num_microbatches only
+            probe = Group(fact, 1, num_microbatches, False, "none", "none")
             rules: Counter[str] = Counter()
             valid = 0
             for schedule, vpp in schedule_variants(fact.pp, self.model.num_layers, self.opts):
-                rule = self.variant_reason(group, schedule, vpp)
+                rule = self.variant_reason(probe, schedule, vpp)
                 if rule is None:
                     valid += 1
                 else:
