@@ -227,11 +227,13 @@ def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:
     are >= 0 and left out."""
     if model.profile is not None:
         return 0.0
-    key = ("per_sample", cand.tp, cand.cp, cand.ep, cand.sp, cand.tp_overlap, cand.world_size)
-    return _memo(model, key, lambda: _per_sample(model, dataclasses.replace(cand, microbatch_size=1)))
+    key = ("per_sample", cand.tp, cand.cp, cand.ep, cand.sp, cand.world_size)
+    rest, tp = _memo(model, key, lambda: _per_sample(model, dataclasses.replace(cand, microbatch_size=1)))
+    return rest + (0.5 if cand.tp_overlap == "domino" else 1.0) * tp
 
 
-def _per_sample(model: "CostModel", cand: "Candidate") -> float:
+def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
+    """(everything but TP communication, TP communication) of per_sample_floor_s, for either tp_overlap."""
     from planner.cost import compute
     from planner.models import counting
 
@@ -245,8 +247,7 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> float:
     real = _env(model, cand, tp)  # t0 kept: the attention core at b = 1 is at least its per-sequence share at b
     ep_s = min((sum(L._ep_times(_env(model, cand, tp, ep=fast(link)))) for link in _footprints(model, cand, cand.ep)),
                default=0.0) if cand.ep > 1 else 0.0
-    share = 0.5 if cand.tp_overlap == "domino" else 1.0
-    total = 0.0
+    total = tp_total = 0.0
     for moe_layer in (False, True):
         count = int(model.moe_mask.sum()) if moe_layer else int((~model.moe_mask).sum())
         if count == 0:
@@ -257,11 +258,11 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> float:
         core = L._gemm_times(real, gemms)[2]
         cp_s = min((sum(L._cp_times(_env(model, cand, tp, cp=fast(link)), core)) for link in _footprints(model, cand, cand.cp)),
                    default=0.0) if cand.cp > 1 else 0.0
-        total += count * (fwd + bwd + share * sum(L._tp_times(env, fwd, bwd, collectives=2)) + cp_s
-                          + (ep_s if moe_layer else 0.0))
+        total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
+        tp_total += count * sum(L._tp_times(env, fwd, bwd, collectives=2))
     fwd, bwd, _ = L._gemm_times(env, compute.head_gemms(spec, shape))
     tp_fwd, tp_bwd = L._tp_times(env, fwd, bwd, collectives=1)
-    return total + fwd + bwd + share * (tp_bwd + (tp_fwd if shape.sp else 0.0))
+    return total + fwd + bwd, tp_total + tp_bwd + (tp_fwd if shape.sp else 0.0)
 
 
 def floor_time_sum_s(model: "CostModel", cand: "Candidate") -> float:
