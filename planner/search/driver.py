@@ -107,17 +107,14 @@ class _Search:
         heapq.heapify(out)
         return out
 
-    def memory_zeros(self, group: Group) -> list[int]:
-        """The ZeRO stages that pass the group's memory bound; none: the group is counted pruned."""
-        memory = self.floors.memory(group)
-        zeros = [zero for zero, mem in memory.items() if mem <= self.capacity + MARGIN_BYTES]
-        if not zeros:
-            fact = group.fact
-            self.space.pruned["memory_lower_bound"] += self.space.members_per_group(fact)
-            mem = min(memory.values())
-            if self.floor is None or mem < self.floor[0]:
-                self.floor = (mem, f"dp={fact.dp} tp={fact.tp} pp={fact.pp} cp={fact.cp} ep={fact.ep} mbs={group.microbatch_size}")
-        return zeros
+    def memory_pruned(self, group: Group) -> None:
+        """Count a group none of whose members fits as pruned by memory; the least of its bounds (2) is kept for
+        the message when nothing fits at all."""
+        fact = group.fact
+        self.space.pruned["memory_lower_bound"] += self.space.members_per_group(fact)
+        mem = min(self.floors.memory(group).values())
+        if self.floor is None or mem < self.floor[0]:
+            self.floor = (mem, f"dp={fact.dp} tp={fact.tp} pp={fact.pp} cp={fact.cp} ep={fact.ep} mbs={group.microbatch_size}")
 
     def run(self) -> None:
         """Best-first over one heap. An entry whose bound exceeds the threshold is pruned with all it stands for
@@ -165,14 +162,12 @@ class _Search:
                 bound, times = self.floors.time(each)
                 push(max(lower, bound), _group_tie(each), GROUP, each, times)
         elif stage == GROUP:
-            zeros = self.memory_zeros(group)
-            coupled = self.floors.coupled(group, zeros) if zeros else []
+            coupled = self.floors.coupled(group, self.opts.zero_stages)
             if coupled:
                 push(max(lower, min(t + self.floors.pp_comm_floor_s(group, vpp, s) for t, vpp, s, _ in coupled)),
                      tie, COUPLED, group, coupled)
-            else:
-                if zeros:  # the per-rank floors of every variant and stage exceed the capacity
-                    self.space.pruned["memory_lower_bound"] += self.space.members_per_group(group.fact)
+            else:  # no (variant, ZeRO stage) fits on every rank
+                self.memory_pruned(group)
                 self.done(1)
         elif stage == COUPLED:
             bounds = self.floors.pp_refined(group, payload)

@@ -173,6 +173,7 @@ class Space:
         self.model = request.model
         self.pruned: Counter[str] = Counter()
         self.considered = 0
+        self._sizes: dict[int, list[int]] = {}
         self._variant_counts: dict[tuple[int, bool], tuple[int, Counter]] = {}
 
     def factorisations(self) -> Iterator[Factorisation]:
@@ -196,10 +197,11 @@ class Space:
         return [e for e in divisors(span) if self.opts.fixed.get("ep", e) == e]
 
     def microbatch_sizes(self, dp: int) -> list[int]:
-        if self.request.global_batch_size % dp:
-            return []
-        per_replica = self.request.global_batch_size // dp
-        return [m for m in divisors(per_replica) if m <= self.opts.max_microbatch_size]
+        found = self._sizes.get(dp)
+        if found is None:
+            per_replica, rest = divmod(self.request.global_batch_size, dp)
+            found = self._sizes[dp] = [] if rest else [m for m in divisors(per_replica) if m <= self.opts.max_microbatch_size]
+        return found
 
     def fact_reason(self, fact: Factorisation) -> str | None:
         """The first structural rule a factorisation breaks, as a `pruned` key; None when it is valid."""
