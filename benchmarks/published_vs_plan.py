@@ -61,6 +61,8 @@ def published_config(run: dict) -> tuple[dict, list[str]]:
         if zero is None:
             zero = ASSUMED["zero_stage"]
             assumed.append(f"zero={zero}")
+        elif isinstance(zero, str):  # e.g. "FSDP (fully sharded, ZeRO-3-like) over 124 ranks": FSDP full shard = ZeRO-3
+            zero = 3 if ("fsdp" in zero.lower() or "zero-3" in zero.lower()) else int(zero)
     return dict(dp=par["dp"], tp=par["tp"], pp=par["pp"], cp=par.get("cp") or 1, ep=par.get("ep") or 1,
                 sp=bool(par.get("sp")), microbatch_size=mbs, recompute=recompute, zero_stage=zero, schedule="1f1b"), assumed
 
