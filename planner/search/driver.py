@@ -36,7 +36,7 @@ from planner.search.refine import Counters, partial_recompute, rank_excess_bytes
 from planner.search.space import Group, Options, Space, axis_orders
 
 ProgressFn = Callable[[int, int], None]
-FAMILY, SHAPE, GROUP, COUPLED, PLACED, VISIT, MEMBER, EVALUATE = range(8)  # stages of a heap entry (_Search.run)
+FAMILY, SHAPE, GROUP, COUPLE, COUPLED, PLACED, VISIT, MEMBER, EVALUATE = range(9)  # stages of a heap entry (_Search.run)
 
 
 @dataclass
@@ -162,11 +162,18 @@ class _Search:
                 bound, times = self.floors.time(each)
                 push(max(lower, bound), _group_tie(each), GROUP, each, times)
         elif stage == GROUP:
+            floor = self.floors.coupled_floor(group)
+            if floor < np.inf:
+                push(max(lower, floor), tie, COUPLE, group, None)
+            else:  # no (variant, ZeRO stage) fits on every rank
+                self.memory_pruned(group)
+                self.done(1)
+        elif stage == COUPLE:
             coupled = self.floors.coupled(group, self.opts.zero_stages)
             if coupled:
                 push(max(lower, min(t + self.floors.pp_comm_floor_s(group, vpp, s) for t, vpp, s, _ in coupled)),
                      tie, COUPLED, group, coupled)
-            else:  # no (variant, ZeRO stage) fits on every rank
+            else:
                 self.memory_pruned(group)
                 self.done(1)
         elif stage == COUPLED:

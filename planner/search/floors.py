@@ -137,6 +137,34 @@ class Floors:
             lower = min(lower, time_s + ppc)
         return lower, sorted(times)
 
+    def coupled_floor(self, group: Group) -> float:
+        """A bound of `coupled` for the whole group from one row per vpp: the least held static + other bytes of
+        any schedule and ZeRO stage per rank, the fewest in-flight micro-batches of any schedule per rank, the
+        least bubble. x_r = (static_r + f_r a_r - C) / f_r x ratio_r grows with f_r once static_r <= C (else no
+        member fits) and with static_r, so these least values bound every (schedule, ZeRO stage). inf: no member
+        of the group fits."""
+        f, m = group.fact, group.num_microbatches
+        arrays, best = self.arrays(group), np.inf
+        zeros = self.opts.zero_stages
+        for vpp, schedules in self.variants(group):
+            ranks = self.shape(f.pp, vpp).ranks
+            inflight, fixed = self._cached(("least", f, m, group.microbatch_size, group.sp, vpp), lambda: (
+                np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                    self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]),
+                np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
+                                   for s in {"2bw" if s == "2bw" else "1f1b": s for s in schedules}.values()])))
+            act_floor = rank_sums(arrays.floor_bytes, ranks, f.pp)
+            if float(fixed.max()) > MARGIN_BYTES or float((fixed + inflight * act_floor).max()) > MARGIN_BYTES:
+                continue
+            rank_s = rank_sums(arrays.time_s, ranks, f.pp)
+            if self.state.partial(group):
+                excess = fixed + inflight * rank_sums(arrays.activation_bytes, ranks, f.pp)
+                rank_s = rank_s + recompute_floor_s(arrays, ranks, f.pp, excess, inflight, self.memo,
+                                                    ("ratio", self.arrays_key(group), f.pp, vpp))
+            tb = float(rank_s.max())
+            best = min(best, min(step_lower_s(m, tb, s, f.pp, vpp, self.pp_comm_floor_s(group, vpp, s)) for s in schedules))
+        return best
+
     def coupled(self, group: Group, zeros: list[int]) -> list[tuple[float, int, str, int]]:
         """Per (vpp, schedule, ZeRO stage in `zeros`) that the per-rank memory floor (planner.search.members)
         allows: bound (3) on the placement-floor arrays with x_r, the recompute a rank over capacity needs (its
@@ -147,7 +175,6 @@ class Floors:
             ranks = self.shape(f.pp, vpp).ranks
             times = rank_sums(arrays.time_s, ranks, f.pp)
             act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
-            ratios: dict = {}
             bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
             for schedule in schedules:  # every ZeRO stage at once: rows of per-rank numbers
                 inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
@@ -161,7 +188,8 @@ class Floors:
                 if key not in bottleneck:
                     rank_s = np.broadcast_to(times, fixed.shape)
                     if self.state.partial(group):
-                        rank_s = times + recompute_floor_s(arrays, ranks, f.pp, fixed + inflight * act, inflight, ratios, vpp)
+                        rank_s = times + recompute_floor_s(arrays, ranks, f.pp, fixed + inflight * act, inflight, self.memo,
+                                                            ("ratio", self.arrays_key(group), f.pp, vpp))
                     bottleneck[key] = rank_s.max(axis=1)
                 lowers = step_lower_s(m, bottleneck[key], schedule, f.pp, vpp, 0.0)
                 out.extend((float(lower), vpp, schedule, zero) for lower, zero, ok in zip(lowers, zeros, fits) if ok)
@@ -171,7 +199,7 @@ class Floors:
               act_floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows per ZeRO stage of held static + other - capacity per rank, and whether the least activations fit
         on every rank (shared by the groups that differ only in recompute and tp_overlap)."""
-        fixed = np.stack([self.state.members.rank_fixed_bytes(group, schedule, vpp, zero) for zero in zeros])
+        fixed = self.state.members.rank_fixed_rows(group, schedule, vpp, zeros)
         return fixed, (fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES
 
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:

@@ -74,6 +74,12 @@ class Members:
                              lambda: self.cost.other_per_rank(probe()))
         return static + other - self.state.capacity
 
+    def rank_fixed_rows(self, group: Group, schedule: str, vpp: int, zeros) -> np.ndarray:
+        """rank_fixed_bytes for each ZeRO stage in `zeros`, as rows (memoised on what they read)."""
+        key = ("rows", group.fact, schedule == "2bw", group.num_microbatches == 1, vpp, group.microbatch_size,
+               group.sp, tuple(zeros))
+        return self._cached(key, lambda: np.stack([self.rank_fixed_bytes(group, schedule, vpp, z) for z in zeros]))
+
     def expand(self, group: Group, schedule: str, vpp: int, count: int, arrays, push) -> None:
         """Bound the members of one valid variant; `push(lower, (vpp, schedule, zero, order))` those within the
         threshold, count the rest in `pruned`."""
