@@ -1,18 +1,29 @@
 """The search driver: branch and bound over the plan space, then DP/ILP refinement of the winners.
 
 1. Enumerate factorisations (planner.search.space); structural rules prune them, counted per reason.
-2. Per valid factorisation, its groups (micro-batch size, sp, recompute, tp_overlap) get the cost model's
-   per-layer arrays; from them the sound lower bounds of planner.search.bounds: step time (1) and memory (2).
-3. Factorisations are visited by ascending time bound and their groups likewise; a group, or one (schedule, vpp)
-   variant of it, is pruned when its bound exceeds the step time of the current top_k + 1-th best distinct plan
-   (the "time_lower_bound" count), a group or a (variant, ZeRO stage) when its memory bound exceeds the capacity
-   ("memory_lower_bound"). Everything else is evaluated by CostModel.evaluate with balanced stages; when a rank
-   would not fit and the base recompute is not "full", with the partial full recompute per stage that makes
-   every rank fit at the least extra time (closed form, or ILP (A) for mixed layer types).
-4. The best top_k + 1 are refined: with pp > 1 and vpp = 1 the stage-partition DP re-splits the layers
+2. Best-first over one heap of entries, each a sound lower bound of the step time of every configuration it
+   stands for, refined in stages (the bounds: planner.search.bounds, group_bounds, floors, members; the numbers
+   they need: planner.cost.bounds through CostModel):
+     FAMILY   every group with one tp, cp, ep, sp, tp_overlap: global batch x a per-sequence floor / gpus x tp cp
+     SHAPE    one micro-batch size of a family: m x T / pp over the placement-floor module times (bound (1))
+     GROUP    one group: bound (3) on the balanced split with x = 0, pp communication over its cheapest footprint
+     COUPLE   + the recompute a rank over capacity needs, from the least memory over schedules and ZeRO stages
+     COUPLED  the same per (schedule, vpp, ZeRO stage); (variant, stage) pairs over capacity on a rank dropped
+     PLACED   + each axis order's pp link; then + its exposed dp time at that ZeRO stage
+     VISIT    the members, bounded with each axis order's own module times (planner.search.members)
+     MEMBER   + the member's exact exposed dp time
+     EVALUATE CostModel.evaluate with balanced stages; when a rank would not fit and the base recompute is not
+              "full", with the partial full recompute per stage that makes every rank fit at the least extra
+              time (closed form, or ILP (A) for mixed layer types)
+   An entry whose bound exceeds the step time of the current top_k + 1-th best distinct plan is pruned with all
+   it stands for ("time_lower_bound"); a group none of whose (variant, ZeRO stage) fits on every rank, or a
+   member's (variant, ZeRO stage) that does not, is pruned by memory ("memory_lower_bound"). The threshold only
+   falls, so a pruned configuration could not have entered the final top_k + 1; pruning with every bound off
+   (`exhaustive`) gives the same plans (tests/unit/test_search_driver.py).
+3. The best top_k + 1 are refined: with pp > 1 and vpp = 1 the stage-partition DP re-splits the layers
    (embedding/head imbalance, in-flight memory falling with the stage); when the DP finds no split that fits,
    the joint assignment ILP (B) chooses the split and the recompute set together (small problems only).
-5. No configuration is dropped silently: configurations_considered = evaluated-and-fitting + sum(pruned).
+4. No configuration is dropped silently: configurations_considered = evaluated-and-fitting + sum(pruned).
 """
 
 from __future__ import annotations
@@ -117,10 +128,8 @@ class _Search:
             self.floor = (mem, f"dp={fact.dp} tp={fact.tp} pp={fact.pp} cp={fact.cp} ep={fact.ep} mbs={group.microbatch_size}")
 
     def run(self) -> None:
-        """Best-first over one heap. An entry whose bound exceeds the threshold is pruned with all it stands for
-        (the heap's least bound then exceeds it too: everything left is pruned); else it is refined and pushed
-        back, or visited: family -> its shapes -> their groups (placement floor) -> memory bound and each order's pp link ->
-        exposed dp time -> the group's members (their own bounds) -> the member's exposed dp time -> evaluated."""
+        """Best-first over one heap (module docstring, step 2). An entry whose bound exceeds the threshold is
+        pruned with all it stands for; else it is refined and pushed back, expanded, or evaluated."""
         self.groups_done = 0
         self.heap = self.bounded_groups()
         while self.heap:
@@ -159,8 +168,7 @@ class _Search:
                 push(max(lower, self.floors.shape_lower(groups[0])), shape_tie, SHAPE, None, groups)
         elif stage == SHAPE:
             for each in payload:
-                bound, times = self.floors.time(each)
-                push(max(lower, bound), _group_tie(each), GROUP, each, times)
+                push(max(lower, self.floors.time(each)), _group_tie(each), GROUP, each, None)
         elif stage == GROUP:
             floor = self.floors.coupled_floor(group)
             if floor < np.inf:

@@ -1,15 +1,24 @@
-"""Phase 1 of the branch and bound: bounds of every group before any process group but tp's is placed.
+"""Bounds of families, shapes and groups (stages FAMILY..PLACED of planner.search.driver), before any group's
+module costs under its own placement are computed.
 
-A group's members differ in (schedule, vpp), ZeRO stage and axis order. Its bounds hold for all of them:
+A group's members differ in (schedule, vpp), ZeRO stage and axis order; every bound here holds for all of them,
+and for every group a family or shape stands for:
 
-- memory, per ZeRO stage: bound (2) of planner.search.bounds with the static bytes held at the peak
-  (CostModel.held_static_bytes) and the least other bytes of the stage; a stage whose bound exceeds the capacity
-  holds no member that fits, and a group with no such stage is pruned;
-- time, per (schedule, vpp) variant: bound (3) of planner.search.group_bounds over the placement-floor arrays
-  (CostModel.floor_costs) with x = 0 and the balanced split of the variant, plus pp_comm over the fastest
-  link (CostModel.pp_comm_floor_s); refined on demand with each axis order's pp link and exposed dp time
-  (CostModel.pp_comm_s, CostModel.dp_exposed_s), the latter the least over the ZeRO stages that pass the memory
-  bound (the placement of the dp and pp groups, not yet the per-module costs under it).
+- family (tp, cp, ep, sp, tp_overlap): m x microbatch_size x CostModel.per_sample_floor_s / pp, the same for
+  every pp, micro-batch size and recompute;
+- shape (a family's micro-batch size): m x T / pp with T the least sum over the recompute modes of the
+  placement-floor module times (CostModel.floor_time_sum_s), the same for every pp;
+- group, `time`: bound (3) of planner.search.group_bounds with x = 0 on the placement-floor arrays
+  (CostModel.floor_costs) and the balanced split of each variant, plus pp communication over the cheapest
+  footprint (CostModel.pp_comm_floor_s);
+- group, `coupled_floor` then `coupled`: with x_r, the recompute a rank over capacity needs, and the per-rank
+  memory floor (held static bytes + in-flight x least activations + other bytes; a (variant, ZeRO stage) over
+  capacity on some rank holds no member that fits), first from the least memory over the schedules and stages,
+  then per (schedule, vpp, stage);
+- group, `pp_refined` then `dp_refined`: each axis order's pp link (CostModel.pp_comm_s) and exposed dp time at
+  that ZeRO stage (CostModel.dp_exposed_s): the placement of the dp and pp groups, not yet the module costs
+  under it.
+Memory bound (2) per ZeRO stage (`memory`) only names the least memory when nothing fits.
 
 Everything is memoised on what it depends on: the placement-floor arrays on (tp, cp, ep, micro-batch shape,
 recompute, tp_overlap), shared by every pp; static bytes per (factorisation, ZeRO stage).
@@ -119,23 +128,20 @@ class Floors:
             found = self.memo[key] = [(vpp, tuple(schedules)) for vpp, schedules in by_vpp.items()]
         return found
 
-    def time(self, group: Group) -> tuple[float, list[tuple[float, int, str]]]:
-        """Per vpp among the variants: bound (3) with x = 0 on the placement-floor arrays and no pp communication,
-        the least over the schedules of that vpp (with one of them), sorted; and the group's bound, the least of
-        those plus pp communication over the fastest link (CostModel.pp_comm_floor_s)."""
+    def time(self, group: Group) -> float:
+        """Bound (3) with x = 0 on the placement-floor arrays, the least over the variants, each with pp
+        communication over its cheapest footprint (CostModel.pp_comm_floor_s)."""
         f, m, memo = group.fact, group.num_microbatches, self.memo
         akey = self.arrays_key(group)
-        times, lower = [], np.inf
+        lower = np.inf
         for vpp, schedules in self.variants(group):
             rank_s = memo.get(("rank", akey, f.pp, vpp))
             if rank_s is None:
                 rank_s = memo[("rank", akey, f.pp, vpp)] = float(
                     rank_sums(self.arrays(group).time_s, self.shape(f.pp, vpp).ranks, f.pp).max())
-            time_s = min(step_lower_s(m, rank_s, s, f.pp, vpp, 0.0) for s in schedules)
             ppc = self.pp_comm_floor_s(group, vpp, schedules[0])
-            times.append((time_s, vpp, schedules[0]))
-            lower = min(lower, time_s + ppc)
-        return lower, sorted(times)
+            lower = min(lower, min(step_lower_s(m, rank_s, s, f.pp, vpp, ppc) for s in schedules))
+        return lower
 
     def coupled_floor(self, group: Group) -> float:
         """A bound of `coupled` for the whole group from one row per vpp: the least held static + other bytes of
