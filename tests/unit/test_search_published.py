@@ -9,8 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT.parent / "shared" / "validation" / "published_runs.json"
-# The smaller runs keep the unit suite fast; the benchmark covers all of them.
-FAST_RUNS = ("gptneox20b_production",)
+# Every published NVIDIA run (the search takes about a second on each since the bounded best-first search).
+FAST_RUNS = ("bloom176b_production", "glm130b_production", "opt175b_production", "mtnlg530b_2240gpu",
+             "mtnlg530b_2800gpu", "mtnlg530b_3360gpu", "gptneox20b_production")
 
 
 def _bench():
@@ -33,6 +34,7 @@ def test_plan_never_slower_than_published(run_id):
         assert row["plan_s"] <= row["published_s"] * (1 + 1e-9)
 
 
+@pytest.mark.skipif(not RUNS.is_file(), reason="shared validation data not present")
 def test_codegeex_on_ascend_is_skipped():
     bench = _bench()
     run = next(r for r in json.loads(RUNS.read_text()) if r["id"] == "codegeex13b_production")
