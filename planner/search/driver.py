@@ -143,11 +143,15 @@ class _Search:
         if stage == FAMILY:
             sp, overlap, facts = payload
             copies = len(self.opts.recompute_modes)
-            batch = self.request.global_batch_size
+            batch, alike = self.request.global_batch_size, {}  # counted once per (pp, pp | m, orders)
             for fact in facts:
                 for mbs in self.space.group_options(fact)[0]:
-                    self.space.prune_members(fact, batch // (fact.dp * mbs), "time_lower_bound", copies)
-                    self.done(copies)
+                    m = batch // (fact.dp * mbs)
+                    entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(axis_orders(fact))), [fact, m, 0])
+                    entry[2] += copies
+            for fact, m, count in alike.values():
+                self.space.prune_members(fact, m, "time_lower_bound", count)
+                self.done(count)
         elif stage == SHAPE:
             self.space.prune_groups(payload, "time_lower_bound")
             self.done(len(payload))
