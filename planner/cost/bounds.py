@@ -186,12 +186,15 @@ def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
     return 2 * transfers * _memo(model, key, send)
 
 
-def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> float:
+def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, floor: bool = False) -> float:
     """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i] (evaluate's formula), without
     the candidate's Detail: per-rank sums memoised per shape and split, the reduction's (slope, intercept) per
-    ZeRO stage and links."""
+    ZeRO stage and links. With `floor`, the least over the footprints the dp axis's groups can have (module
+    docstring: the ring all-reduce, reduce-scatter and all-gather read the node count through "spans nodes" and
+    the inter-node ring over the nodes, both least at the fewest nodes), at most the time under every placement:
+    the dp x cp reduction runs on the dp axis's footprint (planner.cost.links), the exposure grows with it."""
     from planner.cost.arrays import module_params_of
-    from planner.cost.evaluate import _dp_comm_s, _dp_exposed, _linear
+    from planner.cost.evaluate import _dp_exposed
 
     def rows() -> dict:
         dense, expert = module_params_of(model, cand)
@@ -204,11 +207,22 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> fl
 
     row = _memo(model, ("dp_rows", cand.tp, cand.cp, cand.ep, cand.pp, cand.microbatch_size, cand.sp,
                         cand.tp_overlap, ranks.tobytes()), rows)
-    links = model.links(cand)
+    if not floor:
+        links = model.links(cand)
+        return float(_dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp), row))
+    edp = max(1, cand.dp * cand.cp // cand.ep)
+    return min(float(_dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
+                                                      dataclasses.replace(link, size=edp)), row))
+               for link in _footprints(model, cand, cand.dp))
+
+
+def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink) -> _DpTerms:
+    from planner.cost.evaluate import _dp_comm_s, _linear
+
+    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # _dp_comm_s reads dp, expert_dp
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
-    terms = _memo(model, ("dp_terms", cand.zero_stage, m, links.dp, links.expert_dp), lambda: _DpTerms(
-        _linear(lambda x: _dp_comm_s(model, cand, x, 0.0)), _linear(lambda x: _dp_comm_s(model, cand, 0.0, x))))
-    return float(_dp_exposed(model, cand, terms, row))
+    return _memo(model, ("dp_terms", cand.zero_stage, m, dp, expert_dp), lambda: _DpTerms(
+        _linear(lambda x: _dp_comm_s(model, cand, x, 0.0, links)), _linear(lambda x: _dp_comm_s(model, cand, 0.0, x, links))))
 
 
 def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:

@@ -294,11 +294,12 @@ class CostModel:
 
         return bounds.pp_comm_floor_s(self, cand)
 
-    def dp_exposed_s(self, cand: Candidate, ranks: np.ndarray) -> float:
-        """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i]."""
+    def dp_exposed_s(self, cand: Candidate, ranks: np.ndarray, *, floor: bool = False) -> float:
+        """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i]; with `floor`, at most it
+        under every placement of the dp groups."""
         from planner.cost import bounds
 
-        return bounds.dp_exposed_s(self, cand, ranks)
+        return bounds.dp_exposed_s(self, cand, ranks, floor=floor)
 
     def evaluate(self, cand: Candidate, *, stage_layers: Sequence[int] | None = None,
                  full_recompute_layers: Sequence[int] | None = None) -> Evaluation:

@@ -8,7 +8,8 @@
      SHAPE    one micro-batch size of a family: m x T / pp over the placement-floor module times (bound (1))
      GROUP    one group: bound (3) on the balanced split with x = 0, pp communication over its cheapest footprint
      COUPLE   + the recompute a rank over capacity needs, from the least memory over schedules and ZeRO stages
-     COUPLED  the same per (schedule, vpp, ZeRO stage); (variant, stage) pairs over capacity on a rank dropped
+     COUPLED  the same per (schedule, vpp, ZeRO stage); (variant, stage) pairs over capacity on a rank dropped;
+              + pp and exposed dp time over the cheapest footprints
      PLACED   + each axis order's pp link; then + its exposed dp time at that ZeRO stage
      VISIT    the members, bounded with each axis order's own module times (planner.search.members)
      MEMBER   + the member's exact exposed dp time
@@ -183,8 +184,7 @@ class _Search:
         elif stage == COUPLE:
             coupled = self.floors.coupled(group, self.opts.zero_stages)
             if coupled:
-                push(max(lower, min(t + self.floors.pp_comm_floor_s(group, vpp, s) for t, vpp, s, _ in coupled)),
-                     tie, COUPLED, group, coupled)
+                push(max(lower, self.floors.placed_floor(group, coupled)), tie, COUPLED, group, coupled)
             else:
                 self.memory_pruned(group)
                 self.done(1)

@@ -217,6 +217,20 @@ class Floors:
             found = self.memo[key] = self.cost.pp_comm_floor_s(self.candidate(group, schedule=schedule, vpp=vpp))
         return found
 
+    def placed_floor(self, group: Group, coupled: list[tuple[float, int, str, int]]) -> float:
+        """The least over `coupled` of its bound plus pp communication over the cheapest footprint and exposed dp
+        time over the cheapest footprint of the dp groups (CostModel.dp_exposed_s(floor=True)) at that stage."""
+        f, m = group.fact, group.num_microbatches
+        best = np.inf
+        for time_s, vpp, schedule, zero in coupled:
+            time_s += self.pp_comm_floor_s(group, vpp, schedule)
+            if time_s >= best:
+                continue
+            dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp), lambda: self.cost.dp_exposed_s(
+                self.candidate(group, zero_stage=zero, vpp=vpp), self.shape(f.pp, vpp).ranks, floor=True))
+            best = min(best, time_s + dp)
+        return best
+
     def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple]]:
         """`coupled` plus each axis order's pp communication (CostModel.pp_comm_s): (bound, vpp, zero, order),
         sorted."""

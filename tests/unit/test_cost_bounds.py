@@ -53,6 +53,10 @@ def test_floors_are_below_the_candidates_costs(model, topology, precision):
             assert sample <= float((lc.forward_s + lc.backward_s).sum()) * (1 + 1e-12)
             assert cost.pp_comm_floor_s(cand) <= cost.pp_comm_s(cand) * (1 + 1e-12)
             assert np.all(cost.held_static_bytes(cand) <= lc.static_bytes)
+            ranks = rank_of_modules(split_for(model.num_layers, cand), cand.pp)
+            for zero in (0, 1, 2, 3):
+                staged = dataclasses.replace(cand, zero_stage=zero)
+                assert cost.dp_exposed_s(staged, ranks, floor=True) <= cost.dp_exposed_s(staged, ranks) * (1 + 1e-12)
             checked += 1
     assert checked > 50
 
