@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import autocast, comm, contention, schedule
-from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, p2p_activation_bytes
+from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED
 from planner.errors import BadInputError
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
 from planner.units import GiB
@@ -193,9 +193,6 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         return found
     from planner.cost.compute import peak_tflops
 
-    pp = cand.pp
-    p2p = p2p_activation_bytes(model.spec, model.shape(cand))
-    transfers = schedule.p2p_transfers(cand.schedule, pp=pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches)
     edp = max(1, cand.dp * cand.cp // cand.ep)
     rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
@@ -203,7 +200,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     found = _Fixed(
         inflight=model.inflight_per_rank(cand),
         other=model.other_per_rank(cand),
-        pp_comm_s=2 * transfers * comm.p2p_s(p2p, group=model.links(cand).pp),
+        pp_comm_s=model.pp_comm_s(cand),
         dp_dense=_linear(lambda x: _dp_comm_s(model, cand, x, 0.0)),
         dp_expert=_linear(lambda x: _dp_comm_s(model, cand, 0.0, x)),
         optimizer_per_param_s=(per_param / (cand.dp * cand.cp if sharded else 1), per_param / (edp if sharded else 1)),

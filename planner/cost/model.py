@@ -4,6 +4,8 @@ The search builds `Candidate`s, asks `validity_reasons`, `layer_costs` (per-modu
 `evaluate` (the step time, breakdown and memory of one partition). Everything is memoised per CostModel
 instance; evaluate works on numpy prefix sums and builds pydantic objects only for its result.
 Per pipeline rank r: memory = sum(static) + inflight(r) * sum(activations) + stage_other_bytes(r) <= capacity.
+For the search's bounds it also answers single terms of `evaluate` (pp_comm_s, dp_exposed_s) and floors that no
+placement, micro-batch size or recompute mode goes below (planner.cost.bounds).
 """
 
 from __future__ import annotations
