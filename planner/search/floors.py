@@ -61,10 +61,10 @@ class Floors:
     @staticmethod
     def arrays_key(group: Group) -> tuple:
         f = group.fact
-        return ("free", f.tp, f.cp, f.ep, group.microbatch_size, group.sp, group.recompute, group.tp_overlap, f.pp > 1)
+        return ("floor", f.tp, f.cp, f.ep, group.microbatch_size, group.sp, group.recompute, group.tp_overlap, f.pp > 1)
 
     def arrays(self, group: Group) -> ModuleArrays:
-        """Comm-free ModuleArrays of the group (shared by every pp with these tp, cp, ep and shape)."""
+        """Placement-floor ModuleArrays of the group (shared by every pp with these tp, cp, ep and shape)."""
         return self._cached(self.arrays_key(group), lambda: module_arrays(
             self.cost.floor_costs(self.candidate(group, zero_stage=self.opts.zero_stages[0])),
             self.state.partial(group)))
@@ -84,8 +84,8 @@ class Floors:
     def family_lower(self, fact: Factorisation, sp: bool, overlap: str) -> float:
         """A bound of every group with this factorisation's tp, cp, ep and these sp, tp_overlap, whatever its pp,
         micro-batch size and recompute: m * microbatch_size * (per-sample floor) / pp (CostModel
-        .per_sample_floor_s; bound (1) with T >= microbatch_size x the floor), the same for them all, since
-        m / pp = global_batch_size * tp * cp / (gpus * microbatch_size)."""
+        .per_sample_floor_s; bound (1) with T >= microbatch_size x the floor, recompute times being >= 0), the
+        same for them all, since m / pp = global_batch_size * tp * cp / (gpus * microbatch_size)."""
         group = self.group(fact, self.state.space.group_options(fact)[0][0], sp, self.opts.recompute_modes[0], overlap)
         floor = self.cost.per_sample_floor_s(self.candidate(group, zero_stage=self.opts.zero_stages[0]))
         return group.num_microbatches * group.microbatch_size * floor / fact.pp
