@@ -26,9 +26,12 @@ def _summary(result):
     return [(s.key, s.stage_layers, s.full_recompute_layers) for s in result.ranked]
 
 
-@pytest.mark.parametrize("model,gpus,fixed", [(SMALL, 8, {}), (SMALL_MOE, 4, {}), (SMALL, 8, {"pp": 2, "tp": 1})])
-def test_pruned_search_equals_exhaustive(model, gpus, fixed):
-    request = small_request(model=model, gpus=gpus, limits=NARROW.model_copy(update=dict(fixed=fixed)))
+@pytest.mark.parametrize("model,gpus,gbs,fixed", [
+    (SMALL, 8, 16, {}), (SMALL_MOE, 4, 16, {}), (SMALL, 8, 16, {"pp": 2, "tp": 1}),
+    (SMALL_MOE, 16, 32, {}), (SMALL, 16, 32, {"cp": 2}),  # two nodes: cp, ep and dp groups across them
+])
+def test_pruned_search_equals_exhaustive(model, gpus, gbs, fixed):
+    request = small_request(model=model, gpus=gpus, gbs=gbs, limits=NARROW.model_copy(update=dict(fixed=fixed)))
     pruned = search(request)
     full = search(request, exhaustive=True)
     assert pruned.ranked and full.ranked
