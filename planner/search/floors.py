@@ -29,24 +29,14 @@ from __future__ import annotations
 import numpy as np
 
 from planner.search import bounds
-from planner.search.group_bounds import (MARGIN_BYTES, ModuleArrays, module_arrays, rank_sums, recompute_floor_s,
+from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
+                                         recompute_floor_s,
                                          step_lower_s, variant_shape)
 from planner.search.space import Factorisation, Group, axis_orders, schedule_variants
 
 
-class Floors:
+class Floors(BoundsState):
     """Bounds of groups for one search (`state`: the driver's _Search: cost, opts, request, space)."""
-
-    def __init__(self, state):
-        self.state, self.cost, self.opts = state, state.cost, state.opts
-        self.num_layers = state.request.model.num_layers
-        self.memo: dict[tuple, object] = {}
-
-    def _cached(self, key: tuple, make):
-        found = self.memo.get(key)
-        if found is None:
-            found = self.memo[key] = make()
-        return found
 
     def order(self, fact: Factorisation) -> tuple[str, ...]:
         return self._cached(("order", fact), lambda: axis_orders(fact)[0])

@@ -104,3 +104,18 @@ def variant_shape(num_layers: int, pp: int, vpp: int) -> VariantShape:
 class _Probe:
     pp: int
     vpp: int
+
+
+class BoundsState:
+    """What the phase-1 (Floors) and phase-2 (Members) bounds share: the search state and one memo per search."""
+
+    def __init__(self, state):
+        self.state, self.cost, self.opts = state, state.cost, state.opts
+        self.num_layers = state.request.model.num_layers
+        self.memo: dict[tuple, object] = {}
+
+    def _cached(self, key: tuple, make):
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = make()
+        return found

@@ -14,24 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.search.group_bounds import (MARGIN_BYTES, ModuleArrays, module_arrays, rank_sums, recompute_floor_s,
+from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
+                                         recompute_floor_s,
                                          step_lower_s, variant_shape)
 from planner.search.space import Group, axis_orders
 
 
-class Members:
+class Members(BoundsState):
     """Phase-2 bounds for one search (`state`: the driver's _Search)."""
-
-    def __init__(self, state):
-        self.state, self.cost, self.opts = state, state.cost, state.opts
-        self.num_layers = state.request.model.num_layers
-        self.memo: dict[tuple, object] = {}
-
-    def _cached(self, key: tuple, make):
-        found = self.memo.get(key)
-        if found is None:
-            found = self.memo[key] = make()
-        return found
 
     def shape(self, pp: int, vpp: int):
         return self._cached(("shape", pp, vpp), lambda: variant_shape(self.num_layers, pp, vpp))
