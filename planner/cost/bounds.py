@@ -60,6 +60,8 @@ def _footprints(model: "CostModel", cand: "Candidate", size: int) -> tuple[Group
     def make() -> tuple[GroupLink, ...]:
         topo = model.topology
         gpn = topo.gpus_per_node
+        if cand.world_size <= gpn:  # every rank on one node: the only footprint (no inter-node link to price)
+            return (make_link(topo, size=size, num_nodes=1, ranks_per_node=size),)
         share = size if cand.world_size <= gpn else (gpn // cand.tp if gpn % cand.tp == 0 else gpn)
         return tuple(make_link(topo, size=size, num_nodes=1 if rpn == size else max(2, math.ceil(size / rpn)),
                                ranks_per_node=rpn) for rpn in range(1, min(size, share) + 1))

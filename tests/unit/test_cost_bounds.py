@@ -89,3 +89,18 @@ def test_floor_is_shared_by_the_axis_orders_and_zero_with_a_profile():
     profiled = CostModel(request, profile=None)
     profiled.profile = object()  # any measured profile: its times follow no formula
     assert profiled.per_sample_floor_s(a) == 0.0
+
+
+def test_single_node_topology_without_a_fabric_plans():
+    """`cpu` has one node and no inter-node fabric (bandwidth 0): the floors consider only the footprints a
+    group can have there (one node), never a link with no bandwidth (it once divided by zero)."""
+    from planner import api
+
+    request = build_request(model="profiles/specs/small-llama.yaml", topology="cpu", gpus=4, global_batch_size=8,
+                            seq_len=256, precision="fp32")
+    cost = CostModel(request)
+    for pp in (2, 4):
+        cand = Candidate(dp=4 // pp, tp=1, pp=pp, microbatch_size=1, num_microbatches=8, recompute="none", schedule="1f1b")
+        assert 0 < cost.pp_comm_floor_s(cand) <= cost.pp_comm_s(cand) * (1 + 1e-12)
+    plan = api.plan(request)
+    assert plan.parallelism.dp * plan.parallelism.tp * plan.parallelism.pp == 4
