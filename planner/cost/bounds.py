@@ -256,7 +256,7 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
     spec, shape = model.spec, model.shape(cand)
 
     def fast(link: GroupLink) -> GroupLink:
-        return dataclasses.replace(link, intra_latency_s=0.0, inter_latency_s=0.0)
+        return link.without_latency()
 
     tp = fast(_tp_link(model, cand))
     env = _env(model, cand, tp, cal=dataclasses.replace(model.cal, gemm_fixed_s=0.0), overlap="none")

@@ -28,29 +28,36 @@ def ring_all_reduce_s(num_bytes: float, *, group: GroupLink) -> float:
     """Ring all-reduce: 2(n-1)/n * bytes / bandwidth + 2(n-1) * latency; hierarchical across nodes."""
     if group.size <= 1:
         return 0.0
+    bandwidth, latency = group.intra("all_reduce")
     if not group.spans_nodes:
-        return _ring_s(num_bytes, group.size, group.intra_bandwidth_GBps, group.intra_latency_s, factor=2)
+        return _ring_s(num_bytes, group.size, bandwidth, latency, factor=2)
     rpn, nodes = group.ranks_per_node, group.num_nodes
-    intra = _ring_s(num_bytes, rpn, group.intra_bandwidth_GBps, group.intra_latency_s, factor=2)
+    intra = _ring_s(num_bytes, rpn, bandwidth, latency, factor=2)
     inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, group.inter_latency_s, factor=2)
     return intra + inter
 
 
 def all_gather_s(num_bytes: float, *, group: GroupLink) -> float:
     """All-gather of a `num_bytes` result (each rank holds num_bytes/n): (n-1)/n * bytes / bw + (n-1) * latency."""
-    if group.size <= 1:
-        return 0.0
-    if not group.spans_nodes:
-        return _ring_s(num_bytes, group.size, group.intra_bandwidth_GBps, group.intra_latency_s, factor=1)
-    rpn, nodes = group.ranks_per_node, group.num_nodes
-    intra = _ring_s(num_bytes, rpn, group.intra_bandwidth_GBps, group.intra_latency_s, factor=1)
-    inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, group.inter_latency_s, factor=1)
-    return intra + inter
+    return _half_ring_s(num_bytes, group, "all_gather")
 
 
 def reduce_scatter_s(num_bytes: float, *, group: GroupLink) -> float:
-    """Reduce-scatter of a `num_bytes` input: the same traffic as all-gather, (n-1)/n * bytes / bw."""
-    return all_gather_s(num_bytes, group=group)
+    """Reduce-scatter of a `num_bytes` input: the same traffic as all-gather, (n-1)/n * bytes / bw (its own
+    measured rates where the link has them: gloo's reduce-scatter is slower than its all-gather)."""
+    return _half_ring_s(num_bytes, group, "reduce_scatter")
+
+
+def _half_ring_s(num_bytes: float, group: GroupLink, collective: str) -> float:
+    if group.size <= 1:
+        return 0.0
+    bandwidth, latency = group.intra(collective)
+    if not group.spans_nodes:
+        return _ring_s(num_bytes, group.size, bandwidth, latency, factor=1)
+    rpn, nodes = group.ranks_per_node, group.num_nodes
+    intra = _ring_s(num_bytes, rpn, bandwidth, latency, factor=1)
+    inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, group.inter_latency_s, factor=1)
+    return intra + inter
 
 
 def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
@@ -60,15 +67,19 @@ def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
     if n <= 1 or num_bytes <= 0:
         return 0.0
     rpn = group.ranks_per_node
-    intra = (rpn - 1) / n * num_bytes / _bytes_per_s(group.intra_bandwidth_GBps)
+    bandwidth, latency = group.intra("all_to_all")
+    intra = (rpn - 1) / n * num_bytes / _bytes_per_s(bandwidth)
     inter = (n - rpn) / n * num_bytes / _bytes_per_s(group.inter_bandwidth_GBps) if group.spans_nodes else 0.0
-    return max(intra, inter) + (n - 1) * group.latency_s
+    return max(intra, inter) + (n - 1) * (group.inter_latency_s if group.spans_nodes else latency)
 
 
 def p2p_s(num_bytes: float, *, group: GroupLink) -> float:
     """Point-to-point send between neighbouring pipeline stages: bytes / bw + latency."""
     if group.size <= 1 or num_bytes <= 0:
         return 0.0
+    if not group.spans_nodes:
+        bandwidth, latency = group.intra("send_recv")
+        return num_bytes / _bytes_per_s(bandwidth) + latency
     return num_bytes / _bytes_per_s(group.bandwidth_GBps) + group.latency_s
 
 

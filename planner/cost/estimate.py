@@ -9,6 +9,7 @@ which part dominates).
 
 from __future__ import annotations
 
+from planner.cost import contention
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.model import Candidate, CostModel, CostOptions
 from planner.cost.validity import input_reasons
@@ -49,6 +50,11 @@ def model_notes(model: CostModel) -> list[str]:
         + ("; dropout on" if model.options.dropout else "; no dropout")
         + ("; data-parallel reduction overlapped with backward" if model.options.dp_overlap else "; data-parallel reduction not overlapped")
     )
+    topo = model.topology
+    if contention.contended(model.request.gpus, topo):
+        ranks = contention.ranks_per_node(model.request.gpus, topo.gpus_per_node)
+        notes.append(f"{ranks} ranks share {topo.compute_slots_per_node} compute slots per node: compute stretched "
+                     f"{ranks / topo.compute_slots_per_node:.2g}x and no communication overlapped (planner.cost.contention)")
     cal = model.cal
     if model.request.precision == "amp-bf16" and not model.fused_kernels:
         notes.append(f"eager recipe (HF transformers under torch.autocast): each phase of a dense layer takes max(device + "

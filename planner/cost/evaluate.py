@@ -3,8 +3,8 @@
 Step time (per optimizer step) = m * t_b + bubble(t_b) + pp_comm + dp_comm_exposed + optimizer, where t_b is the
 per-micro-batch forward + backward (+ recompute) time of the bottleneck pipeline rank (the sum over its virtual
 stages) and the bubble follows the schedule (planner.cost.schedule). Where a node has fewer compute slots than
-ranks (CPU processes sharing cores), compute, recompute, bubble and optimizer are stretched by ranks / slots
-(planner.cost.contention); the wait for a core is counted in compute_s. The breakdown splits m * t_b into compute,
+ranks (CPU processes sharing cores), the step is at least the node's compute work / slots plus the exposed
+communication (planner.cost.contention); the wait for a core is counted in compute_s. The breakdown splits m * t_b into compute,
 recompute and exposed TP/EP/CP communication, so its fields add up to the step time.
 """
 
@@ -213,11 +213,13 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
 def _dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) -> float:
     """Exposed data-parallel time, the slowest pipeline rank. Overlap (options.dp_overlap): hidden behind the
     backward of the last micro-batch (ZeRO-0/1), every backward (ZeRO-2), every forward and backward (ZeRO-3);
-    the last bucket (options.bucket_params) is always exposed. Without overlap all of it is exposed."""
+    the last bucket (options.bucket_params) is always exposed. Without overlap all of it is exposed, and so it
+    is where ranks share a node's cores (planner.cost.contention): a CPU backend's collectives (gloo) copy and
+    reduce on those same cores, so nothing is left to run them beside the backward."""
     dense, expert = row["dense"], row["expert"]
     total = np.where(dense > 0, fixed.dp_dense[0] * dense + fixed.dp_dense[1], 0.0)
     total = total + np.where(expert > 0, fixed.dp_expert[0] * expert + fixed.dp_expert[1], 0.0)
-    if not model.options.dp_overlap:
+    if not model.options.dp_overlap or contention.contended(cand.world_size, model.topology):
         return float(total.max())
     m, z = cand.num_microbatches, cand.zero_stage
     window = row["bwd_compute"] * (1 if z <= 1 else m) if z <= 2 else m * row["compute"]
@@ -252,12 +254,13 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
         "ep_comm_s": m * ep_b, "cp_comm_s": m * cp_b, "optimizer_s": optimizer,
     }
     step = m * t_b + bubble + fixed.pp_comm_s + dp + optimizer
-    stretch = contention.fair_share_stretch(
-        ranks=contention.ranks_per_node(cand.world_size, model.topology.gpus_per_node), slots=model.topology.compute_slots_per_node)
-    if stretch > 1.0:  # ranks sharing a node's cores: compute and bubble run at slots/ranks speed (planner.cost.contention)
-        extra = (stretch - 1.0) * (breakdown["compute_s"] + breakdown["recompute_s"] + bubble + optimizer)
-        breakdown["compute_s"] += extra
-        step += extra
+    if contention.contended(cand.world_size, model.topology):  # ranks sharing a node's cores (planner.cost.contention)
+        work = m * (rank_time - row["tp"] - row["ep"] - row["cp"]) + opt
+        comm_s = m * (tp_b + ep_b + cp_b) + fixed.pp_comm_s + dp
+        shared = contention.shared_step_s(step, work_s=work.tolist(), comm_s=comm_s, world_size=cand.world_size,
+                                          topology=model.topology)
+        breakdown["compute_s"] += shared - step
+        step = shared
     return _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown)
 
 

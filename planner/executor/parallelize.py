@@ -100,17 +100,19 @@ def _block_tp_plan(block: TransformerBlock, *, sp: bool) -> dict:
     if block.attention.q_norm is not None:  # per-head norms: heads are the sharded dim (torchtitan, Qwen3)
         plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    # The block's input becomes one Replicate DTensor that wq/wk/wv (w1/w3) share: their input gradients add up
+    # as Partial and are reduced once (all-reduce, or reduce-scatter with SP) where the DTensor was made, as in
+    # Megatron's fused QKV / gate-up projections; per-linear inputs would all-reduce 3 (2) times.
+    plan["attention"] = PrepareModuleInput(input_layouts=(seq_layout, None), desired_input_layouts=(Replicate(), None))
     if sp:
         plan["attention_norm"] = SequenceParallel()
         plan["ffn_norm"] = SequenceParallel()
-        plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
     if block.feed_forward is not None:
         plan["feed_forward.w1"] = ColwiseParallel()
         plan["feed_forward.w2"] = RowwiseParallel(output_layouts=seq_layout)
         if block.feed_forward.w3 is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
-        if sp:
-            plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan["feed_forward"] = PrepareModuleInput(input_layouts=(seq_layout,), desired_input_layouts=(Replicate(),))
     elif sp:  # MoE replicated over tp: gather the sequence in, keep this rank's slice out
         plan["moe"] = PrepareModuleInputOutput(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,

@@ -57,6 +57,7 @@ class Job:
     local_stages: list = field(default_factory=list)
     dp_group: object = None
     autocast_dtype: torch.dtype | None = None
+    loss_parallel: bool = False  # vocab-sharded logits, loss under torch's loss_parallel (TP without PP)
     keys: ckpt.ShardKeys = ckpt.ShardKeys()
     tied_group: object = None
 
@@ -172,7 +173,11 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
     if par.tp > 1 and par.tp_overlap == "domino":
         apply_domino_tp(module, mesh["tp"].get_group())
     elif par.tp > 1:
-        fns.apply_tp(module, mesh["tp"], sp=par.sp)
+        # Without PP the loss is vocab-parallel (torchtitan's loss_parallel, Megatron's vocab-parallel cross entropy):
+        # no all-gather of the T x V logits, as the cost model prices TP. Pipeline stages hand the schedule plain
+        # tensors, so there the last stage gathers the logits.
+        job.loss_parallel = par.pp == 1
+        fns.apply_tp(module, mesh["tp"], sp=par.sp, loss_parallel=job.loss_parallel)
     fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
     precision = plan.request.precision
     zero = 2 if (par.pp > 1 and plan.schedule == "zero-bubble" and par.zero_stage == 3) else par.zero_stage
@@ -190,6 +195,9 @@ def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
     """No pipeline: gradient accumulation over num_microbatches, with DP gradient sync on the last only."""
     from contextlib import nullcontext
 
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
     from planner.executor.parallelize import sync_gradients
     from planner.executor.train import cross_entropy
 
@@ -203,9 +211,10 @@ def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
         with context:
             with torch.autocast(job.device.type, dtype=job.autocast_dtype, enabled=job.autocast_dtype is not None):
                 logits = model(x)
-            loss = cross_entropy(logits, y) / n
-            loss.backward()
-        total += loss.detach()
+            with loss_parallel() if job.loss_parallel else nullcontext():
+                loss = cross_entropy(logits, y) / n
+                loss.backward()
+        total += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
     sync_gradients(model)
     return total
 

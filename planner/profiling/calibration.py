@@ -125,11 +125,17 @@ def load_calibration(path: str | Path) -> CommCalibration:
 
 
 def calibrated_topology(topology, calibration: CommCalibration):
-    """The topology with its intra-node fabric replaced by the measured all-reduce fit: bandwidth_GBps = the
-    fitted bus bandwidth, latency_s = alpha per ring step. A calibration measures processes on one node, so
-    the inter-node fabric is left as it is. Returns a new (frozen) Topology."""
+    """The topology with its intra-node fabric replaced by the measured fits: bandwidth_GBps and latency_s from
+    the all-reduce fit (the fitted bus bandwidth, alpha per ring step), and every measured collective's own
+    rates in `collectives` (on gloo a reduce-scatter runs ~3x slower than an all-reduce's bus bandwidth
+    suggests, point-to-point ~4x faster). A calibration measures processes on one node, so the inter-node
+    fabric is left as it is. Returns a new (frozen) Topology."""
+    from planner.schemas.topology import CollectiveRate
+
     fit = calibration.fit("all_reduce") or calibration.fits[0]
-    intra = topology.intra_node.model_copy(update={"bandwidth_GBps": fit.bus_bandwidth_GBps, "latency_s": fit.latency_s})
+    rates = {f.collective: CollectiveRate(bandwidth_GBps=f.bus_bandwidth_GBps, latency_s=f.latency_s) for f in calibration.fits}
+    intra = topology.intra_node.model_copy(update={"bandwidth_GBps": fit.bus_bandwidth_GBps, "latency_s": fit.latency_s,
+                                                   "collectives": rates})
     return topology.model_copy(update={"intra_node": intra})
 
 

@@ -27,10 +27,21 @@ class DeviceSpec(Schema):
     reserved_memory_bytes: int = Field(default=0, ge=0, description="taken by the CUDA context/driver, unusable by tensors")
 
 
+class CollectiveRate(Schema):
+    """Measured alpha-beta rates of one collective inside a node (planner.profiling.calibration)."""
+
+    bandwidth_GBps: float = Field(gt=0, description="fitted bus bandwidth (nccl-tests convention)")
+    latency_s: float = Field(ge=0, description="fitted fixed time per ring step")
+
+
 class IntraNodeFabric(Schema):
     kind: Literal["nvswitch", "nvlink_mesh", "pcie", "infinity_fabric", "loopback"]
     bandwidth_GBps: float = Field(gt=0, description="achieved per-GPU per-direction bus bandwidth inside a node")
     latency_s: float = Field(ge=0)
+    collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"], CollectiveRate] = Field(
+        default_factory=dict,
+        description="measured per-collective rates (`planner profile comm`; a topology's comm_calibration fills them); "
+                    "a collective not listed uses bandwidth_GBps and latency_s")
 
 
 class InterNodeFabric(Schema):

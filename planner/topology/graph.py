@@ -27,7 +27,7 @@ import networkx as nx
 from planner.errors import BadInputError
 from planner.schemas.topology import Topology
 from planner.topology.groups import GroupLink
-from planner.topology.placement import MESH_FABRICS
+from planner.topology.placement import MESH_FABRICS, intra_rates
 
 SPINE = ("spine",)
 
@@ -185,6 +185,7 @@ def group_link_from_graph(graph: nx.Graph, topology: Topology, ranks: Sequence[i
         intra_latency_s=intra_lat,
         inter_bandwidth_GBps=_nic_share_GBps(graph, source),
         inter_latency_s=inter_lat,
+        intra_rates=intra_rates(topology),
     )
 
 

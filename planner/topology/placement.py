@@ -179,7 +179,13 @@ def make_link(topology: Topology, *, size: int, num_nodes: int, ranks_per_node: 
         intra_latency_s=topology.intra_node.latency_s,
         inter_bandwidth_GBps=nic_share_GBps(topology),
         inter_latency_s=topology.inter_node.latency_s,
+        intra_rates=intra_rates(topology),
     )
+
+
+def intra_rates(topology: Topology) -> tuple[tuple[str, float, float], ...]:
+    """GroupLink.intra_rates: the topology's measured per-collective rates inside a node, if any."""
+    return tuple((name, rate.bandwidth_GBps, rate.latency_s) for name, rate in sorted(topology.intra_node.collectives.items()))
 
 
 def _residues(axes: Iterable[tuple[int, int]], modulus: int) -> frozenset[int]:

@@ -119,6 +119,31 @@ def test_a_topology_references_a_calibration(tmp_path):
     assert resolve_comm_calibration(load_topology("cpu")) == load_topology("cpu")
 
 
+
+def test_each_calibrated_collective_is_priced_at_its_own_rates():
+    """gloo's reduce-scatter is slower than its all-reduce suggests: the calibrated topology keeps every fit, and
+    the cost model prices each collective with its own (bus bandwidth, latency per ring step)."""
+    from planner.cost import comm
+    from planner.profiling.calibration import calibrated_topology
+    from planner.topology import load_topology
+    from planner.topology.placement import make_link
+
+    n, sizes = 4, (4096, 1 << 20, 16 << 20)
+    rates = {"all_reduce": (4e-4, 0.45), "all_gather": (8e-4, 0.30), "reduce_scatter": (1.7e-3, 0.16),
+             "all_to_all": (4e-4, 0.65), "send_recv": (4e-4, 1.96)}
+    fits = tuple(fit_collective(c, n, [CommPoint(message_bytes=s, time_s=lat * ring_steps(c, n) + bus_factor(c, n) * s / (bw * 1e9))
+                                       for s in sizes]) for c, (lat, bw) in rates.items())
+    topology = calibrated_topology(load_topology("cpu"), CommCalibration(backend="gloo", device="cpu", world_size=n, fits=fits))
+    link = make_link(topology, size=n, num_nodes=1, ranks_per_node=n)
+    size = 8 << 20
+    for collective, cost in (("all_reduce", comm.ring_all_reduce_s), ("all_gather", comm.all_gather_s),
+                             ("reduce_scatter", comm.reduce_scatter_s), ("all_to_all", comm.all_to_all_s)):
+        fit = next(f for f in fits if f.collective == collective)
+        assert cost(size, group=link) == pytest.approx(fit.predict_s(size), rel=1e-6), collective
+    assert comm.p2p_s(size, group=link) == pytest.approx(fits[-1].predict_s(size), rel=1e-6)
+    assert comm.reduce_scatter_s(size, group=link) > comm.all_gather_s(size, group=link) > 0
+    assert comm.reduce_scatter_s(size, group=link.without_latency()) < comm.reduce_scatter_s(size, group=link)
+
 VALIDATION = "/work/shared/validation/h100_hf_tinyllama.jsonl"
 
 
