@@ -16,7 +16,7 @@ processes (the `cpu` topology's compute_slots_per_node prices that, planner.cost
 else runs on the machine, which the model cannot know: each row records the 1-minute load average after it
 (the 4 ranks alone make about 4), and rows measured under a higher load are slower than predicted. Usage:
 
-    python benchmarks/executor_vs_predicted.py [--steps 4] [--json benchmarks/results/executor_vs_predicted.json]
+    python benchmarks/executor_vs_predicted.py [--steps 6] [--json benchmarks/results/executor_vs_predicted.json]
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ VARIANTS = (
 
 
 def topology():
-    """The `cpu` topology with its intra-node fabric replaced by the measured 4-process gloo all-reduce fit
-    (planner.profiling.calibration.calibrated_topology on profiles/cpu-gloo-comm.json)."""
+    """The `cpu` topology with its intra-node fabric replaced by the measured 4-process gloo fits, each
+    collective priced at its own rates (planner.profiling.calibration.calibrated_topology on
+    profiles/cpu-gloo-comm.json)."""
     from planner.profiling.calibration import calibrated_topology, load_calibration
 
     base = api.load_topology(TOPOLOGY).model_copy(update={"comm_calibration": str(COMM_CALIBRATION.relative_to(ROOT))})
@@ -122,7 +123,7 @@ def measure(plan: LaunchPlan, folder: Path, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="steps per plan (the first is warm-up)")
+    parser.add_argument("--steps", type=int, default=6, help="steps per plan (the first is warm-up)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and the summary here")
     args = parser.parse_args(argv)
 
