@@ -94,6 +94,15 @@ def test_dp2_tp2_pp2_on_eight_processes_matches_single_process(tmp_path):
     assert report.world_size == 8
 
 
+
+@pytest.mark.parametrize("spec,sp", [(TINY, False), (TINY_GPT, True)], ids=["llama-tp2", "gpt-tied-tp2-sp"])
+def test_tp2_without_pp_uses_the_vocab_parallel_loss_and_matches_single_process(spec, sp, tmp_path):
+    """TP without PP: vocab-sharded logits and the loss under loss_parallel (no T x V all-gather), with
+    gradient accumulation over 2 micro-batches; a tied GPT head shares the vocab-sharded embedding."""
+    plan = make_plan(spec, tp=2, sp=sp, num_microbatches=2)
+    report = run_plan(write_plan(plan, tmp_path / "plan.json"), options=options(steps=3))
+    assert_close(report.losses, reference_losses(plan, 3), f"tp2 sp={sp}")
+
 def test_failure_leaves_no_report_and_no_partial_checkpoint_then_resume_matches(pp2_1f1b, tmp_path):
     """A rank raising while checkpoint step 3 is being written: one error naming the rank and the cause,
     no report, steps 1-2 committed and nothing of step 3. Resuming from step 2 gives the uninterrupted
