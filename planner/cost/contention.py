@@ -12,9 +12,13 @@ scheduling stays close to the larger of the two when the ranks are many against 
 Node work is the compute of every rank on the node (forward, backward, recompute and optimizer of each
 pipeline rank, times the ranks sharing its stage). Data-parallel ranks are identical, so this is the old
 ranks / slots stretch of every compute interval; a pipeline's bubble is idle time, not work, so its ranks
-borrow the cores the waiting ranks leave (measured on the 2-core box with 4 gloo ranks, pp4 1F1B with 8
-micro-batches: 0.91 s, where stretching the critical path, bubble included, predicted 1.19 s and node work /
-slots gives 0.9-1.0 s; benchmarks/executor_vs_predicted.py). Communication is exposed, not work: a gloo
+borrow the cores the waiting ranks leave. Measured on the 2-core box with 4 gloo ranks
+(benchmarks/executor_vs_predicted.py, profiles/cpu-small.json): pp4 1F1B with 8 micro-batches ran 0.91-0.94 s;
+stretching its critical path, bubble included, by ranks / slots predicts 1.2 s, this model 0.74 s (the critical
+path: node work / slots is 0.69 s, the last rank carries the head); dp2 x pp2 with full recompute ran 1.07-1.52 s
+(noisy) and is predicted 0.93 s (node work / slots above its 0.79 s critical path). The co-run slowdown of
+compute itself (caches and DRAM shared by busy cores) measured 0-13% on this box (benchmarks/cpu_corun.py) and is
+not modelled. Communication is exposed, not work: a gloo
 collective's copies and reductions are measured with the same sharing (`planner profile comm` runs all ranks
 on the node), and with the cores taken it is never overlapped (evaluate._dp_exposed).
 
