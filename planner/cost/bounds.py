@@ -62,7 +62,7 @@ def _footprints(model: "CostModel", cand: "Candidate", size: int) -> tuple[Group
         gpn = topo.gpus_per_node
         if cand.world_size <= gpn:  # every rank on one node: the only footprint (no inter-node link to price)
             return (make_link(topo, size=size, num_nodes=1, ranks_per_node=size),)
-        share = size if cand.world_size <= gpn else (gpn // cand.tp if gpn % cand.tp == 0 else gpn)
+        share = gpn // cand.tp if gpn % cand.tp == 0 else gpn
         return tuple(make_link(topo, size=size, num_nodes=1 if rpn == size else max(2, math.ceil(size / rpn)),
                                ranks_per_node=rpn) for rpn in range(1, min(size, share) + 1))
 
@@ -255,13 +255,10 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
 
     spec, shape = model.spec, model.shape(cand)
 
-    def fast(link: GroupLink) -> GroupLink:
-        return link.without_latency()
-
-    tp = fast(_tp_link(model, cand))
+    tp = _tp_link(model, cand).without_latency()
     env = _env(model, cand, tp, cal=dataclasses.replace(model.cal, gemm_fixed_s=0.0), overlap="none")
     real = _env(model, cand, tp)  # t0 kept: the attention core at b = 1 is at least its per-sequence share at b
-    ep_s = min((sum(L._ep_times(_env(model, cand, tp, ep=fast(link)))) for link in _footprints(model, cand, cand.ep)),
+    ep_s = min((sum(L._ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
                default=0.0) if cand.ep > 1 else 0.0
     total = tp_total = 0.0
     for moe_layer in (False, True):
@@ -272,7 +269,7 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
             spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
         fwd, bwd, _ = L._gemm_times(env, gemms)
         core = L._gemm_times(real, gemms)[2]
-        cp_s = min((sum(L._cp_times(_env(model, cand, tp, cp=fast(link)), core)) for link in _footprints(model, cand, cand.cp)),
+        cp_s = min((sum(L._cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
                    default=0.0) if cand.cp > 1 else 0.0
         total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
         tp_total += count * sum(L._tp_times(env, fwd, bwd, collectives=2))

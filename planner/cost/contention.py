@@ -53,9 +53,7 @@ def shared_step_s(step_s: float, *, work_s: Sequence[float], comm_s: float, worl
     """The step on a contended node (module docstring): max(step_s, node work / slots + comm_s). `work_s` is
     each pipeline rank's compute per step; every one of the node's ranks holds one of them, in equal numbers
     (on one node exactly; across nodes the node is assumed to hold an average mix of stages)."""
-    ranks = ranks_per_node(world_size, topology.gpus_per_node)
-    slots = topology.compute_slots_per_node
-    if slots is None or ranks <= slots or not work_s:
+    if not work_s or not contended(world_size, topology):
         return step_s
-    node_work = ranks * sum(work_s) / len(work_s)
-    return max(step_s, node_work / slots + comm_s)
+    node_work = ranks_per_node(world_size, topology.gpus_per_node) * sum(work_s) / len(work_s)
+    return max(step_s, node_work / topology.compute_slots_per_node + comm_s)

@@ -195,11 +195,10 @@ def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
     """No pipeline: gradient accumulation over num_microbatches, with DP gradient sync on the last only."""
     from contextlib import nullcontext
 
-    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
     from planner.executor.parallelize import sync_gradients
-    from planner.executor.train import cross_entropy
+    from planner.executor.train import _local, cross_entropy
 
     model, n = job.train_parts[0], job.plan.batch.num_microbatches
     total = torch.zeros((), dtype=torch.float32, device=job.device)
@@ -214,7 +213,7 @@ def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
             with loss_parallel() if job.loss_parallel else nullcontext():
                 loss = cross_entropy(logits, y) / n
                 loss.backward()
-        total += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
+        total += _local(loss.detach())
     sync_gradients(model)
     return total
 
