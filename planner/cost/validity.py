@@ -2,8 +2,9 @@
 
 Each reason names the numbers and what would fix it. Rules follow Megatron-LM's argument checks
 (arguments.py: heads and query groups divisible by tp, layers by pp*vpp for the interleaved schedule,
-num_microbatches % pp == 0 for interleaving, experts divisible by ep, ep inside dp*cp), and PipeDream-2BW's
-m >= d (Narayanan et al. 2021, Sec. 3.1).
+experts divisible by ep, ep inside dp*cp), and PipeDream-2BW's m >= d (Narayanan et al. 2021, Sec. 3.1). How an
+interleaved schedule may split layers over chunks (equal chunks, embedding/loss slots, explicit layouts) and whether
+num_microbatches must be a multiple of pp are the framework's rules (planner.frameworks.interleaved_split_reason).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.cost.schedule import SCHEDULES
+from planner.frameworks import interleaved_split_reason, load_framework
 from planner.schemas.plan import PlanRequest
 
 if TYPE_CHECKING:
@@ -40,8 +42,11 @@ def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
     stages = c.pp * c.vpp
     if spec.num_layers < stages:
         out.append(f"pp*vpp={stages} exceeds num_layers={spec.num_layers}: every virtual stage needs a decoder layer")
-    elif c.vpp > 1 and spec.num_layers % stages:
-        out.append(f"num_layers={spec.num_layers} must be divisible by pp*vpp={stages} for the interleaved schedule")
+    elif c.vpp > 1:
+        found = interleaved_split_reason(load_framework(request.framework), num_layers=spec.num_layers, pp=c.pp,
+                                         vpp=c.vpp, num_microbatches=c.num_microbatches)
+        if found is not None:
+            out.append(found[1])
     return out
 
 
@@ -70,8 +75,6 @@ def _schedule_reasons(c: "Candidate") -> list[str]:
     if c.schedule == "interleaved":
         if c.pp < 2 or c.vpp < 2:
             out.append(f"the interleaved schedule needs pp>1 and vpp>1 (got pp={c.pp}, vpp={c.vpp}): use 1f1b or raise vpp")
-        elif c.num_microbatches % c.pp:
-            out.append(f"the interleaved schedule needs num_microbatches={c.num_microbatches} divisible by pp={c.pp}")
     elif c.vpp > 1:
         out.append(f"vpp={c.vpp} needs schedule=interleaved (got {c.schedule})")
     if c.schedule == "2bw" and c.pp > 1 and c.num_microbatches < c.pp:
@@ -105,7 +108,7 @@ def input_reasons(request: PlanRequest, cand: "Candidate") -> tuple[str, ...]:
     positive = _positive(cand)
     if positive:
         return positive
-    model = [r for r in _model_reasons(request, cand) if not r.startswith(("pp*vpp", "num_layers"))]
+    model = [r for r in _model_reasons(request, cand) if not r.startswith(("pp*vpp", "num_layers", "num_microbatches"))]
     batch = [r for r in _batch_reasons(request, cand) if r.startswith("dp*tp*pp*cp")]
     schedule = [r for r in _schedule_reasons(cand) if "divisible" not in r and not r.startswith("PipeDream-2BW needs")]
     return tuple(model + batch + schedule)

@@ -28,7 +28,9 @@ class SearchLimits(Schema):
 
     time_limit_s: float = Field(default=60.0, gt=0)
     top_k: int = Field(default=3, ge=0, description="alternatives to keep in the plan")
-    runnable: bool = Field(default=False, description="only configurations the executor can run")
+    runnable: bool = Field(default=False, description="deprecated alias of framework='planner' (what the executor runs)")
+    allow_stale_weights: bool = Field(
+        default=False, description="let the search choose PipeDream-2BW (one-step-stale weights) where the framework runs it")
     max_microbatch_size: int = Field(default=16, gt=0)
     schedules: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
@@ -50,6 +52,8 @@ class PlanRequest(Schema):
     precision: Precision = "bf16"
     profile: str | None = Field(default=None, description="measured profile file used for compute costs; None = analytic")
     search: SearchLimits | None = None
+    framework: str = Field(default="planner", min_length=1,
+                           description="the software stack that runs the plan (`planner framework list`, or a profile file)")
 
 
 class Parallelism(Schema):

@@ -22,8 +22,11 @@ Structural rules that prune whole groups, counted per reason (times the configur
 heads, KV heads (not with MLA) and the FFN width divisible by tp, global batch by dp, seq_len by 2*cp (load-balanced causal context
 parallelism, Megatron-Core), experts by ep, decoder layers by pp*vpp for interleaved (Megatron-LM's interleaved
 1F1B needs equal model chunks) and num_microbatches by pp (Megatron-LM's rule for interleaving).
-ZeRO-2/3 with pp > 1 is allowed (torchtitan runs FSDP with PP; Megatron's distributed optimizer is ZeRO-1); the
-DeepSpeed exporter, whose pipeline engine allows only ZeRO <= 1, reports it when exporting.
+What the request's framework (planner.frameworks, `frameworks/<name>.yaml`) does not run is never explored: its
+schedules, ZeRO stages, recompute modes and TP overlaps bound the choices above; a factorisation it cannot run
+(context or expert parallelism it lacks, expert groups outside its span) is pruned under the profile's key, and
+the per-configuration rules (ZeRO with PP, exclusions) prune members in the driver. PipeDream-2BW enters only
+with SearchLimits.allow_stale_weights (its one-step-stale weights change the optimizer's semantics).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from planner.capabilities import RUNNABLE_SCHEDULES, precision_refusal
 from planner.errors import BadInputError
+from planner.frameworks import Config, interleaved_split_reason, load_framework, parallel_refusal, precision_refusal
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
 
 FLAT_SCHEDULES = ("gpipe", "1f1b", "2bw", "zero-bubble")
@@ -49,43 +53,66 @@ def divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Options:
-    """The per-request choices of the space, after SearchLimits and --runnable are applied."""
+    """The per-request choices of the space, after SearchLimits and the framework profile are applied."""
 
     schedules: tuple[str, ...]
     zero_stages: tuple[int, ...]
     recompute_modes: tuple[str, ...]
     tp_overlap: tuple[str, ...]
     max_microbatch_size: int
+    profile: FrameworkProfile
     fixed: dict[str, int] = field(default_factory=dict)  # degrees fixed by the caller (--tp, --pp, ...)
-    runnable: bool = False  # only what the executor can run (planner.capabilities)
+    allow_stale_weights: bool = False
 
     @staticmethod
     def from_request(request: PlanRequest, fixed: dict[str, int] | None = None) -> Options:
         limits = request.search or SearchLimits()
+        profile = framework_of(request)
         pinned = {**limits.fixed, **(fixed or {})}
         _check_fixed(pinned, request.gpus)
-        if limits.runnable:
-            _check_runnable_request(request.precision, pinned)
-        schedules = tuple(s for s in limits.schedules if not limits.runnable or s in RUNNABLE_SCHEDULES)
-        overlap = tuple(o for o in limits.tp_overlap if not limits.runnable or o == "none")
+        _check_framework_request(profile, request.precision, pinned, request.model.moe is not None)
+        stale = limits.allow_stale_weights or tuple(limits.schedules) == ("2bw",)
+        runs = set(profile.schedule_names())
+        schedules = tuple(s for s in limits.schedules if s in runs and (s != "2bw" or stale))
+        caps = profile.capabilities
         return Options(
-            schedules=schedules,
-            zero_stages=tuple(sorted(limits.zero_stages)),
-            recompute_modes=tuple(limits.recompute_modes),
-            tp_overlap=overlap or ("none",),
+            schedules=_narrowed("schedule", limits.schedules, schedules, profile),
+            zero_stages=_narrowed("zero_stage", limits.zero_stages, tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp)), profile),
+            recompute_modes=_narrowed("recompute", limits.recompute_modes, tuple(r for r in limits.recompute_modes if r in caps.recompute.modes), profile),
+            tp_overlap=tuple(o for o in limits.tp_overlap if o in caps.tp_overlap) or ("none",),
             max_microbatch_size=limits.max_microbatch_size,
+            profile=profile,
             fixed=pinned,
-            runnable=limits.runnable,
+            allow_stale_weights=stale,
         )
 
 
-def _check_runnable_request(precision: str, fixed: dict[str, int]) -> None:
-    """--runnable with a precision or a fixed cp the executor cannot run has no answer: say so up front."""
-    refused = precision_refusal(precision)
+def framework_of(request: PlanRequest) -> FrameworkProfile:
+    """The request's framework profile; SearchLimits.runnable (the old --runnable) means the `planner` executor."""
+    limits = request.search or SearchLimits()
+    if limits.runnable and request.framework != "planner":
+        raise BadInputError(f"runnable=true with framework={request.framework!r}: --runnable means --framework planner; drop one")
+    return load_framework(request.framework)
+
+
+def _narrowed(name: str, asked: tuple, kept: tuple, profile: FrameworkProfile) -> tuple:
+    """The choices the framework runs among those asked; none left is bad input naming the framework."""
+    if not kept:
+        raise BadInputError(f"{name}={list(asked)}: framework {profile.name!r} runs none of them "
+                            f"(see `planner framework show {profile.name}`): choose another {name} or --framework")
+    return kept
+
+
+def _check_framework_request(profile: FrameworkProfile, precision: str, fixed: dict[str, int], is_moe: bool) -> None:
+    """A precision or fixed degree the framework cannot run has no answer: say so before searching."""
+    refused = precision_refusal(profile, precision)
     if refused is not None:
-        raise BadInputError(refused.replace("is not runnable", "is not runnable with --runnable"))
-    if fixed.get("cp", 1) > 1:
-        raise BadInputError(f"cp={fixed['cp']} with --runnable: the executor has no context parallelism; drop --cp or --runnable")
+        raise BadInputError(refused)
+    probe = Config(dp=fixed.get("dp", 1), tp=fixed.get("tp", 1), pp=fixed.get("pp", 1), cp=fixed.get("cp", 1),
+                   ep=1 if not is_moe else fixed.get("ep", 1), is_moe=is_moe)
+    found = parallel_refusal(profile, probe) if probe.cp > 1 or probe.ep > 1 else None
+    if found is not None and found[0] != "ep_outside_framework_span":
+        raise BadInputError(found[1])
 
 
 def _check_fixed(fixed: dict[str, int], gpus: int) -> None:
@@ -218,11 +245,8 @@ class Space:
             return "seq_len_not_divisible_by_2cp"
         if m.moe is not None and m.moe.num_experts % fact.ep:
             return "experts_not_divisible_by_ep"
-        if self.opts.runnable and fact.cp > 1:
-            return "cp_not_runnable"
-        if self.opts.runnable and fact.dp % fact.ep:
-            return "ep_not_dividing_dp"
-        return None
+        refused = parallel_refusal(self.opts.profile, Config(dp=fact.dp, tp=fact.tp, pp=fact.pp, cp=fact.cp, ep=fact.ep))
+        return refused[0] if refused is not None else None
 
     def group_options(self, fact: Factorisation) -> tuple[list[int], list[bool], list[str]]:
         """microbatch sizes (at least one even for an invalid dp, for counting), sp and tp_overlap choices."""
@@ -261,11 +285,11 @@ class Space:
 
     def variant_reason(self, group: Group, schedule: str, vpp: int) -> str | None:
         """The interleaving rule a (schedule, vpp) variant of the group breaks, as a `pruned` key; None if valid."""
-        if schedule == "interleaved" and self.model.num_layers % (group.fact.pp * vpp):
-            return "layers_not_divisible_by_pp_vpp"
-        if schedule == "interleaved" and group.num_microbatches % group.fact.pp:
-            return "microbatches_not_divisible_by_pp"
-        return None
+        if schedule != "interleaved":
+            return None
+        found = interleaved_split_reason(self.opts.profile, num_layers=self.model.num_layers, pp=group.fact.pp, vpp=vpp,
+                                         num_microbatches=group.num_microbatches)
+        return found[0] if found is not None else None
 
     def variants(self, group: Group) -> Iterator[tuple[str, int, int]]:
         """(schedule, vpp, members) of a group that pass the interleaving rules; the rest are counted pruned."""

@@ -1,0 +1,162 @@
+"""Framework profiles: loading the stack files under `frameworks/` and judging a configuration against one.
+
+A reference is a shipped name (`planner framework list`) or a path to a profile YAML/JSON file. `refusal` is the
+one judge of "can this stack run this configuration": the search prunes with it (counted under the rule's key),
+`estimate` and the exporters refuse with its message, and the executor's pre-launch check uses it with the
+`planner` profile. The rules themselves are data (planner.schemas.framework); this module only evaluates them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from planner.errors import BadInputError
+from planner.io import load_file
+from planner.schemas.framework import FrameworkProfile
+
+FRAMEWORKS_ENV = "PLANNER_FRAMEWORKS"
+DEFAULT_FRAMEWORK = "planner"
+PROFILE_SUFFIX = ".yaml"
+
+
+def frameworks_dir() -> Path:
+    """The folder of shipped profiles: $PLANNER_FRAMEWORKS if set, else `frameworks/` next to the package."""
+    override = os.environ.get(FRAMEWORKS_ENV)
+    if override:
+        return Path(override).expanduser()
+    import planner
+
+    return Path(planner.__file__).resolve().parents[1] / "frameworks"
+
+
+def list_frameworks() -> list[str]:
+    folder = frameworks_dir()
+    return sorted(p.stem for p in folder.glob(f"*{PROFILE_SUFFIX}")) if folder.is_dir() else []
+
+
+def load_framework(ref: str) -> FrameworkProfile:
+    """A shipped profile by name, or a profile file; unknown names get the list and a close match."""
+    preset = frameworks_dir() / f"{ref}{PROFILE_SUFFIX}"
+    if preset.is_file():
+        return _load_cached(str(preset), preset.stat().st_mtime_ns)
+    path = Path(ref).expanduser()
+    if ref.endswith((".yaml", ".yml", ".json")) and path.is_file():
+        return load_file(FrameworkProfile, path)
+    names = list_frameworks()
+    close = difflib.get_close_matches(ref.lower(), names, n=2, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise BadInputError(f"framework={ref!r} is unknown: {hint}choose one of {', '.join(names)} or a profile file path")
+
+
+@lru_cache(maxsize=16)
+def _load_cached(path: str, _mtime_ns: int) -> FrameworkProfile:
+    return load_file(FrameworkProfile, path)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """The plain fields a stack's rules read (no plan objects: the search passes numbers)."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    sp: bool = False
+    zero_stage: int = 0
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    tp_overlap: str = "none"
+    is_moe: bool = False
+    precision: str = "bf16"
+    microbatch_size: int = 1
+
+
+def _holds(actual, expected) -> bool:
+    if isinstance(expected, list):
+        return actual in expected
+    if isinstance(expected, str) and expected[:1] in "<>" and expected[1:].isdigit():
+        bound = int(expected[1:])
+        return actual > bound if expected[0] == ">" else actual < bound
+    return actual == expected
+
+
+def precision_refusal(profile: FrameworkProfile, precision: str) -> str | None:
+    if precision not in profile.capabilities.precisions:
+        return (f"precision={precision!r} is not run by framework {profile.name!r}: choose one of "
+                f"{list(profile.capabilities.precisions)} or another --framework")
+    return None
+
+
+def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool = True) -> tuple[str, str] | None:
+    """(pruned key, message) of the first capability the configuration needs and the stack lacks; None if it runs."""
+    caps, name = profile.capabilities, profile.name
+    if c.pp > 1 and c.schedule not in profile.schedule_names():
+        return "schedule_not_in_framework", (f"schedule={c.schedule!r} is not run by framework {name!r}: choose one of "
+                                             f"{list(profile.schedule_names())}")
+    if c.schedule == "2bw" and c.pp > 1 and not allow_stale_weights:
+        return "stale_weights_not_allowed", ("schedule='2bw' (PipeDream-2BW) trains with one-step-stale weights: "
+                                             "pass --allow-stale-weights (or --schedule 2bw) to allow it")
+    if c.recompute not in caps.recompute.modes:
+        return "recompute_not_in_framework", f"recompute={c.recompute!r} is not run by framework {name!r}: choose one of {list(caps.recompute.modes)}"
+    zero_ok = caps.zero.stages_with_pp if c.pp > 1 else caps.zero.stages
+    if c.zero_stage not in zero_ok:
+        with_pp = " with pp > 1" if c.pp > 1 else ""
+        return "zero_stage_not_in_framework", f"zero_stage={c.zero_stage} is not run by framework {name!r}{with_pp}: choose one of {list(zero_ok)}"
+    if c.tp_overlap not in caps.tp_overlap:
+        return "tp_overlap_not_in_framework", f"tp_overlap={c.tp_overlap!r} is not run by framework {name!r}: use {list(caps.tp_overlap)}"
+    return parallel_refusal(profile, c) or _exclusion(profile, c)
+
+
+def parallel_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
+    caps, name = profile.capabilities, profile.name
+    if c.sp and not caps.sequence_parallel.supported:
+        return "sp_not_in_framework", f"sp=true: framework {name!r} has no sequence parallelism: set sp=false"
+    if c.cp > 1 and not caps.context_parallel.supported:
+        return "cp_not_in_framework", f"cp={c.cp}: framework {name!r} has no context parallelism ({caps.context_parallel.source}): use cp=1"
+    if c.cp > 1 and c.pp > 1 and not caps.context_parallel.with_pp:
+        return "cp_with_pp_not_in_framework", f"cp={c.cp} with pp={c.pp}: framework {name!r} does not combine them"
+    if c.ep > 1:
+        if not caps.expert_parallel.supported:
+            return "ep_not_in_framework", f"ep={c.ep}: framework {name!r} has no expert parallelism: use ep=1"
+        span = {"dp": c.dp, "dp_cp": c.dp * c.cp, "tp_dp_cp": c.tp * c.dp * c.cp}[caps.expert_parallel.span]
+        if span % c.ep:
+            what = caps.expert_parallel.span.replace("_", "*")
+            return "ep_outside_framework_span", (f"ep={c.ep} must divide {what}={span} in framework {name!r} (expert groups "
+                                                 f"are carved from those ranks): choose ep dividing {span}")
+    return None
+
+
+def _exclusion(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
+    for rule in profile.capabilities.exclusions:
+        if all(_holds(getattr(c, field), expected) for field, expected in rule.when.items()):
+            return rule.key, f"{rule.reason} (framework {profile.name!r})"
+    return None
+
+
+def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp: int,
+                             num_microbatches: int) -> tuple[str, str] | None:
+    """Whether the stack can split `num_layers` decoder layers over pp*vpp interleaved chunks.
+
+    Equal chunks need num_layers % (pp*vpp) == 0; with an embedding and a loss slot (Megatron's
+    --account-for-embedding/loss-in-pipeline-split, torchtitan's input/output weights counted as layers) the
+    rule is on num_layers + slots; an explicit layout or uneven first/last stages take any count that leaves
+    every chunk at least one layer (e.g. Llama-3.1 405B, 126 layers, pp 8 x vpp 8 in NeMo)."""
+    split, chunks = profile.capabilities.interleaved_split, pp * vpp
+    if split.microbatches_divisible_by_pp and num_microbatches % pp:
+        return "microbatches_not_divisible_by_pp", (f"num_microbatches={num_microbatches} must be divisible by pp={pp} "
+                                                    f"for the interleaved schedule of framework {profile.name!r}")
+    if split.layout or split.uneven_first_last:
+        ok = num_layers >= chunks
+    else:
+        slots = num_layers + split.embedding_slot + split.loss_slot
+        ok = num_layers % chunks == 0 or slots % chunks == 0
+    if not ok:
+        return "layers_not_divisible_by_pp_vpp", (f"num_layers={num_layers} cannot be split over pp*vpp={chunks} chunks "
+                                                  f"by framework {profile.name!r}: choose pp*vpp dividing {num_layers}")
+    return None

@@ -1,0 +1,170 @@
+"""Framework profile: what one software stack (and version range) can run, how it runs it, and how it is spelled.
+
+One YAML file per stack under `frameworks/` (megatron-core, torchtitan, deepspeed, planner = our executor). The
+search reads `capabilities` (only what the stack runs is explored), the cost model reads `behaviour` (which
+communication the stack overlaps, its kernels and memory habits), the exporters read `export` (flag and key names
+of that version). Every section carries `source`: the file, flag or document of that framework the facts come from.
+"""
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from planner.schemas.base import Schema
+
+FRAMEWORK_SCHEMA_VERSION = "1"
+
+CanonicalSchedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble"]
+ConditionField = Literal["dp", "tp", "pp", "cp", "ep", "vpp", "sp", "zero_stage", "schedule", "recompute", "tp_overlap",
+                         "is_moe", "precision", "microbatch_size"]
+Sourced = Field(min_length=1, description="the framework file, flag or document these facts come from")
+
+
+class ScheduleEntry(Schema):
+    """A pipeline schedule the stack runs: our name (the cost model's) and the stack's own spelling."""
+
+    name: CanonicalSchedule
+    native_name: str = Field(min_length=1, description="the stack's own name (flag value, class or function)")
+    source: str = Sourced
+
+
+class InterleavedSplit(Schema):
+    """How the interleaved schedule may split decoder layers over pp*vpp model chunks."""
+
+    equal_chunks: bool = Field(description="every chunk holds num_layers/(pp*vpp) layers (the classic rule)")
+    embedding_slot: bool = Field(description="the embedding may take one layer slot of the first chunk "
+                                             "(Megatron --account-for-embedding-in-pipeline-split)")
+    loss_slot: bool = Field(description="the loss may take one layer slot of the last chunk "
+                                        "(Megatron --account-for-loss-in-pipeline-split)")
+    uneven_first_last: bool = Field(description="first/last pipeline stage may hold a different layer count "
+                                                "(Megatron --decoder-first/last-pipeline-num-layers)")
+    layout: bool = Field(description="an explicit per-chunk layout string (Megatron --pipeline-model-parallel-layout)")
+    microbatches_divisible_by_pp: bool = Field(description="num_microbatches must be a multiple of pp")
+    source: str = Sourced
+
+
+class Recompute(Schema):
+    modes: tuple[Literal["none", "selective", "full"], ...] = Field(min_length=1)
+    partial_full: bool = Field(description="full recompute of only some layers per stage (e.g. --recompute-num-layers)")
+    selective_modules: tuple[str, ...] = Field(default=(), description="what `selective` recomputes, in the stack's names")
+    full_methods: tuple[str, ...] = Field(default=(), description="how `full` picks layers (uniform, block, every-n)")
+    source: str = Sourced
+
+
+class Zero(Schema):
+    stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1, description="ZeRO stages the stack runs without PP")
+    stages_with_pp: tuple[Literal[0, 1, 2, 3], ...] = Field(description="ZeRO stages it runs with pp > 1")
+    hsdp: bool = Field(description="a replicate x shard data-parallel mesh (hybrid sharding)")
+    source: str = Sourced
+
+
+class Feature(Schema):
+    """An on/off capability with the stack's flavours of it."""
+
+    supported: bool
+    flavours: tuple[str, ...] = ()
+    source: str = Sourced
+
+
+class ContextParallel(Feature):
+    with_pp: bool = Field(description="context parallelism combined with pipeline parallelism")
+
+
+class ExpertParallel(Feature):
+    span: Literal["dp", "dp_cp", "tp_dp_cp"] = Field(
+        description="the ranks expert groups are carved from: dp only, dp*cp (Megatron before folding), or "
+                    "tp*dp*cp (MoE parallel folding: a separate expert mesh ep x etp over the same ranks)")
+
+
+class Exclusion(Schema):
+    """A combination the stack refuses: every condition in `when` holds -> refused with `reason`.
+
+    A condition value is a literal (equal), a list (one of) or a string ">N" / "<N" (numeric comparison)."""
+
+    key: str = Field(pattern=r"^[a-z0-9_]+$", description="the `pruned` counter this rule adds to")
+    when: dict[ConditionField, bool | int | str | list[int | str]] = Field(min_length=1)
+    reason: str = Field(min_length=1, description="why, and what to change (shown to the user)")
+    source: str = Sourced
+
+
+class Capabilities(Schema):
+    precisions: tuple[Literal["bf16", "amp-bf16", "fp32", "fp8"], ...] = Field(min_length=1)
+    fp8_recipes: tuple[str, ...] = ()
+    schedules: tuple[ScheduleEntry, ...] = Field(min_length=1)
+    interleaved_split: InterleavedSplit
+    stale_weights: bool = Field(description="runs PipeDream-2BW's one-step-delayed update (opt-in by the user)")
+    recompute: Recompute
+    zero: Zero
+    sequence_parallel: Feature
+    tp_overlap: tuple[Literal["none", "domino"], ...] = Field(min_length=1, description="TP overlap the planner can ask of it")
+    context_parallel: ContextParallel
+    expert_parallel: ExpertParallel
+    tied_embeddings_across_stages: Feature
+    exclusions: tuple[Exclusion, ...] = ()
+    source: str = Sourced
+
+    @field_validator("schedules")
+    @classmethod
+    def _unique(cls, value: tuple[ScheduleEntry, ...]) -> tuple[ScheduleEntry, ...]:
+        names = [s.name for s in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"schedules name {names}: each schedule once")
+        return value
+
+
+class Overlap(Schema):
+    """Which communication the stack hides behind compute (read by the cost model)."""
+
+    tp_comm: bool = Field(description="TP all-gather/reduce-scatter overlapped with GEMMs (userbuffers, async TP)")
+    dp_grad_reduce: bool = Field(description="gradient all-reduce/reduce-scatter overlapped with backward")
+    dp_param_gather: bool = Field(description="ZeRO-1/3 parameter all-gather overlapped with forward")
+    pp_send_recv: bool = Field(description="pipeline sends/receives overlapped with compute")
+    moe_all_to_all: bool = Field(description="MoE dispatch/combine all-to-all overlapped with compute")
+    zero3_prefetch_layers: int = Field(ge=0, description="layers whose parameters are gathered ahead (prefetch depth)")
+    source: str = Sourced
+
+
+class Kernels(Schema):
+    fused_attention: bool = Field(description="flash/cuDNN attention: no s x s score tensor saved")
+    fused_norm: bool
+    fused_activation: bool
+    source: str = Sourced
+
+
+class MemoryHabits(Schema):
+    main_grads_fp32: bool = Field(description="gradients accumulated in an fp32 buffer (4 bytes/param) under bf16")
+    distributed_optimizer: bool = Field(description="ZeRO-1 is the stack's distributed optimizer")
+    allocator_allowance_fraction: float = Field(ge=0, lt=0.5, description="device memory kept back for fragmentation")
+    source: str = Sourced
+
+
+class Behaviour(Schema):
+    overlap: Overlap
+    kernels: Kernels
+    memory: MemoryHabits
+
+
+class ExportNaming(Schema):
+    """How a plan is spelled for this stack: the exporter and its flag or config-key names."""
+
+    exporter: Literal["megatron", "torchtitan", "deepspeed", "torchrun"]
+    names: dict[str, str] = Field(description="our concept -> the stack's flag or key")
+    source: str = Sourced
+
+
+class FrameworkProfile(Schema):
+    schema_version: Literal["1"] = FRAMEWORK_SCHEMA_VERSION
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    display_name: str = Field(min_length=1)
+    versions: str = Field(min_length=1, description="the version range these facts hold for")
+    description: str = ""
+    capabilities: Capabilities
+    behaviour: Behaviour
+    export: ExportNaming
+
+    def schedule_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.capabilities.schedules)
+
+    def native_schedule(self, name: str) -> str:
+        """The stack's own name of one of our schedules (KeyError when it does not run it)."""
+        return {s.name: s.native_name for s in self.capabilities.schedules}[name]
