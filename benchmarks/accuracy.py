@@ -127,7 +127,7 @@ def evaluate_run(run: dict, *, ceiling: float | None = None) -> dict:
     par, train = run["parallel"], run["training"]
     gbs = setup.global_batch_size or int(train["global_batch_seqs"])
     request = api.build_request(model=spec, topology=topology(run, setup), gpus=int(par["num_gpus"]),
-                                global_batch_size=gbs, seq_len=spec.seq_len, precision="bf16")
+                                global_batch_size=gbs, seq_len=spec.seq_len, precision="bf16", framework="megatron-core")
     zero = setup.zero_stage if setup.zero_stage is not None else int(train["zero_stage"] or 0)
     config = Configuration(
         parallelism=Parallelism(dp=par["dp"], tp=par["tp"], pp=par["pp"], sp=bool(par["sp"]), zero_stage=zero),
@@ -224,7 +224,7 @@ LLAMA3_405B_H100 = {"gpus": 8192, "dp": 64, "tp": 8, "pp": 16, "global_batch_siz
 def llama3_cross_check() -> dict:
     c = LLAMA3_405B_H100
     request = api.build_request(model="llama3-405b", topology="dgx-h100", gpus=c["gpus"], global_batch_size=c["global_batch_size"],
-                                seq_len=c["seq_len"])
+                                seq_len=c["seq_len"], framework="megatron-core")
     config = Configuration(parallelism=Parallelism(dp=c["dp"], tp=c["tp"], pp=c["pp"], sp=True, zero_stage=1), microbatch_size=1)
     predicted = estimate(request, config).prediction.model_tflops_per_gpu
     return {"run": "llama3_405b_8k_h100", "published": c["published"], "predicted": predicted, "error": predicted / c["published"] - 1}

@@ -17,6 +17,7 @@ from planner.schemas.topology import Topology
 DEFAULT_TOKENS_PER_STEP = 4 * 2**20  # ~4M tokens per optimizer step, as GPT-3 / Llama-3 class runs use
 DEFAULT_MODEL = "llama3-8b"
 DEFAULT_TOPOLOGY = "dgx-h100"
+DEFAULT_FRAMEWORK = "planner"  # our executor: a default plan is always runnable by `planner run`
 
 ProgressFn = Callable[[int, int], None]
 
@@ -35,6 +36,19 @@ def load_topology(ref: str, *, nodes: int | None = None, gpus: int | None = None
     return _load(ref, nodes=nodes, gpus=gpus)
 
 
+def load_framework(ref: str):
+    """A framework profile (planner.schemas.framework.FrameworkProfile) by shipped name or file."""
+    from planner.frameworks import load_framework as _load
+
+    return _load(ref)
+
+
+def list_frameworks() -> list[str]:
+    from planner.frameworks import list_frameworks as _list
+
+    return _list()
+
+
 def default_global_batch_size(seq_len: int) -> int:
     """About 4M tokens per step, at least one sequence."""
     return max(1, DEFAULT_TOKENS_PER_STEP // seq_len)
@@ -51,8 +65,10 @@ def build_request(
     precision: Precision = "bf16",
     profile: str | None = None,
     search: SearchLimits | None = None,
+    framework: str = DEFAULT_FRAMEWORK,
 ) -> PlanRequest:
-    """Resolve names into a self-contained PlanRequest (model and topology inline)."""
+    """Resolve names into a self-contained PlanRequest (model and topology inline); `framework` is the stack that
+    will run the plan (a shipped profile name or a profile file), checked here so a typo fails before the search."""
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     topo = topology if isinstance(topology, Topology) else load_topology(topology, nodes=nodes, gpus=gpus)
     world = gpus if gpus is not None else topo.num_gpus
@@ -65,7 +81,9 @@ def build_request(
     batch = global_batch_size if global_batch_size is not None else default_global_batch_size(length)
     if profile is not None and not Path(profile).is_file():
         raise BadInputError(f"profile={profile!r}: file not found: run `planner profile -o {profile}` or fix the path")
+    load_framework(framework)
     return PlanRequest(
+        framework=framework,
         model=spec,
         topology=topo,
         gpus=world,

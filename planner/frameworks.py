@@ -77,6 +77,13 @@ class Config:
     microbatch_size: int = 1
 
 
+def config_of(cand, *, is_moe: bool, precision: str) -> Config:
+    """The Config of anything with the candidate's fields (a cost-model Candidate, a search candidate)."""
+    return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
+                  zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
+                  is_moe=is_moe, precision=precision, microbatch_size=cand.microbatch_size)
+
+
 def _holds(actual, expected) -> bool:
     if isinstance(expected, list):
         return actual in expected

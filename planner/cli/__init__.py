@@ -15,6 +15,7 @@ from planner.errors import PlannerError
 COMMAND_MODULES = (
     "models",
     "topology",
+    "framework",
     "estimate",
     "plan",
     "profile",

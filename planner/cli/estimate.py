@@ -30,6 +30,7 @@ def _summary_table(plan: LaunchPlan) -> Table:
     table.add_row("parallelism", degrees + f" tp_overlap={par.tp_overlap} order={'/'.join(par.axis_order)}")
     table.add_row("batch", f"global {batch.global_batch_size} x seq {batch.seq_len}; micro-batch {batch.microbatch_size} x {batch.num_microbatches}")
     table.add_row("schedule / recompute / precision", f"{plan.schedule} / {plan.stages[0].recompute.mode} / {plan.request.precision}")
+    table.add_row("framework", plan.request.framework)
     table.add_row("step time", f"{pred.step_time_s:.4g} s")
     table.add_row("tokens/s", f"{pred.tokens_per_s:,.0f}")
     table.add_row("TFLOP/s per GPU", f"model {pred.model_tflops_per_gpu:.1f}, hardware {pred.hardware_tflops_per_gpu:.1f}")
@@ -141,17 +142,19 @@ def estimate(
     tp_overlap: str = typer.Option("none", "--tp-overlap", help="none | domino."),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8."),
     profile: str | None = typer.Option(None, "--profile", help="Measured profile file for compute costs."),
+    framework: str = typer.Option("planner", "--framework", help="Stack that runs it: planner | megatron-core | torchtitan | "
+                                  "deepspeed | a profile file; a configuration the stack cannot run is refused (exit 2)."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of tables."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
     """Predict one configuration: step time and its breakdown, tokens/s, MFU, memory per pipeline rank.
 
-    Example: planner estimate --model llama3-70b --nodes 8 --tp 8 --pp 4 --sp --recompute selective --zero 1
+    Example: planner estimate --model llama3-70b --nodes 8 --tp 8 --pp 4 --sp --recompute selective --zero 1 --framework megatron-core
     """
     from planner import api
     check_request_flags(precision=precision, global_batch_size=global_batch_size, seq_len=seq_len)
     request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
-                                seq_len=seq_len, precision=precision, profile=profile)
+                                seq_len=seq_len, precision=precision, profile=profile, framework=framework)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
                            microbatch_size=microbatch_size, schedule=schedule, recompute=recompute)
     plan = api.estimate(request, config)

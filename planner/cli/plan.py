@@ -17,7 +17,9 @@ Examples:
 
   planner plan --model llama3-70b --topology dgx-h100 --nodes 8 --global-batch-size 512 -o plan.json
 
-  planner plan --model mixtral-8x7b --topology dgx-a100-80g --nodes 4 --runnable --json
+  planner plan --model mixtral-8x7b --topology dgx-a100-80g --nodes 4 --framework megatron-core --json
+
+  planner plan --model llama3-70b --topology dgx-h100 --nodes 4 --framework torchtitan -o plan.json
 
   planner plan --model llama3-405b --topology dgx-h100 --nodes 2048 --tp 8 --top-k 5
 """
@@ -39,7 +41,11 @@ def plan_command(
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured profile for compute costs (default: analytic)."),
     top_k: int = typer.Option(3, "--top-k", min=0, help="Alternatives to keep in the plan."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Solver time limit in seconds (per ILP)."),
-    runnable: bool = typer.Option(False, "--runnable", help="Only what the executor can run (no 2bw, no domino)."),
+    framework: str = typer.Option("planner", "--framework", help="Stack that runs the plan: planner (our executor, "
+                                  "the default) | megatron-core | torchtitan | deepspeed | a profile file."),
+    runnable: bool = typer.Option(False, "--runnable", help="Alias of --framework planner (what `planner run` executes)."),
+    allow_stale_weights: bool = typer.Option(False, "--allow-stale-weights", help="Let the search choose PipeDream-2BW "
+                                             "(one-step-stale weights) where the framework runs it."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Fix the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Fix the pipeline-parallel degree."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
@@ -50,10 +56,11 @@ def plan_command(
     from planner import api
     from planner.io import canonical_json
 
-    limits = _limits(top_k=top_k, time_limit=time_limit, runnable=runnable, tp=tp, pp=pp, zero=zero, schedule=schedule)
+    limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, tp=tp, pp=pp, zero=zero, schedule=schedule)
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
+        framework=_framework(framework, runnable),
     )
     plan = _search_with_progress(api, request, quiet=json_output and output is None)
     text = canonical_json(plan)
@@ -74,11 +81,19 @@ def _precision(value: str):
     return value
 
 
-def _limits(*, top_k: int, time_limit: float, runnable: bool, tp, pp, zero, schedule):
+def _framework(framework: str, runnable: bool) -> str:
+    from planner.errors import BadInputError
+
+    if runnable and framework != "planner":
+        raise BadInputError(f"--runnable with --framework {framework}: --runnable means --framework planner; drop one")
+    return framework
+
+
+def _limits(*, top_k: int, time_limit: float, stale: bool, tp, pp, zero, schedule):
     from planner.errors import BadInputError
     from planner.schemas.plan import SearchLimits
 
-    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, runnable=runnable)
+    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or schedule == "2bw")
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:
@@ -116,7 +131,8 @@ def _render(plan, output: Optional[Path]) -> None:
 
     out, par, pred = console(), plan.parallelism, plan.prediction
     out.print(f"[bold]{plan.request.model.name}[/] on {plan.request.gpus} x {plan.request.topology.device.name} "
-              f"({plan.request.topology.name}), global batch {plan.batch.global_batch_size} x {plan.batch.seq_len}")
+              f"({plan.request.topology.name}), global batch {plan.batch.global_batch_size} x {plan.batch.seq_len}, "
+              f"for framework {plan.request.framework}")
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep} vpp={par.vpp} sp={'on' if par.sp else 'off'}"
     out.print(f"[bold green]{degrees}[/] zero={par.zero_stage} schedule={plan.schedule} mbs={plan.batch.microbatch_size} "
               f"x {plan.batch.num_microbatches} micro-batches, axes {'>'.join(par.axis_order)}")

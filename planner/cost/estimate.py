@@ -4,7 +4,8 @@ Malformed configurations for the model (tp not dividing the heads, ep without ex
 multiply to the GPU count) are bad input (BadInputError, exit 2). Configurations that are well-formed but do
 not divide the batch or the layers raise InfeasibleError (exit 1) naming the numbers. Configurations that do
 not fit in memory come back as a LaunchPlan with feasible=False and the reasons (which rank, by how much,
-which part dominates).
+which part dominates). A configuration the request's framework cannot run is refused with that framework's reason
+(bad input: the user asked for something the stack does not have); an explicit 2BW schedule is the user's opt-in.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from planner.cost.calibration import DeviceCalibration
 from planner.cost.model import Candidate, CostModel, CostOptions
 from planner.cost.validity import input_reasons
 from planner.errors import BadInputError, InfeasibleError
+from planner.frameworks import config_of, load_framework, refusal
 from planner.plan import build_launch_plan
 from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
 
@@ -75,6 +77,10 @@ def estimate(request: PlanRequest, config: Configuration, *, options: CostOption
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))
+    refused = refusal(load_framework(request.framework), config_of(cand, is_moe=request.model.moe is not None,
+                                                                   precision=request.precision))
+    if refused is not None:
+        raise BadInputError(refused[1])
     reasons = model.validity_reasons(cand)
     if reasons:
         raise InfeasibleError("; ".join(reasons))

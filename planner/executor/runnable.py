@@ -2,16 +2,17 @@
 
 `check_runnable(plan)` raises BadInputError naming the field, the value and the fix for anything the
 runtime would refuse, so `planner run` fails in a second instead of after torchrun start-up, and returns
-notes on what the runtime adjusts (said in the run report). The configuration rules live in planner.capabilities,
-shared with the search's `--runnable` filter.
+notes on what the runtime adjusts (said in the run report). The configuration rules are the `planner` framework
+profile (frameworks/planner.yaml), the same rules the search applies to `--framework planner` (the default).
 """
 
 from __future__ import annotations
 
-from planner.capabilities import precision_refusal, refusal
+from planner.frameworks import Config, load_framework, precision_refusal, refusal
 from planner.errors import BadInputError
 from planner.schemas.plan import LaunchPlan
 
+EXECUTOR_FRAMEWORK = "planner"
 SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
 EMBEDDING_PARTS = ("tok_embeddings",)
 HEAD_PARTS = ("norm", "output")
@@ -72,18 +73,21 @@ def _check_ranks(plan: LaunchPlan) -> None:
 
 
 def _check_parallelism(plan: LaunchPlan) -> None:
-    """The configuration rules shared with the search's --runnable filter (planner.capabilities)."""
+    """The `planner` framework profile's rules (the search applies the same ones with --framework planner)."""
     par, spec = plan.parallelism, plan.request.model
     if par.ep > 1 and spec.moe is None:
         raise BadInputError(f"ep={par.ep} but model {spec.name!r} has no MoE layers: use ep=1")
+    profile = load_framework(EXECUTOR_FRAMEWORK)
     modes = {s.recompute.mode for s in plan.stages} or {"none"}
     for mode in sorted(modes):
-        refused = refusal(
-            cp=par.cp, ep=par.ep, dp=par.dp, tp=par.tp, pp=par.pp, sp=par.sp, zero_stage=par.zero_stage,
-            schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
-        )
+        config = Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp,
+                        zero_stage=par.zero_stage, schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap,
+                        is_moe=spec.moe is not None, precision=plan.request.precision,
+                        microbatch_size=plan.batch.microbatch_size)
+        refused = refusal(profile, config)
         if refused is not None:
-            raise BadInputError(refused[1])
+            raise BadInputError(refused[1] + (" (planner run executes the `planner` framework: re-plan with --framework planner)"
+                                              if plan.request.framework != EXECUTOR_FRAMEWORK else ""))
 
 
 def _check_schedule(plan: LaunchPlan) -> None:
@@ -99,7 +103,7 @@ def _check_schedule(plan: LaunchPlan) -> None:
 def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     """Raise BadInputError for what the executor cannot run; return notes on what it adjusts."""
     par, batch = plan.parallelism, plan.batch
-    refused = precision_refusal(plan.request.precision)
+    refused = precision_refusal(load_framework(EXECUTOR_FRAMEWORK), plan.request.precision)
     if refused is not None:
         raise BadInputError(refused)
     if batch.global_batch_size != batch.microbatch_size * batch.num_microbatches * par.dp:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.frameworks import Config, refusal
+from planner.frameworks import config_of, refusal
 from planner.errors import InfeasibleError
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search.floors import Floors
@@ -233,7 +233,8 @@ class _Search:
         return min(lower for lower, _, _ in self.members.variant_bounds(group, schedule, vpp, arrays))
 
     def visit(self, cand) -> None:
-        refused = refusal(self.opts.profile, framework_config(self.request, cand), allow_stale_weights=self.opts.allow_stale_weights)
+        config = config_of(cand, is_moe=self.request.model.moe is not None, precision=self.request.precision)
+        refused = refusal(self.opts.profile, config, allow_stale_weights=self.opts.allow_stale_weights)
         if refused is not None:
             self.space.pruned[refused[0]] += 1
             return
@@ -267,13 +268,6 @@ class _Search:
                         return Scored(rank_key(cand, ev), cand, ev, split, counts)
         ev = self.cost.evaluate(cand)
         return Scored(rank_key(cand, ev), cand, ev)
-
-
-def framework_config(request: PlanRequest, cand) -> Config:
-    """The fields of a candidate a framework's rules read."""
-    return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
-                  zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
-                  is_moe=request.model.moe is not None, precision=request.precision, microbatch_size=cand.microbatch_size)
 
 
 def _group_tie(group: Group) -> tuple:

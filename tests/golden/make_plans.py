@@ -14,8 +14,10 @@ HERE = Path(__file__).resolve().parent
 LIMITS = SearchLimits(max_microbatch_size=2, top_k=3)
 REQUESTS = {
     "plan_tinyllama_8xh100.json": dict(model="tinyllama-1.1b", topology="dgx-h100", gpus=8, global_batch_size=64, seq_len=2048),
-    "plan_llama3-8b_16xa100-40g.json": dict(model="llama3-8b", topology="dgx-a100-40g", gpus=16, global_batch_size=128, seq_len=4096),
-    "plan_mixtral-8x7b_16xh100.json": dict(model="mixtral-8x7b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096),
+    "plan_llama3-8b_16xa100-40g.json": dict(model="llama3-8b", topology="dgx-a100-40g", gpus=16, global_batch_size=128, seq_len=4096,
+                                            framework="megatron-core"),
+    "plan_mixtral-8x7b_16xh100.json": dict(model="mixtral-8x7b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096,
+                                           framework="torchtitan"),
 }
 
 

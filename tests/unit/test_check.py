@@ -81,7 +81,8 @@ def real_estimate_plan():
     from planner import api
     from planner.schemas.plan import Configuration, Parallelism
 
-    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096)
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096,
+                                framework="megatron-core")
     config = Configuration(parallelism=Parallelism(dp=2, tp=4, pp=2, sp=True, zero_stage=1), microbatch_size=1, schedule="1f1b", recompute="selective")
     return api.estimate(request, config)
 

@@ -9,7 +9,7 @@ from planner.schemas.plan import Configuration, LaunchPlan, Parallelism
 
 
 def _request(**kw):
-    base = dict(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096)
+    base = dict(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096, framework="megatron-core")
     base.update(kw)
     return api.build_request(**base)
 

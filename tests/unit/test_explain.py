@@ -113,7 +113,8 @@ def test_real_estimate_timeline_matches_the_flush_formula():
     from planner import api
     from planner.schemas.plan import Configuration
 
-    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=16, seq_len=4096)
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=16, seq_len=4096,
+                                framework="megatron-core")
     plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=1, tp=4, pp=4, sp=True, zero_stage=1), recompute="selective"))
     slots, m = simulate(plan)
     times = [s.time for s in plan.stages]

@@ -279,7 +279,8 @@ def test_real_estimates_export_within_each_framework_rules():
     from planner import api
     from planner.schemas.plan import Configuration
 
-    request = api.build_request(model="llama3-70b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096)
+    request = api.build_request(model="llama3-70b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096,
+                                framework="megatron-core")
     config = Configuration(parallelism=Parallelism(dp=1, tp=8, pp=4, vpp=2, sp=True, zero_stage=1), schedule="interleaved", recompute="selective")
     plan = api.estimate(request, config)
     args, _ = megatron_arguments(plan)

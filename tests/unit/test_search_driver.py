@@ -1,6 +1,8 @@
 """The search driver: pruned search equals exhaustive search, bounds are sound, structural pruning is counted,
 infeasible requests explain themselves."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,8 +20,12 @@ SMALL_MOE = SMALL.model_copy(update=dict(name="small-moe", moe=MoESpec(num_exper
 NARROW = SearchLimits(max_microbatch_size=2, zero_stages=(0, 1, 3), top_k=2, tp_overlap=("none",))
 
 
-def small_request(model=SMALL, gpus=8, gbs=16, limits=NARROW, topology="dgx-h100"):
-    return build_request(model=model, topology=topology, gpus=gpus, global_batch_size=gbs, seq_len=model.seq_len, search=limits)
+EVERYTHING = str(Path(__file__).resolve().parents[1] / "data" / "frameworks" / "everything.yaml")  # the whole priced space
+
+
+def small_request(model=SMALL, gpus=8, gbs=16, limits=NARROW, topology="dgx-h100", framework=EVERYTHING):
+    return build_request(model=model, topology=topology, gpus=gpus, global_batch_size=gbs, seq_len=model.seq_len, search=limits,
+                         framework=framework)
 
 
 def _summary(result):
@@ -98,10 +104,10 @@ def test_fixed_degrees_narrow_the_space():
         search(small_request(limits=NARROW.model_copy(update=dict(fixed={"tp": 3}))))
 
 
-def test_runnable_excludes_2bw_and_domino():
-    limits = SearchLimits(max_microbatch_size=1, zero_stages=(0,), runnable=True, top_k=5)
-    result = search(small_request(limits=limits))
-    assert all(s.cand.schedule != "2bw" and s.cand.tp_overlap == "none" for s in result.ranked)
+def test_runnable_excludes_2bw_and_what_the_executor_refuses():
+    limits = SearchLimits(max_microbatch_size=1, zero_stages=(0, 1), runnable=True, top_k=5)
+    result = search(small_request(limits=limits, framework="planner"))
+    assert result.ranked and all(s.cand.schedule != "2bw" and not (s.cand.zero_stage == 1 and s.cand.tp > 1) for s in result.ranked)
 
 
 def test_nothing_fits_says_how_far_and_what_to_do():
