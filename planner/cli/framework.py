@@ -23,12 +23,12 @@ framework_app = typer.Typer(
 def _row(profile) -> dict:
     caps = profile.capabilities
     return {
-        "name": profile.name, "versions": profile.versions,
-        "schedules": ",".join(s.name for s in caps.schedules),
+        "name": profile.name,
+        "schedules": ", ".join(s.name for s in caps.schedules),
         "zero": ",".join(map(str, caps.zero.stages)), "zero_with_pp": ",".join(map(str, caps.zero.stages_with_pp)),
-        "recompute": ",".join(caps.recompute.modes), "cp": caps.context_parallel.supported,
+        "recompute": ", ".join(caps.recompute.modes), "cp": caps.context_parallel.supported,
         "ep_span": caps.expert_parallel.span if caps.expert_parallel.supported else "-",
-        "precisions": ",".join(caps.precisions), "stale_weights": caps.stale_weights,
+        "precisions": ", ".join(caps.precisions), "stale_weights": caps.stale_weights,
     }
 
 
@@ -53,7 +53,7 @@ def list_command(json_output: bool = typer.Option(False, "--json", help="Print J
 
     table = Table(title="Framework profiles (frameworks/*.yaml)", title_justify="left", box=box.SIMPLE_HEAD)
     for key in rows[0] if rows else ():
-        table.add_column(key.replace("_", " "), overflow="fold")
+        table.add_column(key.replace("_", " "), overflow="fold", no_wrap=key == "name")
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
     console().print(table)

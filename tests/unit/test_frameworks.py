@@ -1,0 +1,184 @@
+"""Framework profiles: the files load strictly, the CLI shows and validates them, the search explores only what the
+chosen stack runs, `estimate` refuses what it cannot run, 2BW is opt-in, and the frameworks' own validity rules
+(uneven interleaved splits, MoE parallel folding) hold."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from planner import api
+from planner.cli import app
+from planner.errors import BadInputError
+from planner.frameworks import Config, config_of, interleaved_split_reason, list_frameworks, load_framework, refusal
+from planner.schemas.plan import Configuration, Parallelism, SearchLimits
+
+runner = CliRunner()
+EVERYTHING = str(Path(__file__).resolve().parents[1] / "data" / "frameworks" / "everything.yaml")
+SHIPPED = ("deepspeed", "megatron-core", "planner", "pytorch-fsdp", "torchtitan")
+FAST = SearchLimits(max_microbatch_size=2, top_k=3, time_limit_s=20)
+
+
+def test_every_shipped_profile_loads_and_every_section_is_sourced():
+    assert tuple(list_frameworks()) == SHIPPED
+    for name in SHIPPED:
+        profile = load_framework(name)
+        assert profile.name == name
+        dumped = profile.model_dump()
+        for section in ("recompute", "zero", "sequence_parallel", "context_parallel", "expert_parallel", "interleaved_split"):
+            assert dumped["capabilities"][section]["source"], (name, section)
+        assert all(s.source and s.native_name for s in profile.capabilities.schedules)
+        assert all(rule.source for rule in profile.capabilities.exclusions)
+
+
+def test_cli_list_show_validate():
+    listed = runner.invoke(app, ["framework", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [row["name"] for row in json.loads(listed.output)] == list(SHIPPED)
+    shown = runner.invoke(app, ["framework", "show", "torchtitan", "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["export"]["names"]["head_module"] == "lm_head"
+    table = runner.invoke(app, ["framework", "show", "megatron-core"], terminal_width=200)
+    assert table.exit_code == 0 and "span=tp_dp_cp" in table.output
+    valid = runner.invoke(app, ["framework", "validate", "frameworks/deepspeed.yaml"])
+    assert valid.exit_code == 0 and "valid framework profile 'deepspeed'" in valid.output
+
+
+def test_a_profile_with_a_missing_field_is_one_line_exit_2(tmp_path):
+    data = yaml.safe_load(Path("frameworks/planner.yaml").read_text())
+    del data["capabilities"]["zero"]["stages_with_pp"]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["framework", "validate", str(broken)])
+    assert result.exit_code == 2
+    assert "capabilities.zero.stages_with_pp: Field required" in result.output and "Traceback" not in result.output
+    plan = runner.invoke(app, ["plan", "--framework", str(broken)])
+    assert plan.exit_code == 2 and "stages_with_pp" in plan.output
+
+
+def test_unknown_framework_is_one_line_exit_2():
+    result = runner.invoke(app, ["plan", "--framework", "megatron"])
+    assert result.exit_code == 2
+    assert "framework='megatron' is unknown: did you mean megatron-core?" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    with pytest.raises(BadInputError, match="unknown"):
+        api.build_request(framework="nemo-9")
+
+
+@pytest.mark.parametrize("framework", SHIPPED)
+def test_plans_for_each_framework_use_only_what_it_runs(framework):
+    request = api.build_request(model="llama3-70b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096,
+                                framework=framework, search=FAST)
+    plan = api.plan(request)
+    profile = load_framework(framework)
+    assert plan.request.framework == framework
+    modes = {s.recompute.mode for s in plan.stages}
+    par = plan.parallelism
+    for mode in modes:
+        config = Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp,
+                        zero_stage=par.zero_stage, schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap)
+        assert refusal(profile, config, allow_stale_weights=False) is None
+    assert plan.schedule != "2bw"
+
+
+def test_the_default_plan_runs_under_planner_run():
+    from planner.executor.runnable import check_runnable
+
+    request = api.build_request(model="llama3-70b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096, search=FAST)
+    plan = api.plan(request)
+    assert plan.request.framework == "planner"
+    check_runnable(plan)  # raises BadInputError for anything the executor refuses
+
+
+def test_stale_weights_are_opt_in():
+    base = dict(model="llama3-8b", topology="dgx-h100", nodes=2, global_batch_size=64, seq_len=4096, framework=EVERYTHING)
+    only_2bw = SearchLimits(schedules=("1f1b", "2bw"), max_microbatch_size=1, top_k=8, time_limit_s=20)
+    plain = api.plan(api.build_request(**base, search=only_2bw.model_copy(update={"fixed": {"pp": 4}})))
+    assert plain.schedule != "2bw" and all(a.schedule != "2bw" for a in plain.alternatives)
+    opted = api.plan(api.build_request(**base, search=only_2bw.model_copy(update={"fixed": {"pp": 4}, "allow_stale_weights": True})))
+    assert "2bw" in {opted.schedule, *(a.schedule for a in opted.alternatives)}
+
+
+def test_a_framework_without_the_schedule_says_so():
+    request = api.build_request(model="llama3-8b", nodes=2, global_batch_size=64, seq_len=4096, framework="megatron-core",
+                                search=SearchLimits(schedules=("2bw",)))
+    with pytest.raises(BadInputError, match="framework 'megatron-core' runs none of them"):
+        api.plan(request)
+    result = runner.invoke(app, ["plan", "--framework", "deepspeed", "--schedule", "interleaved"])
+    assert result.exit_code == 2 and "deepspeed" in result.output
+
+
+def _estimate(framework, **par):
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", nodes=2, global_batch_size=64, seq_len=4096,
+                                framework=framework)
+    fields = dict(dp=2, tp=4, pp=2, sp=True, zero_stage=1)
+    schedule = par.pop("schedule", "1f1b")
+    fields.update(par)
+    return api.estimate(request, Configuration(parallelism=Parallelism(**fields), schedule=schedule))
+
+
+def test_estimate_refuses_with_the_frameworks_reason():
+    assert _estimate("megatron-core").feasible
+    with pytest.raises(BadInputError, match="zero_stage=1 with tp > 1 is not runnable by the executor"):
+        _estimate("planner")
+    with pytest.raises(BadInputError, match="zero_stage=3 is not run by framework 'deepspeed' with pp > 1"):
+        _estimate("deepspeed", zero_stage=3)
+    with pytest.raises(BadInputError, match="schedule='gpipe' is not run by framework 'megatron-core'"):
+        _estimate("megatron-core", schedule="gpipe")
+    with pytest.raises(BadInputError, match="torchtitan applies sequence parallelism"):
+        _estimate("torchtitan", sp=False, zero_stage=2)
+    cli = runner.invoke(app, ["estimate", "--framework", "deepspeed", "--nodes", "2", "--tp", "4", "--pp", "2", "--cp", "2",
+                              "--global-batch-size", "64", "--seq-len", "4096"])
+    assert cli.exit_code == 2 and "no context parallelism" in cli.output
+
+
+def test_uneven_interleaved_split_with_embedding_and_loss_slots():
+    """NeMo runs Llama-3.1 405B (126 layers) at pp 8 x vpp 8; equal chunks cannot (126 % 64 != 0)."""
+    megatron, planner = load_framework("megatron-core"), load_framework("planner")
+    assert interleaved_split_reason(megatron, num_layers=126, pp=8, vpp=8, num_microbatches=64) is None
+    refused = interleaved_split_reason(planner, num_layers=126, pp=8, vpp=8, num_microbatches=64)
+    assert refused is not None and refused[0] == "layers_not_divisible_by_pp_vpp"
+    assert interleaved_split_reason(megatron, num_layers=60, pp=8, vpp=8, num_microbatches=64) is not None  # < 1 layer a chunk
+    request = api.build_request(model="llama3-405b", topology="dgx-h100", nodes=64, global_batch_size=512, seq_len=8192,
+                                framework="megatron-core")
+    config = Configuration(parallelism=Parallelism(dp=8, tp=8, pp=8, vpp=8, sp=True, zero_stage=1), schedule="interleaved",
+                           recompute="full")
+    plan = api.estimate(request, config)
+    layers = [sum(n.startswith("layers.") for n in s.layers) for s in plan.stages]
+    assert len(layers) == 64 and sum(layers) == 126 and min(layers) >= 1
+
+
+def test_moe_parallel_folding_lets_ep_span_tp_ranks():
+    """Megatron-Core MoE parallel folding: the expert mesh ep x etp covers tp*dp*cp ranks, so ep 64 with dp*cp = 32
+    (tp 2) is valid there, while stacks whose experts live inside dp refuse it."""
+    fold = Config(dp=32, tp=2, pp=16, ep=64, is_moe=True, sp=True, zero_stage=1)
+    assert refusal(load_framework("megatron-core"), fold) is None
+    refused = refusal(load_framework("deepspeed"), fold)
+    assert refused is not None and refused[0] in ("ep_outside_framework_span", "deepspeed_moe_with_pp")
+    refused = refusal(load_framework("planner"), fold)
+    assert refused is not None and refused[0] == "ep_outside_framework_span" and "dp=32" in refused[1]
+
+
+def test_moe_with_tp_needs_sp_on_megatron():
+    profile = load_framework("megatron-core")
+    refused = refusal(profile, Config(dp=4, tp=2, pp=1, ep=2, is_moe=True, sp=False))
+    assert refused is not None and refused[0] == "moe_tp_needs_sp"
+    assert refusal(profile, Config(dp=4, tp=2, pp=1, ep=2, is_moe=True, sp=True)) is None
+
+
+def test_runnable_is_an_alias_of_framework_planner():
+    result = runner.invoke(app, ["plan", "--runnable", "--framework", "torchtitan"])
+    assert result.exit_code == 2 and "--runnable means --framework planner" in result.output
+    request = api.build_request(framework="torchtitan", search=SearchLimits(runnable=True))
+    with pytest.raises(BadInputError, match="runnable=true with framework='torchtitan'"):
+        api.plan(request)
+
+
+def test_config_of_reads_candidate_fields():
+    from planner.cost.model import Candidate
+
+    cand = Candidate(dp=2, tp=4, pp=2, ep=1, cp=1, sp=True, vpp=1, zero_stage=1, tp_overlap="none", microbatch_size=2,
+                     num_microbatches=4, schedule="1f1b", recompute="selective")
+    config = config_of(cand, is_moe=False, precision="bf16")
+    assert (config.dp, config.tp, config.pp, config.zero_stage, config.recompute, config.microbatch_size) == (2, 4, 2, 1, "selective", 2)
