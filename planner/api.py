@@ -132,11 +132,11 @@ def export(plan: LaunchPlan | str | Path, target: str):
     return export_plan(_plan_of(plan), target)
 
 
-def explain(plan: LaunchPlan | str | Path):
-    """A readable account of a plan (planner.explain.Explanation)."""
+def explain(plan: LaunchPlan | str | Path, *, frameworks: list[str] | None = None):
+    """A readable account of a plan (planner.explain.Explanation), judged against `frameworks` (None: every shipped one)."""
     from planner.explain import explain as _explain
 
-    return _explain(_plan_of(plan))
+    return _explain(_plan_of(plan), frameworks=frameworks)
 
 
 def schema(name: str | None = None) -> dict:

@@ -64,6 +64,7 @@ class Explanation:
     alternatives: tuple[AlternativeRow, ...]
     pruned: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    frameworks: dict[str, str] = field(default_factory=dict)  # stack -> "runs it" or that stack's reason
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -153,8 +154,28 @@ def _memory_rows(plan: LaunchPlan) -> tuple[StageMemoryRow, ...]:
     )
 
 
-def explain(plan: LaunchPlan) -> Explanation:
-    """The account of one plan."""
+def framework_verdicts(plan: LaunchPlan, names: list[str] | None = None) -> dict[str, str]:
+    """Which stacks run this plan: 'runs it', or the first rule of that stack's profile it breaks (planner.frameworks).
+    The plan's own framework is always judged; `names` None judges every shipped profile."""
+    from planner.frameworks import Config, list_frameworks, load_framework, refusal
+
+    par, spec = plan.parallelism, plan.request.model
+    out = {}
+    for name in dict.fromkeys([plan.request.framework, *(list_frameworks() if names is None else names)]):
+        profile = load_framework(name)
+        found = None
+        for mode in sorted({s.recompute.mode for s in plan.stages} or {"none"}):
+            config = Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp,
+                            zero_stage=par.zero_stage, schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap,
+                            is_moe=spec.moe is not None, precision=plan.request.precision,
+                            microbatch_size=plan.batch.microbatch_size)
+            found = found or refusal(profile, config)
+        out[profile.name] = "runs it" if found is None else found[1]
+    return out
+
+
+def explain(plan: LaunchPlan, *, frameworks: list[str] | None = None) -> Explanation:
+    """The account of one plan; `frameworks` names the stacks to judge it against (None: every shipped one)."""
     pred, req = plan.prediction, plan.request
     step = pred.step_time_s
     br = pred.breakdown.model_dump()
@@ -168,7 +189,7 @@ def explain(plan: LaunchPlan) -> Explanation:
         "kind": plan.kind, "model": req.model.name, "topology": f"{req.topology.name} ({req.topology.num_nodes} x {req.topology.gpus_per_node})",
         "gpus": str(req.gpus), "degrees": degrees_text(plan.parallelism), "schedule": plan.schedule,
         "batch": f"global {plan.batch.global_batch_size} = micro {plan.batch.microbatch_size} x {plan.batch.num_microbatches} micro-batches x dp {plan.parallelism.dp}",
-        "seq_len": str(plan.batch.seq_len), "precision": req.precision,
+        "seq_len": str(plan.batch.seq_len), "precision": req.precision, "framework": req.framework,
         "step time": f"{step:.4g} s", "tokens/s": f"{pred.tokens_per_s:,.0f}", "MFU / HFU": f"{pred.mfu:.1%} / {pred.hfu:.1%}",
         "peak memory": f"{plan.memory.peak_bytes / GiB:.2f} GiB of {plan.memory.capacity_bytes / GiB:.2f} GiB",
     }
@@ -179,4 +200,5 @@ def explain(plan: LaunchPlan) -> Explanation:
         headline=headline, summary=summary, reasons=tuple(_reasons(plan)), time=time, memory=_memory_rows(plan),
         capacity_gib=plan.memory.capacity_bytes / GiB, runner_up=alternatives[0] if alternatives else None,
         alternatives=alternatives, pruned=dict(sorted(plan.pruned.items(), key=lambda kv: -kv[1])), notes=tuple(notes),
+        frameworks=framework_verdicts(plan, frameworks),
     )

@@ -29,13 +29,15 @@ def explain_command(
     plan: Path = typer.Argument(..., help="A LaunchPlan JSON."),
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: schedule timeline, memory per stage, candidates."),
     json_output: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
+    framework: list[str] | None = typer.Option(None, "--framework", help="Judge the plan against this stack (repeatable; "
+                                               "default: every shipped profile): runs it, or the stack's reason."),
 ) -> None:
     from planner import api
     from planner.io import canonical_json, load_file
     from planner.schemas.plan import LaunchPlan
 
     loaded = load_file(LaunchPlan, plan)
-    explanation = api.explain(loaded)
+    explanation = api.explain(loaded, frameworks=framework or None)
     if plot is not None:
         from planner.plot import plot_plan
 
@@ -84,5 +86,8 @@ def _render(ex) -> None:
         out.print(alts)
     if ex.pruned:
         out.print("[bold]Pruned by the search[/]: " + ", ".join(f"{k}={v:,}" for k, v in ex.pruned.items()))
+    out.print("[bold]Which frameworks run it[/]")
+    for name, verdict in ex.frameworks.items():
+        out.print(f"  - {name}: {verdict}", markup=False)
     for note in ex.notes:
         out.print(f"note: {note}", markup=False)

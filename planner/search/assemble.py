@@ -16,10 +16,12 @@ def space_notes(result) -> list[str]:
     """What the space allowed and how the winner was refined (deterministic text)."""
     opts = result.opts
     notes = [
-        "space: dp x tp x pp x cp = gpus with tp dividing gpus_per_node (TP inside a node), ep dividing dp*cp for MoE, "
+        f"space for framework {opts.profile.name} ({opts.profile.versions}): dp x tp x pp x cp = gpus with tp dividing "
+        f"gpus_per_node (TP inside a node), ep dividing {opts.profile.capabilities.expert_parallel.span.replace('_', '*')} "
+        f"for MoE, what the framework runs (`planner framework show {opts.profile.name}`), "
         f"microbatch_size up to {opts.max_microbatch_size}, zero {list(opts.zero_stages)}, recompute {list(opts.recompute_modes)} "
         f"(+ partial full recompute per stage), schedules {list(opts.schedules)}, tp_overlap {list(opts.tp_overlap)}, "
-        "axis orders with tp innermost",
+        "axis orders with tp innermost" + ("; PipeDream-2BW allowed (one-step-stale weights)" if opts.allow_stale_weights else ""),
         "ranking: step time, then peak memory, then smaller tp, pp, cp, ep, dp, vpp, zero, larger microbatch",
     ]
     if opts.fixed:

@@ -62,6 +62,8 @@ def _check_limits(body: PlanBody, settings: Settings) -> None:
         raise HTTPException(422, f"gpus={body.gpus} exceeds this service's search limit of {settings.max_gpus} GPUs")
     if body.time_limit_s > settings.max_time_limit_s:
         raise HTTPException(422, f"time_limit_s={body.time_limit_s} exceeds this service's limit of {settings.max_time_limit_s} s")
+    if body.framework not in _frameworks():
+        raise HTTPException(422, f"framework={body.framework!r} is not a shipped profile: choose one of GET /v1/frameworks")
     for name, ref, allowed in (("model", body.model, _presets()), ("topology", body.topology, _topologies())):
         if isinstance(ref, str) and ref not in allowed:
             raise HTTPException(422, f"{name}={ref!r} is not a preset: choose one of GET /v1/{name}s, or send an inline spec")
@@ -71,6 +73,12 @@ def _presets() -> list[str]:
     from planner.models import list_presets
 
     return list_presets()
+
+
+def _frameworks() -> list[str]:
+    from planner.frameworks import list_frameworks
+
+    return list_frameworks()
 
 
 def _topologies() -> list[str]:
@@ -189,6 +197,10 @@ def _add_routes(app: FastAPI, guard: list) -> None:
     @app.get("/v1/models", dependencies=guard, summary="Model presets")
     async def get_models() -> dict:
         return {"models": _presets()}
+
+    @app.get("/v1/frameworks", dependencies=guard, summary="Framework profiles a plan can be made for")
+    async def get_frameworks() -> dict:
+        return {"frameworks": _frameworks()}
 
     @app.get("/v1/topologies", dependencies=guard, summary="Topology presets")
     async def get_topologies() -> dict:

@@ -31,6 +31,9 @@ class PlanBody(BaseModel):
     precision: Precision = "bf16"
     time_limit_s: float = Field(default=30.0, gt=0)
     top_k: int = Field(default=3, ge=0, le=50)
+    framework: str = Field(default="planner", pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
+                           description="shipped framework profile the plan is made for (GET /v1/frameworks lists them)")
+    allow_stale_weights: bool = Field(default=False, description="let the search choose PipeDream-2BW where the framework runs it")
 
 
 class EstimateBody(PlanBody):

@@ -119,6 +119,9 @@ def test_plan_returned_stored_and_fetched_by_id(server):
     assert httpx.get(server.url + "/v1/plans/" + "0" * 64, timeout=10).status_code == 404
     assert "llama3-8b" in httpx.get(server.url + "/v1/models", timeout=10).json()["models"]
     assert httpx.get(server.url + "/v1/topologies", timeout=10).json()["topologies"]
+    assert "megatron-core" in httpx.get(server.url + "/v1/frameworks", timeout=10).json()["frameworks"]
+    titan = httpx.post(server.url + "/v1/plan", json=PLAN | {"time_limit_s": 60, "framework": "torchtitan"}, timeout=120)
+    assert titan.status_code == 200 and LaunchPlan.model_validate_json(titan.text).request.framework == "torchtitan"
     assert httpx.get(server.url + "/openapi.json", timeout=10).json()["paths"]["/v1/plan"]["post"]
     assert httpx.get(server.url + "/docs", timeout=10).status_code == 200
 
@@ -130,6 +133,10 @@ def test_bad_input_is_422_with_the_field(server):
     assert negative.status_code == 422 and negative.json()["detail"][0]["loc"][-1] == "tp"
     heads = httpx.post(server.url + "/v1/estimate", json=estimate_body(1, 1, 1) | {"tp": 3, "gpus": 6}, timeout=60)
     assert heads.status_code == 422 and "tp=3" in heads.json()["detail"]
+    stack = httpx.post(server.url + "/v1/plan", json=SMALL | {"framework": "../frameworks/planner"}, timeout=10)
+    assert stack.status_code == 422 and stack.json()["detail"][0]["loc"][-1] == "framework"
+    unknown_stack = httpx.post(server.url + "/v1/plan", json=SMALL | {"framework": "nemo"}, timeout=10)
+    assert unknown_stack.status_code == 422 and "GET /v1/frameworks" in unknown_stack.json()["detail"]
     path = httpx.post(server.url + "/v1/plan", json=SMALL | {"model": "/etc/passwd"}, timeout=10)
     assert path.status_code == 422 and "not a preset" in path.json()["detail"]
     too_big = httpx.post(server.url + "/v1/plan", json=SMALL | {"gpus": 10**6}, timeout=10)
