@@ -131,11 +131,12 @@ def parallel_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | 
     if c.ep > 1:
         if not caps.expert_parallel.supported:
             return "ep_not_in_framework", f"ep={c.ep}: framework {name!r} has no expert parallelism: use ep=1"
-        span = {"dp": c.dp, "dp_cp": c.dp * c.cp, "tp_dp_cp": c.tp * c.dp * c.cp}[caps.expert_parallel.span]
-        if span % c.ep:
-            what = caps.expert_parallel.span.replace("_", "*")
-            return "ep_outside_framework_span", (f"ep={c.ep} must divide {what}={span} in framework {name!r} (expert groups "
-                                                 f"are carved from those ranks): choose ep dividing {span}")
+        span = {"dp": c.dp, "dp_cp": c.dp * c.cp, "tp_dp_cp": c.dp * c.cp}[caps.expert_parallel.span]
+        folds = caps.expert_parallel.span == "tp_dp_cp" and c.ep % span == 0 and c.tp % (c.ep // span) == 0
+        if span % c.ep and not folds:
+            what = {"dp": "dp", "dp_cp": "dp*cp", "tp_dp_cp": "dp*cp (or dp*cp times a divisor of tp, folded)"}
+            return "ep_outside_framework_span", (f"ep={c.ep} must divide {what[caps.expert_parallel.span]}={span} in framework "
+                                                 f"{name!r} (expert groups are carved from those ranks): choose another ep")
     return None
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from planner.cost import compute, memory
 from planner.cost.evaluate import prefix_sums
-from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, head_cost, module_params
+from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, expert_shard_ep, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
 from planner.models import counting
 
@@ -107,9 +107,10 @@ def _rows(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
 
 def module_params_of(model: "CostModel", cand: "Candidate") -> tuple[np.ndarray, np.ndarray]:
     """(dense, expert) parameters per module held by one GPU, memoised per (tp, ep, pp > 1)."""
-    key = ("params", cand.tp, cand.ep, cand.pp > 1)
+    ep = expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp)
+    key = ("params", cand.tp, ep, cand.pp > 1)
     if key not in model.memo:
-        model.memo[key] = module_params(model.spec, tp=cand.tp, ep=cand.ep, tied_copy=cand.pp > 1)
+        model.memo[key] = module_params(model.spec, tp=cand.tp, ep=ep, tied_copy=cand.pp > 1)
     return model.memo[key]
 
 

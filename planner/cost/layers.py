@@ -8,6 +8,7 @@ Measured profiles replace the compute times of the layer types they cover (see `
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -253,6 +254,13 @@ def head_cost(env: Env) -> ModuleCost:
     else:
         act = memory.head_activation_bytes(env.spec, env.shape)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, act_none=act, act_selective=act, act_full=act)
+
+
+def expert_shard_ep(*, ep: int, dp: int, cp: int) -> int:
+    """The ep by which routed experts are split, with expert TP = tp: ep itself when it divides dp*cp; under MoE
+    parallel folding (ep = dp*cp*k, the expert mesh ep x etp with etp = tp/k over the same ranks, Megatron-Core
+    parallel_state.py) each GPU holds E/ep experts at 1/etp width = E/(dp*cp*tp) of the experts, i.e. dp*cp."""
+    return math.gcd(ep, dp * cp)
 
 
 def module_params(spec: ModelSpec, *, tp: int, ep: int, tied_copy: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -213,7 +213,7 @@ class CostModel:
 
     def shape(self, cand: Candidate) -> Shape:
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
-                     ep=cand.ep, sp=cand.sp, flash_attention=self.flash_attention, dropout=self.options.dropout,
+                     ep=L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp), sp=cand.sp, flash_attention=self.flash_attention, dropout=self.options.dropout,
                      fused_kernels=self.fused_kernels)
 
     # --- schedule-dependent terms -----------------------------------------------------------------------

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.cost.schedule import SCHEDULES
+from planner.errors import BadInputError
 from planner.frameworks import interleaved_split_reason, load_framework
+from planner.topology.placement import expert_fold
 from planner.schemas.plan import PlanRequest
 
 if TYPE_CHECKING:
@@ -35,8 +37,10 @@ def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
         out.append(f"ep={c.ep} needs a mixture-of-experts model: {spec.name} is dense, use ep=1")
     elif spec.moe is not None and spec.moe.num_experts % c.ep:
         out.append(f"ep={c.ep} must divide num_experts={spec.moe.num_experts}: choose ep in {_divisors(spec.moe.num_experts)}")
-    if (c.dp * c.cp) % c.ep:
-        out.append(f"ep={c.ep} must divide dp*cp={c.dp * c.cp}: expert groups are carved out of the data-parallel ranks")
+    try:
+        expert_fold({"dp": c.dp, "cp": c.cp, "tp": c.tp, "ep": c.ep})
+    except BadInputError as exc:
+        out.append(str(exc))
     if request.seq_len % c.cp:
         out.append(f"cp={c.cp} must divide seq_len={request.seq_len}")
     stages = c.pp * c.vpp

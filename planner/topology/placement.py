@@ -84,13 +84,26 @@ def _coords(rank: int, dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple
     return tuple((rank // stride) % size for size, stride in zip(dims, strides, strict=True))
 
 
-def _check_ep(sizes: Mapping[str, int]) -> int:
+def expert_fold(sizes: Mapping[str, int]) -> int:
+    """How many tp ranks an expert group takes (MoE parallel folding, Megatron-Core parallel_state.py): 1 when ep
+    divides dp*cp (experts inside the data-parallel ranks), k when ep = dp*cp*k with k dividing tp (the expert mesh
+    ep x etp, etp = tp/k, over the same tp*dp*cp ranks). Anything else is refused naming both forms."""
     ep = int(sizes.get("ep", 1))
+    tp = int(sizes.get("tp", 1))
     span = int(sizes.get("dp", 1)) * int(sizes.get("cp", 1))
-    if span % ep:
-        divisors = [d for d in range(1, span + 1) if span % d == 0]
-        raise BadInputError(f"ep={ep} must divide dp*cp={span}: choose ep in {{{', '.join(map(str, divisors))}}}")
-    return ep
+    if span % ep == 0:
+        return 1
+    if ep % span == 0 and tp % (ep // span) == 0:
+        return ep // span
+    divisors = [d for d in range(1, span + 1) if span % d == 0]
+    folded = [span * k for k in range(2, tp + 1) if tp % k == 0]
+    raise BadInputError(f"ep={ep} must divide dp*cp={span} or, folded over tp={tp}, be dp*cp times a divisor of tp: "
+                        f"choose ep in {{{', '.join(map(str, divisors + folded))}}}")
+
+
+def _check_ep(sizes: Mapping[str, int]) -> int:
+    expert_fold(sizes)
+    return int(sizes.get("ep", 1))
 
 
 def axis_groups(sizes: Mapping[str, int], axis_order: Sequence[str], axis: str) -> list[list[int]]:
@@ -98,8 +111,9 @@ def axis_groups(sizes: Mapping[str, int], axis_order: Sequence[str], axis: str) 
     order = _check_order(axis_order)
     dims = _sizes_tuple(sizes, order)
     strides = _strides(dims)
+    fold = 1
     if axis == "ep":
-        ep = _check_ep(sizes)
+        ep, fold = _check_ep(sizes), expert_fold(sizes)
         shared = tuple(i for i, name in enumerate(order) if name in ("pp", "tp"))
     elif axis in order:
         shared = tuple(i for i, name in enumerate(order) if name != axis)
@@ -108,7 +122,7 @@ def axis_groups(sizes: Mapping[str, int], axis_order: Sequence[str], axis: str) 
     buckets: dict[tuple[int, ...], list[int]] = {}
     for rank in range(math.prod(dims)):
         coords = _coords(rank, dims, strides)
-        buckets.setdefault(tuple(coords[i] for i in shared), []).append(rank)
+        buckets.setdefault(tuple(coords[i] // (fold if order[i] == "tp" else 1) for i in shared), []).append(rank)
     groups = list(buckets.values())
     if axis == "ep":
         groups = [members[i : i + ep] for members in groups for i in range(0, len(members), ep)]
@@ -257,6 +271,17 @@ def _chunk_shapes(size_a: int, stride_a: int, size_b: int, stride_b: int, ep: in
     return rows[np.sort(first)].tolist()
 
 
+def _groups_footprint(gpn: int, groups: list[list[int]]) -> tuple[int, int]:
+    """Worst (num_nodes, ranks_per_node) over explicit groups (folded expert groups: enumerated, exact)."""
+    worst = (1, 1)
+    for members in groups:
+        per_node: dict[int, int] = {}
+        for rank in members:
+            per_node[rank // gpn] = per_node.get(rank // gpn, 0) + 1
+        worst = max(worst, (len(per_node), max(per_node.values())))
+    return worst
+
+
 def axis_link(
     topology: Topology, sizes: Mapping[str, int], axis_order: Sequence[str] = DEFAULT_AXIS_ORDER, axis: str = "tp"
 ) -> GroupLink:
@@ -273,7 +298,10 @@ def axis_link(
         size = dims[order.index(axis)]
     else:
         raise BadInputError(f"axis={axis!r} is not a parallel axis: choose one of {list(LINK_AXES)}")
-    num_nodes, ranks_per_node = _footprint(topology.gpus_per_node, dims, order, axis, size if axis == "ep" else 1)
+    if axis == "ep" and expert_fold(sizes) > 1:
+        num_nodes, ranks_per_node = _groups_footprint(topology.gpus_per_node, axis_groups(sizes, order, "ep"))
+    else:
+        num_nodes, ranks_per_node = _footprint(topology.gpus_per_node, dims, order, axis, size if axis == "ep" else 1)
     return make_link(topology, size=size, num_nodes=num_nodes, ranks_per_node=ranks_per_node)
 
 

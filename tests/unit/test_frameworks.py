@@ -182,3 +182,27 @@ def test_config_of_reads_candidate_fields():
                      num_microbatches=4, schedule="1f1b", recompute="selective")
     config = config_of(cand, is_moe=False, precision="bf16")
     assert (config.dp, config.tp, config.pp, config.zero_stage, config.recompute, config.microbatch_size) == (2, 4, 2, 1, "selective", 2)
+
+
+def test_folded_expert_parallelism_is_priced_by_estimate():
+    """DeepSeek-V3 at ep 64 with dp*cp = 32 and tp 2 (NeMo's layout under MoE parallel folding): valid and priced on
+    megatron-core, with the expert groups spanning the tp pairs; our executor's profile refuses it."""
+    from planner.topology.placement import axis_groups, expert_fold
+
+    sizes = {"pp": 16, "dp": 32, "cp": 1, "tp": 2, "ep": 64}
+    assert expert_fold(sizes) == 2
+    groups = axis_groups(sizes, ("pp", "dp", "cp", "tp"), "ep")
+    assert len(groups) == 16 and all(len(g) == 64 for g in groups)
+    assert sorted(r for g in groups for r in g) == list(range(1024))
+    request = api.build_request(model="deepseek-v3", topology="hgx-h800", nodes=128, global_batch_size=1024, seq_len=4096,
+                                framework="megatron-core")
+    config = Configuration(parallelism=Parallelism(dp=32, tp=2, pp=16, ep=64, sp=True, zero_stage=1), recompute="full")
+    folded = api.estimate(request, config)
+    assert folded.prediction.breakdown.ep_comm_s > 0
+    unfolded = api.estimate(request, config.model_copy(update={"parallelism": config.parallelism.model_copy(update={"ep": 32})}))
+    # the same experts per GPU either way (ep x etp covers tp*dp*cp): equal expert memory, a larger all-to-all group
+    assert folded.memory.per_stage[1].params_bytes == unfolded.memory.per_stage[1].params_bytes
+    with pytest.raises(BadInputError, match="ep=64 must divide dp=32"):
+        api.estimate(request.model_copy(update={"framework": "planner"}), config)
+    with pytest.raises(BadInputError, match="choose ep in"):
+        expert_fold({"dp": 32, "cp": 1, "tp": 2, "ep": 48})
