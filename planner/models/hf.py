@@ -52,7 +52,7 @@ IMPORTERS: dict[str, Importer] = {
         model_type: Importer(partial(hf_modern.family_fields, family=family), family.defaults)
         for model_type, family in hf_modern.FAMILIES.items()
     },
-    "deepseek_v3": Importer(hf_modern.DEEPSEEK_V3, hf_modern.DEEPSEEK_V3_DEFAULTS, hf_modern.DEEPSEEK_V3_EXPECTS),
+    "deepseek_v3": Importer(hf_modern.deepseek_v3, hf_modern.DEEPSEEK_V3_DEFAULTS, hf_modern.DEEPSEEK_V3_EXPECTS),
     "gpt2": Importer(hf_classic.gpt2, expects=hf_classic.GPT2_EXPECTS),
     "gpt_neox": Importer(hf_classic.gpt_neox),
     "opt": Importer(hf_classic.opt, expects=hf_classic.OPT_EXPECTS),

@@ -15,7 +15,7 @@ per model_type in FAMILIES, read from transformers 5.x (models/<type>/modeling_<
   embeddings and head_dim 256 by default, activation read from `hidden_activation`; gemma3 adds per-head q/k norms.
   The sqrt(h) embedding scale is a buffer; soft-capping, sliding windows and layer_types hold no parameters.
 - starcoder2: LayerNorm, plain (non-gated) GeLU MLP c_fc/c_proj, `use_bias` on every linear, tied by default.
-- deepseek_v3: MLA attention, leading dense layers, shared + routed experts (see _deepseek_v3).
+- deepseek_v3: MLA attention, leading dense layers, shared + routed experts (see deepseek_v3).
 """
 
 from collections.abc import Callable
@@ -143,7 +143,12 @@ def family_fields(cfg: HFConfig, family: Family) -> dict[str, Any]:
     return fields
 
 
-def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
+DEEPSEEK_DEFAULT_Q_LORA_RANK = 1536
+DEEPSEEK_V3_DEFAULTS = {"first_k_dense_replace": 3, "n_shared_experts": 1}  # configuration_deepseek_v3.py
+DEEPSEEK_V3_EXPECTS = {"attention_bias": False}
+
+
+def deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
     """DeepSeek-V3 (modeling_deepseek_v3): MLA, first_k_dense_replace dense layers, shared + routed experts.
 
     HF's DeepseekV3ForCausalLM builds no multi-token-prediction layers (num_nextn_predict_layers, 5.x also
@@ -164,7 +169,8 @@ def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
     if freq > 1 and first_k % freq:
         raise cfg.refuse(
             "moe_layer_freq", freq,
-            f"it does not divide first_k_dense_replace={first_k}, so HF's MoE layers (index % moe_layer_freq == 0) differ from ours",
+            f"it does not divide first_k_dense_replace={first_k}, so DeepSeek's MoE layers "
+            "(index % moe_layer_freq == 0) differ from ours",
         )
     moe = MoESpec(
         num_experts=cfg.req("n_routed_experts", "num_local_experts"),
@@ -174,13 +180,8 @@ def _deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
         first_k_dense=first_k,
         moe_every=freq,
     )
-    fields = family_fields(cfg, FAMILIES["llama"])
+    fields = family_fields(cfg, Family())  # no bias switches: DeepseekV3MLP and the router have no biases
     fields.update(num_kv_heads=None, mla=mla, moe=moe)
     fields.pop("head_dim", None)
     return fields
 
-
-DEEPSEEK_DEFAULT_Q_LORA_RANK = 1536
-DEEPSEEK_V3_DEFAULTS = {"first_k_dense_replace": 3, "n_shared_experts": 1}  # configuration_deepseek_v3.py
-DEEPSEEK_V3_EXPECTS = {"attention_bias": False}
-DEEPSEEK_V3 = _deepseek_v3

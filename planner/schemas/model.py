@@ -93,7 +93,9 @@ class ModelSpec(Schema):
         "(Gemma2/3); 1 shared by parallel attention and FFN (Falcon-7B)",
     )
     num_positions: int | None = Field(
-        default=None, gt=0, description="rows of the learned position table (HF max_position_embeddings, +2 for OPT); None = seq_len"
+        default=None,
+        gt=0,
+        description="rows of the learned position table (HF max_position_embeddings, +2 for OPT); None = seq_len",
     )
     embedding_norm: bool = Field(default=False, description="LayerNorm right after the embedding (BLOOM)")
     moe: MoESpec | None = None
