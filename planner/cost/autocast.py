@@ -5,7 +5,7 @@ Activations saved per dense decoder layer (Llama-style: RMSNorm, RoPE, SDPA/flas
 micro-batch, counted operator by operator from what autograd saves (the profiler's saved_tensors_hooks count
 gives the same list; `planner profile --dtype amp-bf16`). T = tokens of this GPU (b*s/cp), t = tp:
 - residual stream and norms stay fp32 under autocast: each norm keeps its fp32 input and its fp32 normalised
-  output, 2 x 4*T*h per norm, two norms (eager RMSNorm, Zhang & Sennrich 2019);
+  output, 2 x 4*T*h per norm, spec.norms_per_layer norms (two for Llama; eager RMSNorm, Zhang & Sennrich 2019);
 - autocast casts the fp32 input of every linear separately and the linear keeps its bf16 copy: 2*T*h for each
   of q, k, v and the MLP input projections (gate and up for gated MLPs, one otherwise);
 - attention: q, k, v after RoPE (2*T*d*(a + 2kv)/t), the SDPA output (2*T*a*d/t) and its fp32 log-sum-exp
@@ -45,7 +45,7 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape) -> LayerActivations:
     tokens, h, f = b * s, spec.hidden_size, spec.ffn_hidden_size
     a, kv, d = spec.num_attention_heads, spec.kv_heads, spec.dim_per_head
     linear_inputs = 3 + (2 if spec.gated else 1)
-    replicated = 2 * 2 * FP32 * tokens * h + linear_inputs * BF16 * tokens * h
+    replicated = spec.norms_per_layer * 2 * FP32 * tokens * h + linear_inputs * BF16 * tokens * h
     attention = BF16 * tokens * d * (a + 2 * kv) + 2 * BF16 * tokens * a * d
     mlp = (4 if spec.gated else 2) * BF16 * tokens * f
     lse = FP32 * b * a * s

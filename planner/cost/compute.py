@@ -152,7 +152,7 @@ def mlp_gemms(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None, full: boo
     padding = (cfg.capacity_factor or 1.0) if hardware else 1.0
     local_experts = max(1, cfg.num_experts // (1 if full else shape.ep))
     gemms = [
-        Gemm("router", 2 * tokens * spec.hidden_size * cfg.num_experts),
+        Gemm("router", 2 * tokens * spec.hidden_size * (cfg.num_experts + int(cfg.shared_expert_gate))),
         Gemm("experts", ffn_flops(spec, tokens * cfg.top_k * padding, cfg.expert_ffn_hidden_size) / t, calls=2 * local_experts),
     ]
     if cfg.shared_ffn_hidden_size:
@@ -185,7 +185,7 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
     """Forward HBM bytes of a decoder layer's memory-bound operators, split (attention core, rest).
 
     Per GPU, bf16 (2 bytes), bytes per element from KernelBytes (fused: one read and one write per operator;
-    eager: HuggingFace's unfused fp32 norms, SwiGLU and RoPE): two norms, two residual adds (2 reads + 1 write),
+    eager: HuggingFace's unfused fp32 norms, SwiGLU and RoPE): spec.norms_per_layer norms, two residual adds (2 reads + 1 write),
     RoPE on q and k, the FFN activation (fused plain: read f, write f; fused gated: read 2f, write f) on
     tokens * top_k * capacity for MoE experts (plus the permutation and un-permutation of the routed tokens, read +
     write each), dropout when enabled (read, write, 1-byte mask) after attention
@@ -195,7 +195,7 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
     """
     h, t, tokens, k = spec.hidden_size, shape.tp, shape.tokens, shape.kernels
     region = tokens * h / shape.sp_div  # elements of one norm/residual region
-    rest = 2 * norm_bytes(spec, k) * region + 2 * 3 * ACT_BYTES * region
+    rest = spec.norms_per_layer * norm_bytes(spec, k) * region + 2 * 3 * ACT_BYTES * region
     if shape.dropout:
         rest += 2 * 2.5 * ACT_BYTES * region
     if spec.position == "rope" or spec.mla is not None:

@@ -125,17 +125,18 @@ def decoder_ops(spec: ModelSpec, shape: Shape) -> OpCount:
     q = tokens * spec.num_attention_heads * spec.dim_per_head / t
     kv = tokens * spec.kv_heads * spec.dim_per_head / t
     f = tokens * spec.ffn_hidden_size / t
-    qkv_bias, bias = spec.qkv_bias or spec.linear_bias, spec.linear_bias
+    qkv_bias, mlp_bias = spec.has_qkv_bias, spec.has_mlp_bias
     roped = spec.position == "rope"
     attention = (_norm(spec, region) + residual(region) + fan_out(region, 3)
                  + linear(region, q, fp32_input=True, bias=qkv_bias) + linear(region, kv, fp32_input=True, bias=qkv_bias).times(2)
                  + (rope(q + kv, tensors=2) if roped else OpCount())
-                 + sdpa(q + kv if roped else 0.0, casts=2 if roped else 0) + linear(q, region, fp32_input=False, bias=bias))
+                 + sdpa(q + kv if roped else 0.0, casts=2 if roped else 0) + linear(q, region, fp32_input=False, bias=spec.has_out_bias))
     inputs = 2 if spec.gated else 1
-    mlp = (_norm(spec, region) + residual(region) + fan_out(region, inputs)
-           + linear(region, f, fp32_input=True, bias=bias).times(inputs) + activation(f, gated=spec.gated)
-           + linear(f, region, fp32_input=False, bias=bias))
-    return attention + mlp
+    mlp = (residual(region) + fan_out(region, inputs)
+           + linear(region, f, fp32_input=True, bias=mlp_bias).times(inputs) + activation(f, gated=spec.gated)
+           + linear(f, region, fp32_input=False, bias=mlp_bias))
+    # norms_per_layer beyond the attention norm: Llama's MLP pre-norm (2), Gemma's post-norms too (4), none (1)
+    return attention + mlp + _norm(spec, region).times(spec.norms_per_layer - 1)
 
 
 def recompute_bytes(spec: ModelSpec, shape: Shape, layer: OpCount) -> float:

@@ -128,7 +128,7 @@ def _ep_times(env: Env) -> tuple[float, float]:
 
 def _layer_params_per_gpu(spec: ModelSpec, shape: Shape, moe_layer: bool) -> float:
     """Parameters of one decoder layer of the type held by one GPU (matrices split by tp, routed experts by ep too)."""
-    base = 2 * counting.norm_params(spec) + counting.attention_params(spec) / shape.tp
+    base = counting.layer_norm_params(spec) + counting.attention_params(spec) / shape.tp
     if not moe_layer:
         return base + counting.mlp_params(spec, spec.ffn_hidden_size) / shape.tp
     moe = counting.moe_params(spec)
@@ -273,7 +273,7 @@ def module_params(spec: ModelSpec, *, tp: int, ep: int, tied_copy: bool) -> tupl
     n = spec.num_layers
     dense, expert = np.zeros(n + 2), np.zeros(n + 2)
     dense[0] = counting.embedding_params(spec) / tp
-    norm = counting.norm_params(spec)
+    norm, layer_norms = counting.norm_params(spec), counting.layer_norm_params(spec)
     attn = counting.attention_params(spec) / tp
     head = counting.head_params(spec) - norm
     if spec.tied_embeddings and tied_copy:
@@ -282,8 +282,8 @@ def module_params(spec: ModelSpec, *, tp: int, ep: int, tied_copy: bool) -> tupl
     moe = counting.moe_params(spec) if spec.moe is not None else None
     for index in range(n):
         if moe is not None and spec.is_moe_layer(index):
-            dense[index + 1] = 2 * norm + attn + moe.router + moe.shared / tp
+            dense[index + 1] = layer_norms + attn + moe.router + moe.shared / tp
             expert[index + 1] = moe.num_experts * moe.per_expert / (ep * tp)
         else:
-            dense[index + 1] = 2 * norm + attn + counting.mlp_params(spec, spec.ffn_hidden_size) / tp
+            dense[index + 1] = layer_norms + attn + counting.mlp_params(spec, spec.ffn_hidden_size) / tp
     return dense, expert

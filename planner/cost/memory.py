@@ -96,7 +96,7 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     k = shape.kernels
     saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
     saved_ffn = k.saved_gated if spec.gated else k.saved_plain
-    replicated = (2 * saved_norm + 2 + 2) * sbh + (2 * sbh if shape.dropout else 0)
+    replicated = (spec.norms_per_layer * saved_norm + 2 + 2) * sbh + (2 * sbh if shape.dropout else 0)
     sharded = 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + 2 * s * b * a * v_d
     if moe_layer:
         cfg = spec.moe

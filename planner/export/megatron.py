@@ -164,7 +164,19 @@ def _model_args(spec: ModelSpec, seq_len: int, warnings: list[str]) -> list[str]
         args.append("--add-qkv-bias")
     if spec.qk_norm:
         args.append("--qk-layernorm")
+    warnings.extend(_without_flags(spec))
     return args + _moe_mla_args(spec)
+
+
+def _without_flags(spec: ModelSpec) -> list[str]:
+    """Warnings for spec features (mostly from HF imports: Gemma, OLMo2, Falcon, Qwen2-MoE) Megatron has no flag for."""
+    found = {
+        "attention-output or MLP biases without linear_bias": (spec.out_bias or spec.mlp_bias) and not spec.linear_bias,
+        f"norms_per_layer={spec.norms_per_layer}": spec.norms_per_layer != 2,
+        "qk_norm over whole projections (OLMo2)": spec.qk_norm and spec.qk_norm_scope == "projection",
+        "a shared-expert gate (Qwen2-MoE)": spec.moe is not None and spec.moe.shared_expert_gate,
+    }
+    return [f"{what} has no Megatron flag: set it in your model provider" for what, present in found.items() if present]
 
 
 def _moe_mla_args(spec: ModelSpec) -> list[str]:

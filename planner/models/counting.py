@@ -26,16 +26,21 @@ def norm_params(spec: ModelSpec) -> int:
     return norm_width_params(spec, spec.hidden_size)
 
 
-def embedding_params(spec: ModelSpec) -> int:
-    """Token embedding V*h, plus a learned position table s*h (GPT-2/3, OPT), plus BLOOM's embedding LayerNorm.
+def layer_norm_params(spec: ModelSpec) -> int:
+    """The hidden-size norms of one decoder layer: norms_per_layer of them (2 Llama/OLMo2, 4 Gemma2/3, 1 Falcon-7B)."""
+    return spec.norms_per_layer * norm_params(spec)
 
-    RoPE and ALiBi have no parameters. OPT's two offset rows (2050 positions for s=2048) are not counted:
-    2h parameters, below 1e-7 of the model.
+
+def embedding_params(spec: ModelSpec) -> int:
+    """Token embedding V*h, plus a learned position table rows*h (GPT-2/3, OPT), plus BLOOM's embedding LayerNorm.
+
+    RoPE and ALiBi have no parameters. The learned table has spec.position_rows rows: num_positions when set
+    (HF max_position_embeddings; OPT adds 2 offset rows, modeling_opt.OPTLearnedPositionalEmbedding), else seq_len.
     """
     h = spec.hidden_size
     params = spec.vocab_size * h
     if spec.position == "learned":
-        params += spec.seq_len * h
+        params += spec.position_rows * h
     if spec.embedding_norm:
         params += norm_params(spec)
     return params
@@ -71,38 +76,44 @@ def _mla_params(spec: ModelSpec) -> int:
 def attention_params(spec: ModelSpec) -> int:
     """Self-attention of one layer.
 
-    Standard: Q h*(a*d), K and V h*(kv*d) each (GQA/MQA when kv < a), O (a*d)*h; biases a*d + 2*kv*d (+ h for O)
-    when linear_bias, QKV biases only when qkv_bias (Qwen2); qk_norm adds one norm over d for q and one for k
-    (Qwen3: shared across heads). With spec.mla set, DeepSeek MLA is counted instead (see _mla_params).
+    Standard: Q h*(a*d), K and V h*(kv*d) each (GQA/MQA when kv < a), O (a*d)*h. Biases: a*d + 2*kv*d on QKV
+    (has_qkv_bias), h on O (has_out_bias); a fused QKV projection (Phi-3, Falcon, NeoX) has the same count.
+    qk_norm adds a norm over d for q and one for k (scope "head": Qwen3, Gemma3, shared across heads) or over the
+    whole projections a*d and kv*d (scope "projection": OLMo2, modeling_olmo2.Olmo2Attention).
+    With spec.mla set, DeepSeek MLA is counted instead (see _mla_params).
     """
     if spec.mla is not None:
         return _mla_params(spec)
     h, d = spec.hidden_size, spec.dim_per_head
     q_width, kv_width = spec.num_attention_heads * d, spec.kv_heads * d
     params = h * q_width + 2 * h * kv_width + q_width * h
-    if spec.linear_bias:
-        params += q_width + 2 * kv_width + h
-    elif spec.qkv_bias:
+    if spec.has_qkv_bias:
         params += q_width + 2 * kv_width
+    if spec.has_out_bias:
+        params += h
     if spec.qk_norm:
-        params += 2 * norm_width_params(spec, d)
+        if spec.qk_norm_scope == "projection":
+            params += norm_width_params(spec, q_width) + norm_width_params(spec, kv_width)
+        else:
+            params += 2 * norm_width_params(spec, d)
     return params
 
 
 def mlp_params(spec: ModelSpec, ffn_hidden_size: int) -> int:
     """One FFN of width f: gated (SwiGLU/GeGLU) has gate, up and down, 3*h*f; otherwise up and down, 2*h*f.
 
-    Biases (linear_bias): 2f + h gated, f + h otherwise.
+    A fused gate_up projection (Phi-3) has the same count. Biases (has_mlp_bias): 2f + h gated, f + h otherwise.
     """
     h, f = spec.hidden_size, ffn_hidden_size
     if spec.gated:
-        return 3 * h * f + ((2 * f + h) if spec.linear_bias else 0)
-    return 2 * h * f + ((f + h) if spec.linear_bias else 0)
+        return 3 * h * f + ((2 * f + h) if spec.has_mlp_bias else 0)
+    return 2 * h * f + ((f + h) if spec.has_mlp_bias else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
 class MoEParams:
-    """Parameters of one MoE layer's FFN block: router (h*E), one routed expert, all shared experts together."""
+    """Parameters of one MoE layer's FFN block: router (h*E, plus h for a shared-expert gate), one routed expert,
+    all shared experts together."""
 
     router: int
     per_expert: int
@@ -124,14 +135,16 @@ class MoEParams:
 def moe_params(spec: ModelSpec) -> MoEParams:
     """Router h*E (no bias, as Mixtral/DeepSeek/Qwen-MoE), routed experts and shared experts as gated/plain FFNs.
 
-    DeepSeek-V3's per-expert score-correction bias (E values, a buffer in HF) is not counted.
+    Qwen2-MoE's shared_expert_gate (Linear(h, 1, bias=False), modeling_qwen2_moe.Qwen2MoeSparseMoeBlock) is counted
+    with the router: both are small, replicated over tp and seen by every token. DeepSeek-V3's per-expert
+    score-correction bias (E values, a buffer in HF) is not counted.
     """
     moe = spec.moe
     if moe is None:
         raise ValueError(f"model {spec.name!r} has no moe section")
     shared_width = moe.shared_ffn_hidden_size
     return MoEParams(
-        router=spec.hidden_size * moe.num_experts,
+        router=spec.hidden_size * (moe.num_experts + int(moe.shared_expert_gate)),
         per_expert=mlp_params(spec, moe.expert_ffn_hidden_size),
         shared=mlp_params(spec, shared_width) if shared_width else 0,
         num_experts=moe.num_experts,
@@ -140,11 +153,11 @@ def moe_params(spec: ModelSpec) -> MoEParams:
 
 
 def decoder_layer_params(spec: ModelSpec, index: int) -> int:
-    """Decoder layer `index` (0-based): two norms, attention, and a dense FFN or an MoE block (all experts)."""
+    """Decoder layer `index` (0-based): norms_per_layer norms, attention, and a dense FFN or an MoE block (all experts)."""
     if not 0 <= index < spec.num_layers:
         raise ValueError(f"layer index {index} out of range for num_layers={spec.num_layers}")
     ffn = moe_params(spec).total if spec.is_moe_layer(index) else mlp_params(spec, spec.ffn_hidden_size)
-    return 2 * norm_params(spec) + attention_params(spec) + ffn
+    return layer_norm_params(spec) + attention_params(spec) + ffn
 
 
 def head_params(spec: ModelSpec) -> int:

@@ -35,7 +35,7 @@ def parameter_breakdown(spec: ModelSpec) -> dict[str, Any]:
     breakdown: dict[str, Any] = {
         "embedding": counting.embedding_params(spec),
         "attention_per_layer": counting.attention_params(spec),
-        "norms_per_layer": 2 * counting.norm_params(spec),
+        "norms_per_layer": counting.layer_norm_params(spec),
         "dense_layers": dense_layers,
         "dense_ffn_per_layer": dense_ffn if dense_layers else 0,
         "moe_layers": moe_layers,

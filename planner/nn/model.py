@@ -20,6 +20,8 @@ Approximations (said here so nobody is surprised):
 - MLA (DeepSeek V2/V3) runs as standard multi-head attention with the spec's head dims
   (q/k head_dim = qk_nope_head_dim + qk_rope_head_dim, v head_dim = v_head_dim); no low-rank compression.
 - RoPE uses theta = 10000 and the rotate-half convention (Su et al. 2021, RoFormer eq. 34; Llama layout).
+Not built (BadInputError from check_reference_supports): norms_per_layer other than 2, whole-projection qk norms
+and a shared-expert gate. OLMo2's post-norm order is built as pre-norm (same shapes and FLOPs).
 """
 
 from __future__ import annotations
@@ -95,12 +97,12 @@ class Attention(nn.Module):
         check_divisible("num_kv_heads", spec.kv_heads, "tp", tp)
         self.qk_dim, self.v_dim = qk_head_dim(spec), v_head_dim(spec)
         heads, kv_heads = spec.num_attention_heads // tp, spec.kv_heads // tp
-        bias = spec.linear_bias or spec.qkv_bias
+        bias = spec.has_qkv_bias
         dim = spec.hidden_size
         self.wq = nn.Linear(dim, heads * self.qk_dim, bias=bias, dtype=dtype)
         self.wk = nn.Linear(dim, kv_heads * self.qk_dim, bias=bias, dtype=dtype)
         self.wv = nn.Linear(dim, kv_heads * self.v_dim, bias=bias, dtype=dtype)
-        self.wo = nn.Linear(heads * self.v_dim, dim, bias=spec.linear_bias, dtype=dtype)
+        self.wo = nn.Linear(heads * self.v_dim, dim, bias=spec.has_out_bias, dtype=dtype)
         self.q_norm = nn.RMSNorm(self.qk_dim, eps=1e-6, dtype=dtype) if spec.qk_norm else None
         self.k_norm = nn.RMSNorm(self.qk_dim, eps=1e-6, dtype=dtype) if spec.qk_norm else None
         self.use_rope = spec.position == "rope"
@@ -158,6 +160,22 @@ def check_divisible(name: str, value: int, by_name: str, by: int) -> None:
         raise BadInputError(f"{by_name}={by} must divide {name}={value}: choose {by_name} in {choices}")
 
 
+def check_reference_supports(spec: ModelSpec) -> None:
+    """BadInputError naming the first spec feature this reference decoder does not build (parameter counts and the
+    analytic cost model cover them; the executor and the layer profiler do not)."""
+    missing = {
+        f"norms_per_layer={spec.norms_per_layer} (Gemma/Falcon layouts)": spec.norms_per_layer != 2,
+        "qk_norm_scope='projection' (OLMo2)": spec.qk_norm and spec.qk_norm_scope == "projection",
+        "moe.shared_expert_gate (Qwen2-MoE)": spec.moe is not None and spec.moe.shared_expert_gate,
+    }
+    for what, present in missing.items():
+        if present:
+            raise BadInputError(
+                f"model {spec.name!r}: {what} is not built by the executor's reference decoder (planner.nn): "
+                "plan with the analytic cost model, or write a spec without it"
+            )
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm decoder block. `tp`/`ep` build the local (per-rank) shapes used for profiling:
     heads/tp, kv_heads/tp, ffn/tp, experts/ep."""
@@ -166,6 +184,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         from planner.nn.moe import MoE  # local import: moe imports this module's helpers
 
+        check_reference_supports(spec)
         self.index = index
         self.attention_norm = make_norm(spec.norm, spec.hidden_size, dtype=dtype)
         self.attention = Attention(spec, tp=tp, dtype=dtype)
@@ -177,7 +196,7 @@ class TransformerBlock(nn.Module):
         else:
             check_divisible("ffn_hidden_size", spec.ffn_hidden_size, "tp", tp)
             self.feed_forward = FeedForward(
-                spec.hidden_size, spec.ffn_hidden_size // tp, activation=spec.activation, bias=spec.linear_bias, dtype=dtype
+                spec.hidden_size, spec.ffn_hidden_size // tp, activation=spec.activation, bias=spec.has_mlp_bias, dtype=dtype
             )
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
@@ -195,7 +214,8 @@ class Transformer(nn.Module):
         self.max_seq_len = max(max_seq_len or spec.seq_len, spec.seq_len)
         dim = spec.hidden_size
         self.tok_embeddings = nn.Embedding(spec.vocab_size, dim, dtype=dtype)
-        self.pos_embeddings = nn.Embedding(self.max_seq_len, dim, dtype=dtype) if spec.position == "learned" else None
+        rows = spec.num_positions or self.max_seq_len  # a fixed learned table (HF import) keeps its size
+        self.pos_embeddings = nn.Embedding(rows, dim, dtype=dtype) if spec.position == "learned" else None
         self.embedding_norm = make_norm("layernorm", dim, dtype=dtype) if spec.embedding_norm else None
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, i, dtype=dtype) for i in range(spec.num_layers)})
         self.norm = make_norm(spec.norm, dim, dtype=dtype)

@@ -45,14 +45,17 @@ def hf_config_dict(model_ref: str, spec: ModelSpec) -> dict:
         data = json.loads(path.read_text(encoding="utf-8")) if path.suffix == ".json" else None
         if isinstance(data, dict) and "model_type" in data:
             return data
-    if spec.moe is not None or spec.activation != "swiglu" or spec.norm != "rmsnorm" or spec.position != "rope":
+    llama_shaped = (spec.moe is None and spec.mla is None and spec.activation == "swiglu" and spec.norm == "rmsnorm"
+                    and spec.position == "rope" and not spec.qk_norm and spec.norms_per_layer == 2
+                    and spec.has_qkv_bias == spec.has_out_bias)  # LlamaConfig.attention_bias: q, k, v and o together
+    if not llama_shaped:
         raise BadInputError(f"--hf with model {model_ref!r}: only Llama-shaped specs (swiglu, rmsnorm, rope, dense) map to an HF "
                             "config; pass the model's HuggingFace config.json instead")
     return {"model_type": "llama", "hidden_size": spec.hidden_size, "intermediate_size": spec.ffn_hidden_size,
             "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_attention_heads,
             "num_key_value_heads": spec.kv_heads, "head_dim": spec.dim_per_head, "vocab_size": spec.vocab_size,
             "max_position_embeddings": spec.seq_len, "tie_word_embeddings": spec.tied_embeddings,
-            "attention_bias": spec.qkv_bias, "rms_norm_eps": 1e-5}
+            "attention_bias": spec.has_qkv_bias, "mlp_bias": spec.has_mlp_bias, "rms_norm_eps": 1e-5}
 
 
 def _rank_config(data: dict, *, tp: int, seq_len: int):

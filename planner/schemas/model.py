@@ -26,6 +26,9 @@ class MoESpec(Schema):
     shared_expert_ffn_hidden_size: int | None = Field(
         default=None, gt=0, description="total width of the shared experts when it differs from num_shared_experts * expert_ffn_hidden_size"
     )
+    shared_expert_gate: bool = Field(
+        default=False, description="a learned sigmoid gate (h -> 1, no bias) scaling the shared experts' output (Qwen2-MoE)"
+    )
     first_k_dense: int = Field(default=0, ge=0, description="leading layers that keep a dense FFN")
     moe_every: int = Field(default=1, gt=0, description="every n-th layer after first_k_dense is MoE")
     capacity_factor: float | None = Field(default=None, gt=0, description="expert capacity = capacity_factor * tokens * top_k / num_experts; None = dropless")
@@ -75,8 +78,25 @@ class ModelSpec(Schema):
     position: Literal["rope", "learned", "alibi"] = "rope"
     tied_embeddings: bool = False
     linear_bias: bool = Field(default=False, description="biases on QKV/out/FFN linears (GPT-2, BLOOM, OPT, NeoX)")
-    qkv_bias: bool = Field(default=False, description="bias on QKV only (Qwen2)")
-    qk_norm: bool = Field(default=False, description="RMSNorm on per-head q and k (Qwen3)")
+    qkv_bias: bool = Field(default=False, description="bias on QKV (Qwen2; Llama-family attention_bias with out_bias)")
+    out_bias: bool = Field(default=False, description="bias on the attention output projection (Llama-family attention_bias)")
+    mlp_bias: bool = Field(default=False, description="biases on the FFN linears (Llama/Granite mlp_bias)")
+    qk_norm: bool = Field(default=False, description="RMSNorm on q and k (Qwen3, Gemma3, OLMo2)")
+    qk_norm_scope: Literal["head", "projection"] = Field(
+        default="head",
+        description="head: one norm over head_dim shared by all heads (Qwen3, Gemma3); projection: one norm over the "
+        "whole q (heads*head_dim) and one over the whole k (kv_heads*head_dim) output (OLMo2)",
+    )
+    norms_per_layer: Literal[1, 2, 4] = Field(
+        default=2,
+        description="hidden-size norms per decoder layer: 2 pre-norms (Llama) or post-norms (OLMo2); 4 pre+post "
+        "(Gemma2/3); 1 shared by parallel attention and FFN (Falcon-7B)",
+    )
+    num_positions: int | None = Field(
+        default=None,
+        gt=0,
+        description="rows of the learned position table (HF max_position_embeddings, +2 for OPT); None = seq_len",
+    )
     embedding_norm: bool = Field(default=False, description="LayerNorm right after the embedding (BLOOM)")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
@@ -104,6 +124,23 @@ class ModelSpec(Schema):
     @property
     def dim_per_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.linear_bias or self.qkv_bias
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.linear_bias or self.out_bias
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.linear_bias or self.mlp_bias
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (position == "learned")."""
+        return self.num_positions if self.num_positions is not None else self.seq_len
 
     @property
     def gated(self) -> bool:

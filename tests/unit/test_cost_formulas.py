@@ -210,3 +210,34 @@ def test_eager_kernels_move_more_bytes_and_save_more():
 def test_autocast_casts_only_for_amp():
     assert memory.AUTOCAST_CAST_BYTES["amp-bf16"] == (6.0, 10.0)
     assert "bf16" not in memory.AUTOCAST_CAST_BYTES
+
+
+def test_imported_layout_fields_reach_flops_bytes_and_params():
+    """Fields the HF importer sets (Qwen2-MoE shared-expert gate, Gemma/Falcon norms per layer) change the router
+    FLOPs, the memory-bound bytes, the saved activations and the per-GPU parameters consistently with counting."""
+    from planner.cost.layers import module_params
+    from planner.models.counting import moe_params, norm_params
+
+    moe = {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 32, "num_shared_experts": 1, "shared_expert_ffn_hidden_size": 48}
+    fields = dict(name="q", num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, vocab_size=100, seq_len=16,
+                  activation="swiglu", norm="rmsnorm")
+    plain = ModelSpec(**fields, moe=moe)
+    gated = ModelSpec(**fields, moe={**moe, "shared_expert_gate": True})
+    shape = compute.Shape(microbatch_size=1, seq_len=16)
+
+    def router_flops(spec):
+        return next(g.flops for g in compute.mlp_gemms(spec, shape, moe=moe_params(spec)) if g.name == "router")
+
+    def layer_params(spec, tp):
+        return module_params(spec, tp=tp, ep=1, tied_copy=False)[0][1]
+
+    assert router_flops(gated) - router_flops(plain) == 2 * 16 * 64  # tokens * h, forward
+    assert layer_params(gated, 2) - layer_params(plain, 2) == 64  # the gate is replicated over tp, like the router
+
+    two, four = ModelSpec(**fields), ModelSpec(**fields, norms_per_layer=4)
+    _, rest_two = compute.layer_elementwise_bytes(two, shape, moe=None)
+    _, rest_four = compute.layer_elementwise_bytes(four, shape, moe=None)
+    assert rest_four - rest_two == pytest.approx(2 * compute.norm_bytes(two, shape.kernels) * 16 * 64)
+    saved = [memory.decoder_activation_bytes(spec, shape, moe_layer=False).none for spec in (two, four)]
+    assert saved[1] > saved[0]
+    assert layer_params(four, 1) - layer_params(two, 1) == 2 * norm_params(two)

@@ -66,6 +66,39 @@ def test_biases_qk_norm_and_embedding_norm():
     assert counting.embedding_params(embn) == 10 * 64 + 2 * 64
 
 
+def test_imported_layout_fields_closed_forms():
+    """Fields the HF importer sets for OLMo2, Gemma, Falcon, Llama attention_bias/mlp_bias and OPT/GPT-2 tables."""
+    base = dict(name="m", num_layers=1, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_kv_heads=2,
+                vocab_size=10, seq_len=16, activation="swiglu", norm="rmsnorm")
+    plain = ModelSpec(**base)
+    attn_bias = ModelSpec(**base, qkv_bias=True, out_bias=True)
+    assert counting.attention_params(attn_bias) - counting.attention_params(plain) == 64 + 2 * 32 + 64
+    mlp_bias = ModelSpec(**base, mlp_bias=True)
+    assert counting.mlp_params(mlp_bias, 128) - counting.mlp_params(plain, 128) == 2 * 128 + 64
+    assert counting.attention_params(mlp_bias) == counting.attention_params(plain)
+    olmo = ModelSpec(**base, qk_norm=True, qk_norm_scope="projection")  # norms over a*d = 64 and kv*d = 32
+    assert counting.attention_params(olmo) - counting.attention_params(plain) == 64 + 32
+    for norms in (1, 2, 4):
+        layer = ModelSpec(**base, norms_per_layer=norms)
+        assert counting.decoder_layer_params(layer, 0) - counting.decoder_layer_params(plain, 0) == (norms - 2) * 64
+    opt = ModelSpec(**{**base, "position": "learned"}, num_positions=16 + 2)
+    assert counting.embedding_params(opt) == 10 * 64 + 18 * 64
+    assert counting.embedding_params(ModelSpec(**{**base, "position": "learned"})) == 10 * 64 + 16 * 64
+
+
+def test_shared_expert_gate_counts_with_the_router():
+    h, e = 64, 4
+    moe = dict(num_experts=e, top_k=2, expert_ffn_hidden_size=24, num_shared_experts=1, shared_expert_ffn_hidden_size=40)
+    fields = dict(name="q2moe", num_layers=2, hidden_size=h, ffn_hidden_size=96, num_attention_heads=4, vocab_size=10,
+                  seq_len=16, activation="swiglu", norm="rmsnorm")
+    plain = ModelSpec(**fields, moe=MoESpec(**moe))
+    gated = ModelSpec(**fields, moe=MoESpec(**moe, shared_expert_gate=True))
+    assert counting.moe_params(gated).router == counting.moe_params(plain).router + h == h * (e + 1)
+    assert counting.moe_params(gated).shared == 3 * h * 40
+    assert counting.total_params(gated) - counting.total_params(plain) == 2 * h
+    assert counting.active_params(gated) - counting.active_params(plain) == 2 * h
+
+
 def test_moe_counts_all_experts_and_active_topk():
     h, f, e, k, l = 64, 96, 8, 2, 4
     spec = ModelSpec(
@@ -109,6 +142,7 @@ def test_layer_index_out_of_range():
     [
         dict(activation="swiglu", norm="rmsnorm", num_kv_heads=2),
         dict(activation="gelu", position="learned", tied_embeddings=True, linear_bias=True),
+        dict(activation="gelu", position="learned", num_positions=34, out_bias=True, mlp_bias=True),
         dict(activation="gelu", position="alibi", tied_embeddings=True, linear_bias=True, embedding_norm=True),
         dict(activation="swiglu", norm="rmsnorm", num_kv_heads=2, qkv_bias=True, qk_norm=True,
              moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32, num_shared_experts=1, first_k_dense=1)),
@@ -125,3 +159,23 @@ def test_matches_the_torch_reference_decoder(extra):
     spec = ModelSpec(**{**fields, **extra})
     model = Transformer(spec)
     assert sum(p.numel() for p in model.parameters()) == counting.total_params(spec)
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (dict(norms_per_layer=4), "norms_per_layer=4"),
+        (dict(qk_norm=True, qk_norm_scope="projection"), "qk_norm_scope"),
+        (dict(moe=MoESpec(num_experts=2, top_k=1, expert_ffn_hidden_size=32, num_shared_experts=1, shared_expert_gate=True)),
+         "shared_expert_gate"),
+    ],
+)
+def test_reference_decoder_refuses_layouts_it_does_not_build(extra, named):
+    pytest.importorskip("torch")
+    from planner.errors import BadInputError
+    from planner.nn import Transformer
+
+    spec = ModelSpec(name="x", num_layers=1, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, vocab_size=100,
+                     seq_len=32, activation="swiglu", norm="rmsnorm", **extra)
+    with pytest.raises(BadInputError, match=named):
+        Transformer(spec)

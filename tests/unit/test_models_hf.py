@@ -25,13 +25,46 @@ PUBLISHED = {
     "gpt-neox-20b": ("gpt_neox", 20.55e9, None),  # Black et al. 2022 Table 1: 20.55B
     "opt-1.3b": ("opt", 1_315_758_080, None),  # HF facebook/opt-1.3b numel (incl. 2 offset position rows)
     "bloom-560m": ("bloom", 559_214_592, None),  # HF bigscience/bloom-560m: 559,214,592
+    "gemma-2-2b": ("gemma2", 2_614_341_888, None),  # HF google/gemma-2-2b safetensors: 2,614,341,888
+    "gemma-3-1b": ("gemma3_text", 999_885_952, None),  # HF google/gemma-3-1b-pt safetensors: 999,885,952
+    "phi-3-mini-4k": ("phi3", 3_821_079_552, None),  # HF microsoft/Phi-3-mini-4k-instruct: 3,821,079,552 ("3.8B")
+    "olmo-2-7b": ("olmo2", 7_298_617_344, None),  # HF allenai/OLMo-2-1124-7B safetensors: 7,298,617,344
+    "qwen1.5-moe-a2.7b": ("qwen2_moe", 14.3e9, 2.7e9),  # HF Qwen/Qwen1.5-MoE-A2.7B card: 14.3B total, 2.7B activated
+    "granite-3.0-2b": ("granite", 2.5e9, None),  # HF ibm-granite/granite-3.0-2b-base card: "# Parameters 2.5B"
+    "falcon-7b": ("falcon", 6_921_720_704, None),  # HF tiiuae/falcon-7b safetensors: 6,921,720,704
+    "starcoder2-3b": ("starcoder2", 3_030_371_328, None),  # HF bigcode/starcoder2-3b safetensors: 3,030,371,328
 }
-# "37B" and "3.3B" have two significant digits: we count 37.55B and 3.353B (embedding and head included).
+# "37B", "3.3B" and "2.5B" have two significant digits: we count 37.55B, 3.353B and 2.534B (embedding included).
 ACTIVE_TOLERANCE = {"deepseek-v3": 0.02, "qwen3-30b-a3b": 0.02}
+TOTAL_TOLERANCE = {"granite-3.0-2b": 0.02}
+
+# sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) on the meta device, transformers
+# 5.23.0 (re-checked by test_models_hf_parity.py when transformers is installed): our count equals it exactly.
+HF_NUMEL = {
+    "bloom-560m": 559_214_592, "deepseek-v3": 671_026_404_352, "falcon-7b": 6_921_720_704, "gemma-2-2b": 2_614_341_888,
+    "gemma-3-1b": 999_885_952, "gpt-neox-20b": 20_554_567_680, "gpt2": 124_439_808, "granite-3.0-2b": 2_533_531_648,
+    "llama3-8b": 8_030_261_248, "mistral-7b": 7_241_732_096, "mixtral-8x7b": 46_702_792_704, "olmo-2-7b": 7_298_617_344,
+    "opt-1.3b": 1_315_758_080, "phi-3-mini-4k": 3_821_079_552, "qwen1.5-moe-a2.7b": 14_315_784_192,
+    "qwen2-7b": 7_615_616_512, "qwen3-30b-a3b": 30_532_122_624, "qwen3-8b": 8_190_735_360, "starcoder2-3b": 3_030_371_328,
+}
+TINY = json.loads((HF_DIR / "tiny_configs.json").read_text())["models"]
 
 
-def test_every_supported_model_type_has_a_sample():
+def test_every_supported_model_type_has_a_sample_and_a_tiny_config():
     assert {model_type for model_type, _, _ in PUBLISHED.values()} == set(supported_model_types())
+    assert {entry["config"]["model_type"] for entry in TINY.values()} == set(supported_model_types())
+    assert set(HF_NUMEL) == set(PUBLISHED) == {path.parent.name for path in HF_DIR.glob("*/config.json")}
+
+
+@pytest.mark.parametrize("folder", sorted(HF_NUMEL))
+def test_sample_config_counts_equal_transformers_exactly(folder):
+    assert total_params(load_model(str(HF_DIR / folder))) == HF_NUMEL[folder]
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_config_counts_equal_transformers_exactly(name):
+    entry = TINY[name]
+    assert total_params(spec_from_hf_config(entry["config"], name=name)) == entry["hf_num_parameters"]
 
 
 @pytest.mark.parametrize("folder", sorted(PUBLISHED))
@@ -40,7 +73,7 @@ def test_sample_config_counts_match_published(folder):
     path = HF_DIR / folder / "config.json"
     assert json.loads(path.read_text())["model_type"] == model_type
     spec = load_model(str(path))
-    assert abs(total_params(spec) - total) / total <= 0.01
+    assert abs(total_params(spec) - total) / total <= TOTAL_TOLERANCE.get(folder, 0.01)
     if active is not None:
         assert abs(active_params(spec) - active) / active <= ACTIVE_TOLERANCE.get(folder, 0.01)
     assert spec.source and model_type in spec.source
@@ -54,8 +87,9 @@ def test_exact_counts_for_configs_with_exact_published_numbers():
     assert total_params(spec_from_hf_config(_config("llama3-8b"))) == 8_030_261_248
     assert total_params(spec_from_hf_config(_config("gpt2"))) == 124_439_808
     assert total_params(spec_from_hf_config(_config("bloom-560m"))) == 559_214_592
-    # OPT: HF allocates 2 extra position rows (offset 2) that the spec does not model: 2 * hidden parameters.
-    assert 1_315_758_080 - total_params(spec_from_hf_config(_config("opt-1.3b"))) == 2 * 2048
+    # OPT: the learned position table has max_position_embeddings + 2 rows (OPTLearnedPositionalEmbedding offset)
+    opt = spec_from_hf_config(_config("opt-1.3b"))
+    assert opt.num_positions == 2050 and opt.seq_len == 2048 and total_params(opt) == 1_315_758_080
 
 
 def test_field_mapping_and_defaults():
@@ -167,3 +201,98 @@ def test_spec_files_and_malformed_input(tmp_path):
 def test_checkpoint_folder_resolves_to_its_config():
     spec = load_model(str(HF_DIR / "mistral-7b"))
     assert spec.name == "mistral-7b" and total_params(spec) == 7_241_732_096
+
+
+def test_new_families_map_to_their_layouts():
+    gemma2 = spec_from_hf_config(_config("gemma-2-2b"))
+    assert (gemma2.norms_per_layer, gemma2.tied_embeddings, gemma2.dim_per_head, gemma2.activation) == (4, True, 256, "geglu")
+    gemma3 = spec_from_hf_config(_config("gemma-3-1b"))
+    assert gemma3.qk_norm and gemma3.qk_norm_scope == "head" and gemma3.kv_heads == 1 and gemma3.seq_len == 8192
+    olmo = spec_from_hf_config(_config("olmo-2-7b"))
+    assert olmo.qk_norm and olmo.qk_norm_scope == "projection" and olmo.norms_per_layer == 2
+    moe = spec_from_hf_config(_config("qwen1.5-moe-a2.7b"))
+    assert moe.qkv_bias and not moe.out_bias and moe.moe.shared_expert_gate
+    assert (moe.moe.num_experts, moe.moe.top_k, moe.moe.shared_ffn_hidden_size, moe.num_moe_layers) == (60, 4, 5632, 24)
+    falcon = spec_from_hf_config(_config("falcon-7b"))
+    assert (falcon.kv_heads, falcon.norms_per_layer, falcon.ffn_hidden_size, falcon.seq_len) == (1, 1, 4 * 4544, 2048)
+    assert falcon.tied_embeddings and not falcon.linear_bias and falcon.activation == "gelu"
+    coder = spec_from_hf_config(_config("starcoder2-3b"))
+    assert (coder.norm, coder.activation, coder.linear_bias, coder.tied_embeddings) == ("layernorm", "gelu", True, True)
+    granite = spec_from_hf_config(_config("granite-3.0-2b"))
+    assert granite.kv_heads == 8 and granite.tied_embeddings and not (granite.qkv_bias or granite.mlp_bias)
+    phi3 = spec_from_hf_config(_config("phi-3-mini-4k"))
+    assert phi3.activation == "swiglu" and not phi3.tied_embeddings
+
+
+def test_llama_attention_and_mlp_bias_switches():
+    both = spec_from_hf_config({**_config("llama3-8b"), "attention_bias": True, "mlp_bias": True})
+    assert both.qkv_bias and both.out_bias and both.mlp_bias and not both.linear_bias
+    mlp_only = spec_from_hf_config({**_config("llama3-8b"), "mlp_bias": True})
+    assert mlp_only.mlp_bias and not (mlp_only.qkv_bias or mlp_only.out_bias)
+    # Mistral's attention has no bias switch (modeling_mistral: bias=False): the key is ignored
+    assert not spec_from_hf_config({**_config("mistral-7b"), "attention_bias": True}).has_qkv_bias
+
+
+def test_falcon_layouts():
+    base = _config("falcon-7b")
+    new_arch = spec_from_hf_config({**base, "new_decoder_architecture": True, "num_kv_heads": 8, "num_attention_heads": 128,
+                                    "hidden_size": 8192})
+    assert (new_arch.kv_heads, new_arch.norms_per_layer) == (8, 2)  # Falcon-40B style: ln_attn and ln_mlp
+    mha = spec_from_hf_config({**base, "multi_query": False, "parallel_attn": False, "alibi": True})
+    assert (mha.kv_heads, mha.norms_per_layer, mha.position) == (71, 2, "alibi")
+    legacy = {k: v for k, v in base.items() if k not in ("num_attention_heads", "num_hidden_layers")}
+    legacy.update(n_head=71, n_layer=32)  # the 4.x attribute_map spellings
+    assert total_params(spec_from_hf_config(legacy)) == HF_NUMEL["falcon-7b"]
+
+
+def test_transformers_5_key_spellings():
+    v4 = _config("qwen3-30b-a3b")
+    v5 = {k: v for k, v in v4.items() if k not in ("num_experts", "rope_theta", "rope_scaling")}
+    v5.update(num_local_experts=128, rope_parameters={"rope_type": "default", "rope_theta": 1e6}, dtype="bfloat16")
+    assert spec_from_hf_config(v5, name="x") == spec_from_hf_config(v4, name="x")
+    mixtral = {k: v for k, v in _config("mixtral-8x7b").items() if k != "num_local_experts"}
+    assert spec_from_hf_config({**mixtral, "num_experts": 8}).moe.num_experts == 8  # MixtralConfig attribute_map
+    deepseek = {k: v for k, v in _config("deepseek-v3").items() if k != "n_routed_experts"}
+    assert spec_from_hf_config({**deepseek, "num_local_experts": 256, "head_dim": 64}).moe.num_experts == 256
+    gemma = {k: v for k, v in _config("gemma-2-2b").items() if k not in ("hidden_act", "hidden_activation")}
+    assert spec_from_hf_config({**gemma, "hidden_activation": "gelu_pytorch_tanh"}).activation == "geglu"
+
+
+def test_family_defaults_follow_the_transformers_config_classes():
+    gemma = {k: v for k, v in _config("gemma-2-2b").items() if k not in ("head_dim", "tie_word_embeddings")}
+    spec = spec_from_hf_config(gemma)
+    assert spec.dim_per_head == 256 and spec.tied_embeddings  # Gemma2Config: head_dim 256, tied
+    coder = {k: v for k, v in _config("starcoder2-3b").items() if k != "use_bias"}
+    assert spec_from_hf_config(coder).linear_bias  # Starcoder2Config.use_bias defaults to true
+    deepseek = {k: v for k, v in _config("deepseek-v3").items() if k != "q_lora_rank"}
+    assert spec_from_hf_config(deepseek).mla.q_lora_rank == 1536  # class default; an explicit null means full rank
+    assert spec_from_hf_config({**deepseek, "q_lora_rank": None}).mla.q_lora_rank is None
+
+
+@pytest.mark.parametrize(
+    "folder, change, named",
+    [
+        ("opt-1.3b", {"do_layer_norm_before": False}, "do_layer_norm_before=False"),
+        ("opt-1.3b", {"layer_norm_elementwise_affine": False}, "layer_norm_elementwise_affine=False"),
+        ("gpt2", {"add_cross_attention": True}, "add_cross_attention=True"),
+        ("deepseek-v3", {"attention_bias": True}, "attention_bias=True"),
+        ("qwen1.5-moe-a2.7b", {"mlp_only_layers": [3]}, "mlp_only_layers"),
+        ("starcoder2-3b", {"hidden_act": "tanh"}, "hidden_act='tanh'"),
+    ],
+)
+def test_inexpressible_values_are_refused_in_one_line(folder, change, named):
+    with pytest.raises(BadInputError, match=named) as err:
+        spec_from_hf_config({**_config(folder), **change}, source=f"{folder}/config.json")
+    message = str(err.value)
+    assert "\n" not in message and f"{folder}/config.json" in message
+
+
+@pytest.mark.parametrize("folder, key", [("falcon-7b", "hidden_size"), ("qwen1.5-moe-a2.7b", "shared_expert_intermediate_size"),
+                                          ("gemma-3-1b", "vocab_size"), ("qwen3-30b-a3b", "num_experts")])
+def test_missing_required_key_names_it_and_its_spellings(folder, key):
+    cfg = {k: v for k, v in _config(folder).items() if k != key}
+    with pytest.raises(BadInputError, match=f"missing field '{key}'") as err:
+        spec_from_hf_config(cfg, source="c.json")
+    assert "c.json" in str(err.value) and "add it to the config.json" in str(err.value)
+    if key == "num_experts":
+        assert "'num_local_experts'" in str(err.value)

@@ -1,0 +1,55 @@
+"""Our parameter count against transformers itself: each config is built with AutoModelForCausalLM.from_config on
+the meta device (no memory, no weights) and its unique parameters (`model.parameters()` yields a tied weight once,
+as `num_parameters()` counts) must equal planner.models.counting.total_params exactly.
+
+Covers every supported model_type through tests/data/hf/tiny_configs.json (tiny sizes, realistic structure) and the
+published configs under tests/data/hf/*/config.json. Skipped when transformers (the `hf` extra) or torch is absent;
+test_models_hf.py checks the same numbers, recorded, without them.
+"""
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from planner.models.counting import total_params
+from planner.models.hf import spec_from_hf_config, supported_model_types
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+HF_DIR = Path(__file__).resolve().parents[1] / "data" / "hf"
+TINY = json.loads((HF_DIR / "tiny_configs.json").read_text())["models"]
+SAMPLES = sorted(path.parent.name for path in HF_DIR.glob("*/config.json"))
+
+
+def hf_num_parameters(config: dict) -> int:
+    """Unique parameters of the transformers model `config` describes, built without allocating memory."""
+    kwargs = {key: value for key, value in config.items() if key != "model_type"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf_config = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == model.num_parameters()
+    return count
+
+
+def test_tiny_configs_cover_every_supported_model_type():
+    assert {entry["config"]["model_type"] for entry in TINY.values()} == set(supported_model_types())
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_config_matches_transformers(name):
+    entry = TINY[name]
+    hf = hf_num_parameters(entry["config"])
+    assert hf == entry["hf_num_parameters"], "recorded count is stale: regenerate tiny_configs.json"
+    assert total_params(spec_from_hf_config(entry["config"], name=name)) == hf
+
+
+@pytest.mark.parametrize("folder", SAMPLES)
+def test_published_config_matches_transformers(folder):
+    config = json.loads((HF_DIR / folder / "config.json").read_text())
+    assert total_params(spec_from_hf_config(config)) == hf_num_parameters(config)
