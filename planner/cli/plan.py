@@ -22,6 +22,8 @@ Examples:
   planner plan --model llama3-70b --topology dgx-h100 --nodes 4 --framework torchtitan -o plan.json
 
   planner plan --model llama3-405b --topology dgx-h100 --nodes 2048 --tp 8 --top-k 5
+
+  planner plan --model llama3-70b --nodes 8 --framework megatron-core --tp 8 --pp 4 --sp   # "what micro-batch and recompute?"
 """
 
 
@@ -46,8 +48,16 @@ def plan_command(
     runnable: bool = typer.Option(False, "--runnable", help="Alias of --framework planner (what `planner run` executes)."),
     allow_stale_weights: bool = typer.Option(False, "--allow-stale-weights", help="Let the search choose PipeDream-2BW "
                                              "(one-step-stale weights) where the framework runs it."),
+    dp: Optional[int] = typer.Option(None, "--dp", min=1, help="Fix the data-parallel degree."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Fix the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Fix the pipeline-parallel degree."),
+    cp: Optional[int] = typer.Option(None, "--cp", min=1, help="Fix the context-parallel degree."),
+    ep: Optional[int] = typer.Option(None, "--ep", min=1, help="Fix the expert-parallel degree (MoE)."),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Fix sequence parallelism on or off."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", min=1, help="Fix the virtual stages per pipeline rank."),
+    microbatch_size: Optional[int] = typer.Option(None, "--microbatch-size", min=1, help="Fix the micro-batch size."),
+    recompute: Optional[str] = typer.Option(None, "--recompute", help="Fix recomputation: none | selective | full."),
+    tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of the summary."),
@@ -56,7 +66,9 @@ def plan_command(
     from planner import api
     from planner.io import canonical_json
 
-    limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, tp=tp, pp=pp, zero=zero, schedule=schedule)
+    limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule,
+                     degrees=dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep),
+                     fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap))
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
@@ -89,11 +101,20 @@ def _framework(framework: str, runnable: bool) -> str:
     return framework
 
 
-def _limits(*, top_k: int, time_limit: float, stale: bool, tp, pp, zero, schedule):
+def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degrees: dict, fixed: dict):
+    """SearchLimits with every dimension the user fixed (degrees, sp, vpp, micro-batch, recompute, overlap, zero,
+    schedule); the search explores the rest."""
     from planner.errors import BadInputError
     from planner.schemas.plan import SearchLimits
 
     fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or schedule == "2bw")
+    for name, allowed, key in (("recompute", ("none", "selective", "full"), "recompute_modes"),
+                               ("tp_overlap", ("none", "domino"), "tp_overlap")):
+        if fixed[name] is not None:
+            if fixed[name] not in allowed:
+                raise BadInputError(f"--{name.replace('_', '-')}={fixed[name]!r}: choose one of {', '.join(allowed)}")
+            fields[key] = (fixed[name],)
+    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size") if fixed[k] is not None})
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:
@@ -101,7 +122,7 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, tp, pp, zero, schedul
         if schedule not in allowed:
             raise BadInputError(f"--schedule={schedule!r}: choose one of {', '.join(allowed)}")
         fields["schedules"] = (schedule,)
-    fields["fixed"] = {axis: value for axis, value in (("tp", tp), ("pp", pp)) if value is not None}
+    fields["fixed"] = {axis: value for axis, value in degrees.items() if value is not None}
     return SearchLimits(**fields)
 
 

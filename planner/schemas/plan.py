@@ -39,6 +39,9 @@ class SearchLimits(Schema):
     fixed: dict[str, int] = Field(
         default_factory=dict, description="parallel degrees fixed by the user (dp, tp, pp, cp, ep); the rest is searched"
     )
+    sp: bool | None = Field(default=None, description="sequence parallelism fixed on or off; None = searched")
+    vpp: int | None = Field(default=None, gt=0, description="virtual stages per pipeline rank fixed; None = searched")
+    microbatch_size: int | None = Field(default=None, gt=0, description="micro-batch size fixed; None = searched")
 
 
 class PlanRequest(Schema):

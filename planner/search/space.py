@@ -63,6 +63,9 @@ class Options:
     profile: FrameworkProfile
     fixed: dict[str, int] = field(default_factory=dict)  # degrees fixed by the caller (--tp, --pp, ...)
     allow_stale_weights: bool = False
+    sp: bool | None = None  # fixed sequence parallelism (None: both)
+    vpp: int | None = None  # fixed virtual stages per rank (None: every valid one)
+    microbatch_size: int | None = None  # fixed micro-batch size (None: every divisor up to max_microbatch_size)
 
     @staticmethod
     def from_request(request: PlanRequest, fixed: dict[str, int] | None = None) -> Options:
@@ -75,6 +78,9 @@ class Options:
         runs = set(profile.schedule_names())
         schedules = tuple(s for s in limits.schedules if s in runs and (s != "2bw" or stale))
         caps = profile.capabilities
+        if (limits.vpp or 1) > 1 and "interleaved" not in schedules:
+            raise BadInputError(f"vpp={limits.vpp} needs the interleaved schedule, which is not among {list(schedules)}: "
+                                f"drop --vpp or allow --schedule interleaved")
         return Options(
             schedules=_narrowed("schedule", limits.schedules, schedules, profile),
             zero_stages=_narrowed("zero_stage", limits.zero_stages, tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp)), profile),
@@ -84,6 +90,7 @@ class Options:
             profile=profile,
             fixed=pinned,
             allow_stale_weights=stale,
+            sp=limits.sp, vpp=limits.vpp, microbatch_size=limits.microbatch_size,
         )
 
 
@@ -185,11 +192,11 @@ def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str
     """(schedule, vpp) pairs of the space for this pp (see the module docstring)."""
     if pp == 1:
         flat = [s for s in opts.schedules if s != "interleaved"]
-        return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat else []
+        return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat and opts.vpp in (None, 1) else []
     variants = [(s, 1) for s in FLAT_SCHEDULES if s in opts.schedules]
     if "interleaved" in opts.schedules:
         variants += [("interleaved", v) for v in range(2, num_layers // pp + 1)]
-    return variants
+    return [(s, v) for s, v in variants if opts.vpp in (None, v)]
 
 
 class Space:
@@ -227,7 +234,9 @@ class Space:
         found = self._sizes.get(dp)
         if found is None:
             per_replica, rest = divmod(self.request.global_batch_size, dp)
-            found = self._sizes[dp] = [] if rest else [m for m in divisors(per_replica) if m <= self.opts.max_microbatch_size]
+            fixed = self.opts.microbatch_size
+            found = self._sizes[dp] = [] if rest else [m for m in divisors(per_replica)
+                                                       if (fixed is None and m <= self.opts.max_microbatch_size) or m == fixed]
         return found
 
     def fact_reason(self, fact: Factorisation) -> str | None:
@@ -251,7 +260,7 @@ class Space:
     def group_options(self, fact: Factorisation) -> tuple[list[int], list[bool], list[str]]:
         """microbatch sizes (at least one even for an invalid dp, for counting), sp and tp_overlap choices."""
         sizes = self.microbatch_sizes(fact.dp) or [1]
-        sps = [False, True] if fact.tp > 1 else [False]
+        sps = [sp for sp in ([False, True] if fact.tp > 1 else [False]) if self.opts.sp in (None, sp)]
         overlaps = list(self.opts.tp_overlap) if fact.tp > 1 else ["none"]
         return sizes, sps, overlaps
 

@@ -122,3 +122,35 @@ def test_nothing_fits_says_how_far_and_what_to_do():
     message = str(info.value)
     assert "GiB over" in message and "more GPUs" in message and "shorter sequence" in message
     assert info.value.shortfall_bytes > 0
+
+
+WIDE = NARROW.model_copy(update=dict(top_k=100000, schedules=("1f1b", "interleaved"), max_microbatch_size=2))
+
+
+@pytest.fixture(scope="module")
+def whole_space():
+    """Every configuration of the small instance, evaluated (exhaustive search keeping all of them)."""
+    return search(small_request(limits=WIDE), exhaustive=True)
+
+
+@pytest.mark.parametrize("fixed", [
+    dict(sp=True), dict(vpp=3, schedules=("interleaved",)), dict(microbatch_size=2), dict(recompute_modes=("selective",)),
+    dict(fixed={"tp": 2, "pp": 2}, zero_stages=(1,)), dict(fixed={"dp": 2}, sp=False, microbatch_size=1),
+])
+def test_fixed_dimensions_give_the_best_plan_that_keeps_them(fixed, whole_space):
+    """`plan` with any dimension fixed = the best, by brute force over the whole space, of the configurations
+    that keep those dimensions."""
+
+    def keeps(c) -> bool:
+        ok = all(getattr(c, k) == v for k, v in fixed.get("fixed", {}).items())
+        ok &= fixed.get("sp", c.sp) == c.sp and fixed.get("vpp", c.vpp) == c.vpp
+        ok &= fixed.get("microbatch_size", c.microbatch_size) == c.microbatch_size
+        ok &= c.recompute in fixed.get("recompute_modes", (c.recompute,)) and c.zero_stage in fixed.get("zero_stages", (c.zero_stage,))
+        return ok and c.schedule in fixed.get("schedules", (c.schedule,))
+
+    reference = [s for s in whole_space.ranked if keeps(s.cand)]
+    assert reference, "the brute-force space must hold configurations that keep the fixed dimensions"
+    found = search(small_request(limits=WIDE.model_copy(update=dict(fixed, top_k=2))))
+    assert found.ranked and keeps(found.ranked[0].cand)
+    assert found.ranked[0].ev.step_time_s == pytest.approx(reference[0].ev.step_time_s, rel=1e-9)
+    assert found.ranked[0].cand == reference[0].cand
