@@ -7,7 +7,8 @@ from typer.testing import CliRunner
 from planner.cli import app
 
 runner = CliRunner()
-BASE = ["estimate", "--model", "llama3-8b", "--gpus", "16", "--global-batch-size", "64", "--seq-len", "4096"]
+BASE = ["estimate", "--model", "llama3-8b", "--gpus", "16", "--global-batch-size", "64", "--seq-len", "4096",
+        "--framework", "megatron-core"]
 
 
 def test_table_and_exit_0():

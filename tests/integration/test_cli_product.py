@@ -107,7 +107,8 @@ def test_check_cli_on_real_estimates_passes_then_fails_on_worse_cost_model(tmp_p
     from planner.cost import compute
     from planner.schemas.plan import Configuration, Parallelism
 
-    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096)
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096,
+                                framework="megatron-core")
     for name, (tp, pp) in {"a": (4, 2), "b": (8, 1)}.items():
         config = Configuration(parallelism=Parallelism(dp=16 // (tp * pp), tp=tp, pp=pp, sp=True, zero_stage=1), recompute="selective")
         (tmp_path / f"{name}.json").write_text(canonical_json(api.estimate(request, config)))
