@@ -2,7 +2,10 @@
 time and the plan found. Goal: each under 2 s on a 2-core machine, over the full space (no silent narrowing:
 configurations considered = evaluated and fitting + pruned, every pruned one counted under its reason).
 
-Run: python benchmarks/search_speed.py [--json] [--case NAME ...]
+Each case is searched for each framework (default: megatron-core and torchtitan, the stacks with the largest
+spaces: context parallelism, MoE folding, four schedules; `planner`, our executor's, is a subset of them).
+
+Run: python benchmarks/search_speed.py [--json] [--case NAME ...] [--framework NAME ...]
 """
 
 from __future__ import annotations
@@ -60,18 +63,18 @@ class TimedCostModel:
         return timed
 
 
-def run_case(case: Case) -> dict:
+def run_case(case: Case, framework: str) -> dict:
     from planner.api import build_request
     from planner.search.driver import make_cost_model, search
 
     request = build_request(model=case.model, topology=case.topology, gpus=case.gpus,
-                            global_batch_size=case.global_batch_size, seq_len=case.seq_len)
+                            global_batch_size=case.global_batch_size, seq_len=case.seq_len, framework=framework)
     start, cpu_start = time.perf_counter(), time.process_time()
     cost = TimedCostModel(make_cost_model(request))
     result = search(request, cost=cost)
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     pruned = sum(result.pruned.values())
-    row = dict(case=case.name, gpus=case.gpus, considered=result.considered, evaluated=result.evaluated,
+    row = dict(case=case.name, framework=framework, gpus=case.gpus, considered=result.considered, evaluated=result.evaluated,
                pruned=pruned, wall_s=round(wall_s, 3), cpu_s=round(cpu_s, 3),
                cost_model_cpu_s=round(cost.cpu_s, 3), cost_model_calls=cost.calls, dp_calls=result.counters.dp_calls,
                ilp_calls=result.counters.ilp_calls, accounted=pruned + len_fitting(result) == result.considered)
@@ -94,19 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--case", action="append", help="only these cases")
+    parser.add_argument("--framework", action="append", help="frameworks to plan for (default megatron-core, torchtitan)")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if not args.case or c.name in args.case]
-    rows = [run_case(case) for case in cases]
+    rows = [run_case(case, framework) for case in cases for framework in args.framework or ("megatron-core", "torchtitan")]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        header = (f"{'case':<13}{'gpus':>7}{'considered':>13}{'evaluated':>11}{'pruned':>13}{'wall s':>8}{'cpu s':>7}"
+        header = (f"{'case':<13}{'framework':<14}{'gpus':>7}{'considered':>13}{'evaluated':>11}{'pruned':>13}{'wall s':>8}{'cpu s':>7}"
                   f"{'in cost':>8}  chosen -> step s")
         print(header)
         print("-" * len(header))
         for r in rows:
             flag = "" if r["wall_s"] <= GOAL_S else "  (over the 2 s goal)"
-            print(f"{r['case']:<13}{r['gpus']:>7}{r['considered']:>13,}{r['evaluated']:>11,}{r['pruned']:>13,}"
+            print(f"{r['case']:<13}{r['framework']:<14}{r['gpus']:>7}{r['considered']:>13,}{r['evaluated']:>11,}{r['pruned']:>13,}"
                   f"{r['wall_s']:>8.2f}{r['cpu_s']:>7.2f}{r['cost_model_cpu_s']:>8.2f}  {r['chosen']} -> {r['step_time_s']}{flag}")
         print("cpu s: CPU time of this process (the machine is shared; wall time includes waiting for a core);"
               " in cost: CPU seconds spent inside CostModel calls (layer_costs, evaluate, ...)")
