@@ -104,8 +104,9 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
     """(pruned key, message) of the first capability the configuration needs and the stack lacks; None if it runs."""
     caps, name = profile.capabilities, profile.name
     if c.pp > 1 and c.schedule not in profile.schedule_names():
-        return "schedule_not_in_framework", (f"schedule={c.schedule!r} is not run by framework {name!r}: choose one of "
-                                             f"{list(profile.schedule_names())}")
+        what = " (PipeDream-2BW: two weight versions, one-step-stale updates)" if c.schedule == "2bw" else ""
+        return "schedule_not_in_framework", (f"schedule={c.schedule!r}{what} is not run by framework {name!r}: choose one "
+                                             f"of {list(profile.schedule_names())}")
     if c.schedule == "2bw" and c.pp > 1 and not allow_stale_weights:
         return "stale_weights_not_allowed", ("schedule='2bw' (PipeDream-2BW) trains with one-step-stale weights: "
                                              "pass --allow-stale-weights (or --schedule 2bw) to allow it")
