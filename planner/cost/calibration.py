@@ -5,7 +5,7 @@ ceiling and copy bandwidth (validation/h100_hf_tinyllama.jsonl), published A100 
 et al. 2021 Table 1), FlashAttention-2 rates (Dao 2023). Nothing here is fitted per run.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -39,25 +39,34 @@ class MemoryCalibration:
 
 
 def _entry(raw: dict) -> DeviceCalibration:
-    fields = {key: raw[key] for key in DeviceCalibration.__dataclass_fields__}
+    fields = {key: raw[key] for key in DeviceCalibration.__dataclass_fields__ if key in raw}
     return DeviceCalibration(**fields)
 
 
+def _stacks(raw: dict) -> tuple[tuple[str, DeviceCalibration], ...]:
+    """Per software stack of a family: the family's entry with the stack's achieved GEMM ceiling."""
+    base = _entry(raw)
+    return tuple((name, replace(base, matmul_ceiling_fraction=float(value)))
+                 for name, value in (raw.get("stack_ceilings") or {}).items())
+
+
 @lru_cache(maxsize=1)
-def _load() -> tuple[tuple[tuple[tuple[str, ...], DeviceCalibration], ...], DeviceCalibration, MemoryCalibration]:
+def _load() -> tuple[tuple, DeviceCalibration, MemoryCalibration]:
     raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
-    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item)) for item in raw["devices"])
+    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item))) for item in raw["devices"])
     memory = MemoryCalibration(**raw["memory"])
     return devices, _entry(raw["default"]), memory
 
 
-def device_calibration(device: DeviceSpec) -> DeviceCalibration:
-    """The calibration of the first family whose `match` substring occurs in the device name, else the default."""
+def device_calibration(device: DeviceSpec, framework: str | None = None) -> DeviceCalibration:
+    """The calibration of the first family whose `match` substring occurs in the device name, else the default;
+    with `framework`, that stack's GEMM ceiling on the family where calibration.yaml derives one (`stack_ceilings`),
+    else the family's own."""
     devices, default, _ = _load()
     name = device.name.lower()
-    for patterns, calibration in devices:
+    for patterns, calibration, stacks in devices:
         if any(pattern in name for pattern in patterns):
-            return calibration
+            return stacks.get(framework, calibration)
     return default
 
 

@@ -65,6 +65,11 @@ class CostOptions:
         PipelineEngine).
     bucket_params: gradient bucket size in parameters; with overlap the last bucket stays exposed
         (Megatron-LM's default --ddp-bucket-size, 40M).
+    dp_gather_overlap, pp_overlap, tp_overlap, moe_overlap: parameter all-gathers (ZeRO-1/3), pipeline sends,
+        TP collectives, MoE all-to-all run beside compute (the stack's `behaviour.overlap`).
+    zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
+    main_grads_fp32: gradients accumulate in an fp32 buffer under bf16 (Megatron/DeepSpeed), else in bf16.
+    Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
     """
 
     flash_attention: bool | None = None
@@ -72,6 +77,12 @@ class CostOptions:
     dropout: bool = False
     dp_overlap: bool = True
     bucket_params: float = 40e6
+    dp_gather_overlap: bool = True
+    pp_overlap: bool = False
+    tp_overlap: bool = False
+    moe_overlap: bool = False
+    zero3_prefetch_layers: int = 1
+    main_grads_fp32: bool = True
 
 
 @dataclass(frozen=True)
@@ -127,10 +138,14 @@ class CostModel:
         self.spec = request.model
         self.topology = request.topology
         self.device = request.topology.device
-        self.cal = calibration or device_calibration(self.device)
+        self.cal = calibration or device_calibration(self.device, request.framework)
         self.mem_cal = memory_calibration()
         self.recipe = memory.RECIPES[request.precision]
-        self.options = options or CostOptions()
+        if options is None:
+            from planner.cost.stack import options_for
+
+            options = options_for(request.framework, request.precision)
+        self.options = options
         flash = self.options.flash_attention
         self.flash_attention = (request.precision != "fp32") if flash is None else flash
         fused = self.options.fused_kernels

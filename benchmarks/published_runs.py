@@ -1,0 +1,213 @@
+"""One general conversion of a published run (../shared/validation/published_runs.json) into what the cost model
+evaluates: the model, the cluster, the software stack, the published settings, and the measured step time.
+
+No table of per-run settings. What a source leaves unsaid is resolved by stated rules, the same for every run:
+- architecture: an unsaid activation is GeLU with ffn = 4h (the GPT-3 convention); an unsaid vocabulary is 51200
+  (GPT-2 BPE padded to a multiple of 1024, as GPT-3-style Megatron models); gated activations imply RMSNorm and
+  RoPE (Llama convention), others LayerNorm and the run's `position` (else learned);
+- cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800) scaled to the run's GPUs, with the
+  published NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
+- stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/;
+- precision: "amp" in the text -> amp-bf16 (torch.autocast), "fp8" -> fp8, otherwise bf16 (fp16 runs at the
+  same tensor-core rate);
+- settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
+  schedule and interleaving depth): the planner's own best choice among the values the stack runs, with every
+  published setting fixed (`unsaid_choices`); the measurement is the run's step time (`measured_step_s`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from planner.frameworks import load_framework
+from planner.schemas.model import MLASpec, MoESpec, ModelSpec
+from planner.schemas.topology import Topology
+from planner.topology import load_topology
+
+# Ordered: the first pattern found in training.framework (lower case) names the stack.
+STACK_RULES = (
+    ("megatron-core", "megatron-core"),
+    ("torchtitan", "torchtitan"),
+    ("composer", "pytorch-fsdp"),
+    ("fairscale", "pytorch-fsdp"),
+    ("deepspeed", "deepspeed"),
+    ("gpt-neox", "deepspeed"),
+    ("megatron-lm", "megatron-lm"),
+)
+DEFAULT_STACK = "megatron-core"  # in-house stacks (e.g. HAI-LLM): the best-documented optimised stack
+ACHIEVED_NIC_FRACTION = 23.0 / 25.0  # dgx-a100-80g preset: 23 GB/s achieved of HDR 25 GB/s line rate
+GPT_VOCAB = 51200
+MICROBATCH_CHOICES = (1, 2, 4, 8, 16)
+VPP_CHOICES = (2, 3, 4, 6, 8)
+
+
+def stack_of(run: dict) -> str:
+    """The software stack of a run. A ZeRO-3 row of a source that names DeepSpeed for its ZeRO rows ran DeepSpeed."""
+    text = (run["training"].get("framework") or "").lower()
+    if "deepspeed" in text and zero_of(run) == 3:
+        return "deepspeed"
+    return next((stack for pattern, stack in STACK_RULES if pattern in text), DEFAULT_STACK)
+
+
+def device_family(run: dict) -> str:
+    gpu = run["hardware"]["gpu_model"]
+    return "hopper" if re.search(r"H100|H800|H200", gpu) else "ampere" if "A100" in gpu else "other"
+
+
+def source_of(run: dict) -> str:
+    return run["source"]["title"].split(" (")[0][:48]
+
+
+def zero_of(run: dict) -> int | None:
+    """The published ZeRO stage; FSDP full sharding is ZeRO-3; None when unsaid."""
+    zero = run["training"].get("zero_stage")
+    if isinstance(zero, str):
+        return 3 if re.search(r"fsdp|zero-3", zero.lower()) else int(re.findall(r"\d", zero)[0])
+    return zero
+
+
+def model_spec(run: dict) -> ModelSpec:
+    m = run["model"]
+    activation = {"gelu": "gelu", "fastgelu": "gelu", "swiglu": "swiglu", "geglu": "geglu", "relu": "relu"}[
+        (m.get("activation") or "gelu").lower()]
+    gated = activation in ("swiglu", "geglu")
+    position = m.get("position") or "learned"
+    position = "rope" if gated or "rot" in position.lower() else "alibi" if "alibi" in position.lower() else "learned"
+    fields = dict(
+        name=run["id"], num_layers=m["num_layers"], hidden_size=m["hidden"], num_attention_heads=m["num_heads"],
+        ffn_hidden_size=m.get("ffn_hidden") or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
+        vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=m["seq_len"], activation=activation,
+        norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
+    )
+    moe = m.get("moe")
+    if moe:
+        fields["moe"] = MoESpec(num_experts=moe["num_routed_experts"], top_k=moe["top_k"],
+                                expert_ffn_hidden_size=moe["expert_ffn_hidden"], num_shared_experts=moe.get("shared_experts", 0),
+                                first_k_dense=moe.get("dense_layers_first", 0))
+    if m.get("mla"):
+        fields["mla"] = MLASpec(**m["mla"])
+    return ModelSpec(**fields)
+
+
+def topology(run: dict) -> Topology:
+    hw = run["hardware"]
+    gpu, memory = hw["gpu_model"], hw.get("gpu_memory_gib")
+    if "A100" in gpu:
+        preset = "dgx-a100-40g" if memory == 40 or "40GB" in gpu else "dgx-a100-80g"
+    else:
+        preset = "hgx-h800" if "H800" in gpu else "dgx-h100"
+    gpus = run["parallel"]["num_gpus"]
+    topo = load_topology(preset, nodes=max(1, math.ceil(gpus / hw.get("gpus_per_node", 8))))
+    inter = topo.inter_node.model_dump()
+    if hw.get("inter_node_nics_per_node"):
+        inter["nics_per_node"] = hw["inter_node_nics_per_node"]
+    if hw.get("inter_node_nic_Gbps"):
+        inter["nic_bandwidth_GBps"] = hw["inter_node_nic_Gbps"] / 8 * ACHIEVED_NIC_FRACTION
+    return topo.model_copy(update={"inter_node": type(topo.inter_node)(**inter)})
+
+
+def precision_of(run: dict) -> str:
+    text = (run["training"].get("precision") or "").lower()
+    return "amp-bf16" if "amp" in text else "fp8" if "fp8" in text else "bf16"
+
+
+def global_batch(run: dict) -> int:
+    train = run["training"]
+    if train.get("global_batch_seqs"):
+        return int(train["global_batch_seqs"])
+    tokens = train.get("global_batch_tokens")
+    if isinstance(tokens, str):  # e.g. "2M tokens": binary millions
+        tokens = float(re.findall(r"[\d.]+", tokens)[0]) * 2**20
+    return max(1, round(tokens / run["model"]["seq_len"]))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Published settings (None = unsaid) and, per unsaid field, the values the stack runs (choices)."""
+
+    fixed: dict
+    choices: dict = field(default_factory=dict)
+
+
+def recompute_of(run: dict) -> str | None:
+    text = (run["training"].get("recompute") or "").lower()
+    if not text:
+        return None
+    if text.startswith("none"):
+        return "none"
+    return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
+
+
+def schedule_of(run: dict) -> tuple[str | None, int | None]:
+    train, pp = run["training"], run["parallel"]["pp"]
+    text = (train.get("pipeline_schedule") or "").lower()
+    if pp == 1:
+        return "1f1b", 1
+    if "interleav" in text and "not stated" not in text:
+        vpp = train.get("virtual_pipeline_stages") or (int(m.group(1)) if (m := re.search(r"(\d+) interleaving", text)) else None)
+        return "interleaved", vpp
+    if re.search(r"1f1b|pipedream-flush|dualpipe", text):
+        return "1f1b", 1
+    return None, None
+
+
+def settings(run: dict, stack: str) -> Settings:
+    """Published settings and the choices for the unsaid ones (the stack's capabilities)."""
+    par, train = run["parallel"], run["training"]
+    caps = load_framework(stack).capabilities
+    schedule, vpp = schedule_of(run)
+    fixed = dict(dp=par["dp"], tp=par["tp"], pp=par["pp"], cp=par.get("cp") or 1, ep=par.get("ep") or 1,
+                 sp=par.get("sp"), microbatch_size=train.get("micro_batch"), recompute=recompute_of(run),
+                 zero_stage=zero_of(run), schedule=schedule, vpp=vpp)
+    choices = {}
+    if fixed["sp"] is None:
+        choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
+    if fixed["microbatch_size"] is None:
+        choices["microbatch_size"] = MICROBATCH_CHOICES
+    if fixed["recompute"] is None:
+        choices["recompute"] = caps.recompute.modes
+    if fixed["zero_stage"] is None:
+        choices["zero_stage"] = caps.zero.stages_with_pp if fixed["pp"] > 1 else caps.zero.stages
+    if fixed["schedule"] is None:
+        choices["schedule"] = tuple(s for s in ("1f1b", "interleaved") if s in [x.name for x in caps.schedules])
+    if fixed["vpp"] is None:
+        choices["vpp"] = VPP_CHOICES
+    return Settings(fixed=fixed, choices=choices)
+
+
+def measured_step_s(run: dict, model_flops: float, hardware_flops: float, peak_tflops: float) -> tuple[float, str] | None:
+    """The run's step time and what it came from: the published step time, else tokens/s, else TFLOP/s per GPU in
+    the source's convention (converted with this model's FLOP count of that convention), else MFU or HFU x peak.
+    `model_flops`/`hardware_flops`: FLOPs of one step (all GPUs) without/with the recompute forward passes."""
+    res, gpus = run["results"], run["parallel"]["num_gpus"]
+    tokens = global_batch(run) * run["model"]["seq_len"]
+    if res.get("step_time_s"):
+        return float(res["step_time_s"]), "step time"
+    if res.get("tokens_per_s_per_gpu"):
+        return tokens / (res["tokens_per_s_per_gpu"] * gpus), "tokens/s"
+    if res.get("tokens_per_s"):
+        return tokens / res["tokens_per_s"], "tokens/s"
+    if res.get("tflops_per_gpu"):
+        convention = (res.get("tflops_convention") or "").lower()
+        model_conv = "model" in convention and "hardware" not in convention or "mfu" in convention
+        flops = model_flops if model_conv else hardware_flops
+        return flops / (res["tflops_per_gpu"] * 1e12 * gpus), "TFLOP/s (" + ("model" if model_conv else "hardware") + ")"
+    if res.get("mfu_pct"):
+        return model_flops / (res["mfu_pct"] / 100 * peak_tflops * 1e12 * gpus), "MFU"
+    if res.get("hfu_pct"):
+        return hardware_flops / (res["hfu_pct"] / 100 * peak_tflops * 1e12 * gpus), "HFU"
+    return None
+
+
+def skip_reason(run: dict) -> str | None:
+    """Why a run cannot be evaluated (None: it can)."""
+    if "NVIDIA" not in run["hardware"]["gpu_model"]:
+        return "not an NVIDIA GPU"
+    if run["parallel"].get("dp") is None:
+        return "no parallel configuration published"
+    res = run["results"]
+    if not any(res.get(k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu_pct", "hfu_pct")):
+        return "no throughput published"
+    return None

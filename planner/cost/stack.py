@@ -1,0 +1,29 @@
+"""What the cost model reads from the request's software stack (frameworks/<name>.yaml `behaviour`).
+
+The stack decides mechanisms, not factors: whether attention keeps the s x s scores (fused attention), whether norm
+and activation kernels are fused, which communication runs beside compute (data-parallel gradient reduction and
+parameter gathers, pipeline sends, TP collectives, MoE all-to-all), how many layers ZeRO-3 gathers ahead, and
+whether gradients accumulate in an fp32 buffer. `options_for` turns a profile into the CostOptions the model uses.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from planner.frameworks import load_framework
+
+
+@lru_cache(maxsize=32)
+def options_for(framework: str, precision: str):
+    """CostOptions of a stack (by name or profile path) for a precision recipe."""
+    from planner.cost.model import CostOptions
+
+    b = load_framework(framework).behaviour
+    k, o = b.kernels, b.overlap
+    return CostOptions(
+        flash_attention=(k.fused_attention and precision != "fp32"),
+        fused_kernels=(k.fused_norm and k.fused_activation and precision != "fp32"),
+        dp_overlap=o.dp_grad_reduce, dp_gather_overlap=o.dp_param_gather, pp_overlap=o.pp_send_recv,
+        tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
+        main_grads_fp32=b.memory.main_grads_fp32,
+    )
