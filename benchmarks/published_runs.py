@@ -8,8 +8,7 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800) scaled to the run's GPUs, with the
   published NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/;
-- precision: "amp" in the text -> amp-bf16 (torch.autocast), "fp8" -> fp8, otherwise bf16 (fp16 runs at the
-  same tensor-core rate);
+- precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
   schedule and interleaving depth): the planner's own best choice among the values the stack runs, with every
   published setting fixed (`unsaid_choices`); the measurement is the run's step time (`measured_step_s`).
@@ -44,11 +43,17 @@ VPP_CHOICES = (2, 3, 4, 6, 8)
 
 
 def stack_of(run: dict) -> str:
-    """The software stack of a run. A ZeRO-3 row of a source that names DeepSpeed for its ZeRO rows ran DeepSpeed."""
+    """The software stack of a run: the first STACK_RULES pattern in the framework text outside parentheses, else
+    in the whole text, else DEFAULT_STACK; a ZeRO-3 row whose text names DeepSpeed ran DeepSpeed's ZeRO-3."""
     text = (run["training"].get("framework") or "").lower()
     if "deepspeed" in text and zero_of(run) == 3:
         return "deepspeed"
-    return next((stack for pattern, stack in STACK_RULES if pattern in text), DEFAULT_STACK)
+    outside = re.sub(r"\(.*?\)", "", text)  # a parenthesised qualifier names a stack only when nothing outside does
+    for part in (outside, text):
+        found = next((stack for pattern, stack in STACK_RULES if pattern in part), None)
+        if found:
+            return found
+    return DEFAULT_STACK
 
 
 def device_family(run: dict) -> str:
@@ -109,8 +114,11 @@ def topology(run: dict) -> Topology:
 
 
 def precision_of(run: dict) -> str:
+    """fp8 where the text says so, else bf16: every stack here runs its own 16-bit mixed precision (fp32 master
+    weights in the optimizer, 16-bit GEMMs and gathers); amp-bf16 is the planner's HuggingFace-eager recipe, whose
+    per-parameter cast cache FSDP's mixed precision does not keep (fp16 runs at the bf16 tensor-core rate)."""
     text = (run["training"].get("precision") or "").lower()
-    return "amp-bf16" if "amp" in text else "fp8" if "fp8" in text else "bf16"
+    return "fp8" if "fp8" in text else "bf16"
 
 
 def global_batch(run: dict) -> int:

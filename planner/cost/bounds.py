@@ -151,37 +151,48 @@ def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     return _memo(model, key, make)
 
 
-def _p2p_transfers(cand: "Candidate") -> int:
+def _p2p_transfers(model: "CostModel", cand: "Candidate") -> int:
     from planner.cost import schedule
 
-    return schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches)
+    return schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches,
+                                  overlapped=model.options.pp_overlap)
+
+
+def _p2p_bytes(model: "CostModel", cand: "Candidate") -> float:
+    """One boundary send: s*b*h bf16 (/t with SP); with the scatter/gather optimisation (Narayanan et al. 2021,
+    Sec. 4.1: each of the t TP ranks sends 1/t of the replicated tensor over the NIC and the receiver all-gathers
+    it over NVLink) also /t without SP. The NVLink all-gather is not charged (bytes / NVLink bandwidth, ~10x less)."""
+    from planner.cost.memory import p2p_activation_bytes
+
+    size = p2p_activation_bytes(model.spec, model.shape(cand))
+    if model.options.pp_scatter_gather and not cand.sp:
+        size /= cand.tp
+    return size
 
 
 def pp_comm_s(model: "CostModel", cand: "Candidate") -> float:
     """Pipeline point-to-point time of one step (the breakdown's pp_comm_s): 2 directions x the sequential
     boundary transfers of the schedule (planner.cost.schedule.p2p_transfers) x one activation send."""
     from planner.cost import comm
-    from planner.cost.memory import p2p_activation_bytes
 
-    transfers = _p2p_transfers(cand)
+    transfers = _p2p_transfers(model, cand)
     if transfers == 0:
         return 0.0
-    return 2 * transfers * comm.p2p_s(p2p_activation_bytes(model.spec, model.shape(cand)), group=model.links(cand).pp)
+    return 2 * transfers * comm.p2p_s(_p2p_bytes(model, cand), group=model.links(cand).pp)
 
 
 def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
     """pp_comm_s over the cheapest footprint a pp group of the candidate's size can have (module docstring: a
     point-to-point send, bytes / bandwidth + latency, reads the node count only through "spans nodes"): at most
     pp_comm_s under every placement."""
-    transfers = _p2p_transfers(cand)
+    transfers = _p2p_transfers(model, cand)
     if transfers == 0:
         return 0.0
 
     def send() -> float:
         from planner.cost import comm
-        from planner.cost.memory import p2p_activation_bytes
 
-        size = p2p_activation_bytes(model.spec, model.shape(cand))
+        size = _p2p_bytes(model, cand)
         return min(comm.p2p_s(size, group=link) for link in _footprints(model, cand, cand.pp))
 
     key = ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp, cand.pp, cand.world_size)

@@ -60,6 +60,14 @@ def _half_ring_s(num_bytes: float, group: GroupLink, collective: str) -> float:
     return intra + inter
 
 
+def flat_ring_s(num_bytes: float, *, group: GroupLink) -> float:
+    """All-gather or reduce-scatter as one flat ring over all ranks: (n-1)/n * bytes through each rank's slowest
+    link (its NIC share when the group spans nodes) + (n-1) latencies; no per-node aggregation."""
+    if not group.spans_nodes:
+        return _half_ring_s(num_bytes, group, "all_gather")
+    return _ring_s(num_bytes, group.size, group.inter_bandwidth_GBps, group.inter_latency_s, factor=1)
+
+
 def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
     """All-to-all where each rank sends `num_bytes` spread evenly over the n ranks: (rpn-1)/n of it stays on the
     node (NVLink), (n-rpn)/n crosses the NICs; both proceed at once, the slower bounds; (n-1) latencies."""

@@ -146,7 +146,11 @@ def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: floa
     ZeRO-0: all-reduce of the gradients. ZeRO-1: reduce-scatter of the gradients and all-gather of the updated
     weights (Megatron's distributed optimizer; same bytes as an all-reduce). ZeRO-2: a reduce-scatter per
     micro-batch (sharded gradients cannot accumulate locally) and one all-gather. ZeRO-3: per micro-batch
-    all-gathers of the weights in forward and backward and a reduce-scatter of the gradients.
+    all-gathers of the weights in forward and backward and a reduce-scatter of the gradients; where the stack
+    re-gathers for the recompute forward (options.zero3_regather_for_recompute: DeepSpeed's checkpointed forward
+    re-runs the module's fetch hook), three all-gathers under full recompute. Where the stack's ZeRO-3 collectives
+    are flat rings over the dp ranks (options.zero3_hierarchical False), each rank moves (n-1)/n of the buffer
+    through its own NIC share (comm.flat_ring_s), so the time does not shrink as dp grows.
     """
     links = model.links(cand) if links is None else links  # another layout's links (CostModel.dp_exposed_s)
     r, m, z = model.recipe, cand.num_microbatches, cand.zero_stage
@@ -162,7 +166,12 @@ def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: floa
         elif z == 2:
             total += m * comm.reduce_scatter_s(grads, group=link) + comm.all_gather_s(weights, group=link)
         else:
-            total += m * (comm.reduce_scatter_s(grads, group=link) + 2 * comm.all_gather_s(weights, group=link))
+            opts = model.options
+            gathers = 3 if (opts.zero3_regather_for_recompute and cand.recompute == "full") else 2
+            if opts.zero3_hierarchical:
+                total += m * (comm.reduce_scatter_s(grads, group=link) + gathers * comm.all_gather_s(weights, group=link))
+            else:
+                total += m * (gathers * comm.flat_ring_s(weights, group=link) + comm.flat_ring_s(grads, group=link))
     return total
 
 

@@ -11,6 +11,7 @@ placement, micro-batch size or recompute mode goes below (planner.cost.bounds).
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,8 +68,12 @@ class CostOptions:
         (Megatron-LM's default --ddp-bucket-size, 40M).
     dp_gather_overlap, pp_overlap, tp_overlap, moe_overlap: parameter all-gathers (ZeRO-1/3), pipeline sends,
         TP collectives, MoE all-to-all run beside compute (the stack's `behaviour.overlap`).
+    pp_scatter_gather: pipeline sends split over the TP ranks and all-gathered on the receiver (2021 Megatron-LM).
+    zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate._dp_comm_s).
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
     main_grads_fp32: gradients accumulate in an fp32 buffer under bf16 (Megatron/DeepSpeed), else in bf16.
+    allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
+        (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
     """
 
@@ -83,6 +88,10 @@ class CostOptions:
     moe_overlap: bool = False
     zero3_prefetch_layers: int = 1
     main_grads_fp32: bool = True
+    allocator_fraction: float | None = None
+    pp_scatter_gather: bool = False
+    zero3_hierarchical: bool = True
+    zero3_regather_for_recompute: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,13 +148,15 @@ class CostModel:
         self.topology = request.topology
         self.device = request.topology.device
         self.cal = calibration or device_calibration(self.device, request.framework)
-        self.mem_cal = memory_calibration()
         self.recipe = memory.RECIPES[request.precision]
         if options is None:
             from planner.cost.stack import options_for
 
             options = options_for(request.framework, request.precision)
         self.options = options
+        self.mem_cal = memory_calibration()
+        if options.allocator_fraction is not None:
+            self.mem_cal = dataclasses.replace(self.mem_cal, fragmentation_fraction=options.allocator_fraction)
         flash = self.options.flash_attention
         self.flash_attention = (request.precision != "fp32") if flash is None else flash
         fused = self.options.fused_kernels

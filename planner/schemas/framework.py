@@ -121,6 +121,12 @@ class Overlap(Schema):
     pp_send_recv: bool = Field(description="pipeline sends/receives overlapped with compute")
     moe_all_to_all: bool = Field(description="MoE dispatch/combine all-to-all overlapped with compute")
     zero3_prefetch_layers: int = Field(ge=0, description="layers whose parameters are gathered ahead (prefetch depth)")
+    pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the TP ranks and all-gathered "
+                                                               "by the receiver (2021 Megatron-LM scatter/gather)")
+    zero3_hierarchical: bool = Field(default=True, description="ZeRO-3 gathers/reduce-scatters cross nodes once per "
+                                                               "node (NCCL hierarchical); False: a flat ring per rank")
+    zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "
+                                                                          "weights again for the recompute forward")
     source: str = Sourced
 
 
