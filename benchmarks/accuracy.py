@@ -11,7 +11,8 @@ the step-time error per run, per source and overall, with:
 - the naive estimate 6 * P * tokens / (GPUs * 0.5 * peak) on the same runs; llm-analysis if installed.
 Also the runs predicted not to fit at their published settings (false OOM).
 
-Usage: python benchmarks/accuracy.py [--runs FILE] [--derive] [--only SUBSTRING] [--quiet]
+Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet]
+       python benchmarks/accuracy.py --derive   (rewrites calibration.yaml's stack_ceilings, then reports)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import published_runs as P  # noqa: E402
 
-from planner.cost.calibration import device_calibration  # noqa: E402
+from planner.cost.calibration import CALIBRATION_FILE, device_calibration  # noqa: E402
 from planner.cost.compute import peak_tflops  # noqa: E402
 from planner.cost.derivation import implied_ceiling  # noqa: E402
 from planner.cost.model import Candidate, CostModel  # noqa: E402
@@ -226,13 +227,48 @@ def render(result: dict, *, quiet: bool = False) -> str:
     return "\n".join(lines)
 
 
+def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE) -> str:
+    """Rewrite each family's `stack_ceilings:` line of calibration.yaml with the derived medians (rounded to 3
+    places); returns the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
+    until the values stop changing."""
+    text, family = path.read_text(encoding="utf-8"), None
+    out = []
+    for line in text.splitlines():
+        if line.strip().startswith("- family:"):
+            family = line.split(":", 1)[1].strip()
+        if line.strip().startswith("stack_ceilings:") and family:
+            cells = {s: v for (f, s), v in sorted(derived.items()) if f == family and s != "*"}
+            line = line[: line.index("stack_ceilings:")] + "stack_ceilings: {" + ", ".join(
+                f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
+        out.append(line)
+    new = "\n".join(out) + "\n"
+    path.write_text(new, encoding="utf-8")
+    return new
+
+
+def derive_fixed_point(path: Path, rounds: int = 4) -> dict:
+    """Derive the stack ceilings, write them, and re-derive under them until they no longer change."""
+    from planner.cost import calibration
+
+    result = None
+    for _ in range(rounds):
+        calibration._load.cache_clear()
+        result = run_all(path)
+        before = CALIBRATION_FILE.read_text(encoding="utf-8")
+        if write_ceilings(result["derived"]) == before:
+            break
+    calibration._load.cache_clear()
+    return run_all(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=RUNS_FILE)
     parser.add_argument("--only")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--derive", action="store_true", help="rewrite calibration.yaml's stack_ceilings from the runs")
     args = parser.parse_args(argv)
-    result = run_all(args.runs, args.only)
+    result = derive_fixed_point(args.runs) if args.derive else run_all(args.runs, args.only)
     print(render(result, quiet=args.quiet))
     return 0
 

@@ -10,8 +10,10 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/;
 - precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
-  schedule and interleaving depth): the planner's own best choice among the values the stack runs, with every
-  published setting fixed (`unsaid_choices`); the measurement is the run's step time (`measured_step_s`).
+  schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
+  stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
+  recomputation, Korthikanti et al. 2022, is named by every source that used it); the measurement is the run's
+  step time (`measured_step_s`).
 """
 
 from __future__ import annotations
@@ -174,8 +176,8 @@ def settings(run: dict, stack: str) -> Settings:
         choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
     if fixed["microbatch_size"] is None:
         choices["microbatch_size"] = MICROBATCH_CHOICES
-    if fixed["recompute"] is None:
-        choices["recompute"] = caps.recompute.modes
+    if fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
+        choices["recompute"] = tuple(m for m in caps.recompute.modes if m != "selective")
     if fixed["zero_stage"] is None:
         choices["zero_stage"] = caps.zero.stages_with_pp if fixed["pp"] > 1 else caps.zero.stages
     if fixed["schedule"] is None:
