@@ -1,0 +1,87 @@
+"""The cost model reads the request's software stack (planner.cost.stack): each mechanism against its source."""
+
+import pytest
+
+from planner import api
+from planner.cost import comm, schedule
+from planner.cost.evaluate import _dp_comm_s
+from planner.cost.model import Candidate, CostModel, CostOptions
+from planner.cost.stack import options_for
+from planner.topology.groups import GroupLink
+
+
+def _model(framework: str, **request) -> CostModel:
+    req = api.build_request(**request)
+    return CostModel(req.model_copy(update={"framework": framework}))
+
+
+def test_profiles_map_to_options():
+    """frameworks/*.yaml behaviour -> CostOptions: megatron-core overlaps and fuses; 2021 Megatron-LM neither
+    overlaps the gradient all-reduce nor has flash attention, and splits pipeline sends over TP ranks; DeepSpeed's
+    ZeRO-3 runs flat rings and re-gathers for the recompute forward."""
+    core, lm, ds = (options_for(name, "bf16") for name in ("megatron-core", "megatron-lm", "deepspeed"))
+    assert core.pp_overlap and core.flash_attention and core.fused_kernels and core.dp_overlap
+    assert not lm.flash_attention and not lm.dp_overlap and not lm.pp_overlap and lm.pp_scatter_gather
+    assert not ds.zero3_hierarchical and ds.zero3_regather_for_recompute and core.zero3_hierarchical
+    assert options_for("megatron-core", "fp32").flash_attention is False
+    assert options_for("pytorch-fsdp", "bf16").allocator_fraction == pytest.approx(0.05)
+
+
+def test_overlapped_p2p_leaves_only_the_fill_exposed():
+    """Megatron-Core --overlap-p2p-comm posts the steady-state sends beside compute: p - 1 transfers stay."""
+    assert schedule.p2p_transfers("interleaved", pp=8, vpp=2, num_microbatches=32) == 32 * 2 + 7
+    assert schedule.p2p_transfers("interleaved", pp=8, vpp=2, num_microbatches=32, overlapped=True) == 7
+    assert schedule.p2p_transfers("1f1b", pp=1, vpp=1, num_microbatches=32, overlapped=True) == 0
+
+
+def test_scatter_gather_sends_one_tp_share_over_the_nic():
+    """Narayanan et al. 2021 Sec. 4.1: with TP t and no SP each rank sends 1/t of the boundary tensor."""
+    kw = dict(model="gpt3-175b", topology="dgx-a100-80g", gpus=512, global_batch_size=512, seq_len=2048)
+    cand = Candidate(dp=4, tp=8, pp=16, microbatch_size=1, num_microbatches=128)
+    req = api.build_request(**kw).model_copy(update={"framework": "megatron-lm"})
+    split = CostModel(req).pp_comm_s(cand)
+    whole = CostModel(req, options=options_for("megatron-lm", "bf16").__class__(
+        **{**options_for("megatron-lm", "bf16").__dict__, "pp_scatter_gather": False})).pp_comm_s(cand)
+    link = CostModel(req).links(cand).pp
+    latency_part = 2 * schedule.p2p_transfers("1f1b", pp=16, vpp=1, num_microbatches=128) * link.latency_s
+    assert split - latency_part == pytest.approx((whole - latency_part) / 8, rel=1e-6)
+
+
+def test_flat_ring_time_does_not_shrink_with_the_group():
+    """A flat all-gather ring moves (n-1)/n of the buffer through each rank's NIC share: about bytes / share at any
+    n, where the hierarchical one crosses the NICs once per node (bytes / ranks_per_node)."""
+    def link(n):
+        return GroupLink(size=n, num_nodes=n // 8, ranks_per_node=8, inter_bandwidth_GBps=23.0, inter_latency_s=0.0,
+                         intra_bandwidth_GBps=230.0, intra_latency_s=0.0)
+    big = 349e9
+    flat_768, flat_1536 = comm.flat_ring_s(big, group=link(768)), comm.flat_ring_s(big, group=link(1536))
+    assert flat_768 == pytest.approx(big / 23e9, rel=0.01) and flat_1536 == pytest.approx(flat_768, rel=0.01)
+    assert comm.all_gather_s(big, group=link(768)) < flat_768 / 4
+
+
+def test_zero3_regathers_for_the_recompute_forward():
+    """DeepSpeed ZeRO-3 with full recompute: three all-gathers per micro-batch instead of two."""
+    m = _model("deepspeed", model="gpt3-175b", topology="dgx-a100-80g", gpus=64, global_batch_size=64, seq_len=2048)
+    full = Candidate(dp=64, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="full")
+    none = Candidate(dp=64, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="none")
+    link = m.links(full).dp
+    gather = comm.flat_ring_s(1e9 * m.recipe.gather_bytes, group=link)
+    assert _dp_comm_s(m, full, 1e9, 0.0) - _dp_comm_s(m, none, 1e9, 0.0) == pytest.approx(gather, rel=1e-9)
+
+
+def test_zero3_step_flat_from_768_to_1536_gpus_as_published():
+    """Narayanan et al. 2021 Table 2 (GPT-3 175B, ZeRO-3, batch 1536): the step at 1536 GPUs equals the one at
+    768 (TFLOP/s per GPU halves). DeepSpeed's flat rings reproduce it; hierarchical collectives would not."""
+    def step(framework, gpus, mbs):
+        m = _model(framework, model="gpt3-175b", topology="dgx-a100-80g", gpus=gpus, global_batch_size=1536, seq_len=2048)
+        cand = Candidate(dp=gpus, tp=1, pp=1, zero_stage=3, microbatch_size=mbs, num_microbatches=1536 // (gpus * mbs),
+                         recompute="full")
+        return m.evaluate(cand).step_time_s
+
+    assert step("deepspeed", 1536, 1) == pytest.approx(step("deepspeed", 768, 2), rel=0.15)
+    assert step("megatron-core", 1536, 1) < 0.7 * step("megatron-core", 768, 2)
+
+
+def test_explicit_options_keep_the_old_defaults():
+    options = CostOptions()
+    assert options.zero3_hierarchical and not options.pp_overlap and options.allocator_fraction is None
