@@ -229,13 +229,16 @@ def render(result: dict, *, quiet: bool = False) -> str:
 
 def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE) -> str:
     """Rewrite each family's `stack_ceilings:` line of calibration.yaml with the derived medians (rounded to 3
-    places); returns the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
+    places), and a `matmul_ceiling_fraction: x  # derived` line with the family's median over all stacks; returns
+    the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
     until the values stop changing."""
     text, family = path.read_text(encoding="utf-8"), None
     out = []
     for line in text.splitlines():
         if line.strip().startswith("- family:"):
             family = line.split(":", 1)[1].strip()
+        if line.strip().startswith("matmul_ceiling_fraction:") and line.endswith("# derived") and (family, "*") in derived:
+            line = line[: line.index("matmul_ceiling_fraction:")] + f"matmul_ceiling_fraction: {derived[(family, '*')]:.3f}  # derived"
         if line.strip().startswith("stack_ceilings:") and family:
             cells = {s: v for (f, s), v in sorted(derived.items()) if f == family and s != "*"}
             line = line[: line.index("stack_ceilings:")] + "stack_ceilings: {" + ", ".join(
