@@ -91,6 +91,17 @@ def p2p_s(num_bytes: float, *, group: GroupLink) -> float:
     return num_bytes / _bytes_per_s(group.bandwidth_GBps) + group.latency_s
 
 
+def chunked_overlap_exposed_s(comm_s: float, gemm_s: float, *, chunks: int) -> float:
+    """Exposed time of a TP all-gather/reduce-scatter pipelined with its dependent GEMM in `chunks` pieces
+    (Transformer Engine userbuffers ring-exchange, Megatron-Core --tp-comm-overlap; Wang et al. 2023, "Overlap
+    Communication with Dependent Computation via Decomposition in Large Deep Learning Models", Sec. 3): each
+    chunk's transfer runs under the previous chunk's GEMM, so the first chunk (comm / chunks) is never hidden and
+    what exceeds the GEMM time stays exposed."""
+    if comm_s <= 0:
+        return 0.0
+    return max(comm_s / max(chunks, 1), comm_s - gemm_s)
+
+
 def domino_exposed_s(comm_s: float, compute_s: float) -> float:
     """Exposed TP communication under Domino (Wang et al. 2024, "Domino: Eliminating Communication in LLM
     Training via Generic Tensor Slicing and Overlapping", Sec. 3): the batch is split in two halves and one

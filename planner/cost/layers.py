@@ -44,6 +44,8 @@ class Env:
     shape: Shape
     links: Links
     tp_overlap: str
+    stack_tp_overlap: bool = False  # the stack overlaps TP collectives with GEMMs (behaviour.overlap.tp_comm)
+    moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,9 +89,12 @@ def _gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, floa
     return fwd, bwd, core
 
 
-def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: int) -> tuple[float, float]:
+def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: int,
+              gemm_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """`collectives` all-reduces (or all-gather + reduce-scatter pairs with SP: the same bytes) of T*h bf16 in each
-    direction; exposed unless Domino overlaps them (comm.domino_exposed_s)."""
+    direction; exposed unless Domino overlaps them (comm.domino_exposed_s) or the stack overlaps them with the
+    adjacent GEMMs (`gemm_s`: forward and backward GEMM seconds of the module, attention core excluded;
+    comm.chunked_overlap_exposed_s)."""
     if env.shape.tp <= 1:
         return 0.0, 0.0
     size = env.shape.tokens * env.spec.hidden_size * compute.ACT_BYTES
@@ -97,6 +102,9 @@ def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives:
     fwd, bwd = collectives * one, collectives * one
     if env.tp_overlap == "domino":
         return comm.domino_exposed_s(fwd, fwd_compute_s), comm.domino_exposed_s(bwd, bwd_compute_s)
+    if env.stack_tp_overlap and env.shape.sp:
+        return (comm.chunked_overlap_exposed_s(fwd, gemm_s[0], chunks=env.shape.tp),
+                comm.chunked_overlap_exposed_s(bwd, gemm_s[1], chunks=env.shape.tp))
     return fwd, bwd
 
 
@@ -190,8 +198,11 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     cast_fwd, cast_bwd = _autocast_cast_s(env, _layer_params_per_gpu(spec, shape, moe_layer))
     fwd = g_fwd + core_mem + rest_mem + cast_fwd
     bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
-    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
+    core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
+    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
     ep_fwd, ep_bwd = _ep_times(env) if moe_layer else (0.0, 0.0)
+    if env.moe_overlap:  # the all-to-all of one micro-batch runs under another's layer compute (DualPipe, 1F1B A2A)
+        ep_fwd, ep_bwd = max(0.0, ep_fwd - fwd), max(0.0, ep_bwd - bwd)
     cp_fwd, cp_bwd = _cp_times(env, core)
     if env.precision == autocast.RECIPE and not moe_layer:
         acts = autocast.decoder_activation_bytes(spec, shape)

@@ -85,3 +85,15 @@ def test_zero3_step_flat_from_768_to_1536_gpus_as_published():
 def test_explicit_options_keep_the_old_defaults():
     options = CostOptions()
     assert options.zero3_hierarchical and not options.pp_overlap and options.allocator_fraction is None
+
+
+def test_tp_overlap_hides_the_collectives_behind_the_gemms():
+    """TE userbuffers (Megatron-Core --tp-comm-overlap) pipeline each AG/RS with its GEMM in tp chunks: the first
+    chunk stays exposed, and whatever exceeds the GEMM time."""
+    assert comm.chunked_overlap_exposed_s(8.0, 100.0, chunks=8) == pytest.approx(1.0)
+    assert comm.chunked_overlap_exposed_s(8.0, 2.0, chunks=8) == pytest.approx(6.0)
+    kw = dict(model="llama3-70b", topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=4096)
+    cand = Candidate(dp=1, tp=8, pp=1, sp=True, microbatch_size=1, num_microbatches=8, recompute="full")
+    overlapped = _model("megatron-core", **kw).detail(cand).tp_s[1]  # one decoder layer
+    exposed = _model("megatron-lm", **kw).detail(cand).tp_s[1]
+    assert overlapped == pytest.approx(exposed / 8, rel=1e-9)
