@@ -158,7 +158,8 @@ def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: floa
     for params, link in ((dense, links.dp), (expert, links.expert_dp)):
         if params <= 0 or link.size <= 1:
             continue
-        grads, weights = params * r.grad_reduce_bytes, params * r.gather_bytes
+        reduce_bytes = r.grad_reduce_bytes if model.options.grad_reduce_fp32 else min(r.grad_reduce_bytes, 2)
+        grads, weights = params * reduce_bytes, params * r.gather_bytes
         if z == 0:
             total += comm.ring_all_reduce_s(grads, group=link)
         elif z == 1:

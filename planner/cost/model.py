@@ -72,6 +72,8 @@ class CostOptions:
     zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate._dp_comm_s).
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
     main_grads_fp32: gradients accumulate in an fp32 buffer under bf16 (Megatron/DeepSpeed), else in bf16.
+    grad_reduce_fp32: gradients reduced in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, FSDP reduce_dtype
+        fp32), else in the 16-bit dtype (DeepSpeed ZeRO's communication_data_type default).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
         (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
@@ -90,6 +92,7 @@ class CostOptions:
     main_grads_fp32: bool = True
     allocator_fraction: float | None = None
     pp_scatter_gather: bool = False
+    grad_reduce_fp32: bool = True
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
 

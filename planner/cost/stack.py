@@ -27,4 +27,5 @@ def options_for(framework: str, precision: str):
         tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
         main_grads_fp32=b.memory.main_grads_fp32, pp_scatter_gather=o.pp_scatter_gather,
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute, allocator_fraction=b.memory.allocator_allowance_fraction,
+        grad_reduce_fp32=b.memory.grad_reduce_fp32,
     )

@@ -97,3 +97,15 @@ def test_tp_overlap_hides_the_collectives_behind_the_gemms():
     overlapped = _model("megatron-core", **kw).detail(cand).tp_s[1]  # one decoder layer
     exposed = _model("megatron-lm", **kw).detail(cand).tp_s[1]
     assert overlapped == pytest.approx(exposed / 8, rel=1e-9)
+
+
+def test_deepspeed_reduces_gradients_in_the_16_bit_dtype():
+    """DeepSpeed ZeRO's communication_data_type defaults to the model dtype: half the reduce bytes of Megatron's
+    fp32 main-grad all-reduce (--accumulate-allreduce-grads-in-fp32)."""
+    kw = dict(model="gpt3-175b", topology="dgx-a100-80g", gpus=64, global_batch_size=64, seq_len=2048)
+    cand = Candidate(dp=64, tp=1, pp=1, zero_stage=1, microbatch_size=1, num_microbatches=1)
+    ds, core = _model("deepspeed", **kw), _model("megatron-core", **kw)
+    assert not options_for("deepspeed", "bf16").grad_reduce_fp32 and options_for("megatron-core", "bf16").grad_reduce_fp32
+    link = ds.links(cand).dp
+    rs16, rs32 = comm.reduce_scatter_s(2e9, group=link), comm.reduce_scatter_s(4e9, group=link)
+    assert _dp_comm_s(core, cand, 1e9, 0.0) - _dp_comm_s(ds, cand, 1e9, 0.0) == pytest.approx(rs32 - rs16, rel=1e-9)
