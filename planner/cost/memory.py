@@ -45,6 +45,12 @@ RECIPES: Mapping[str, Recipe] = MappingProxyType({
     "fp8": Recipe(weight_bytes=2 + 1, grad_bytes=4, optimizer_bytes=12, grad_reduce_bytes=4, gather_bytes=2),
 })
 
+FP32_MASTER_PARAMS_BF16 = Recipe(weight_bytes=4, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=2)
+"""bf16 compute where the parameters themselves are the fp32 master (PyTorch FSDP1/FSDP2 MixedPrecision with
+param_dtype=bf16, reduce_dtype=fp32; the planner's executor): fp32 params 4 + fp32 grads 4 + Adam m and v 8 = 16
+bytes per parameter, sharded by ZeRO as usual; the bf16 copy exists only for the module being computed (the
+ZeRO-3 working set). Chosen by the stack's behaviour.memory.main_grads_fp32 = false (planner.cost.model)."""
+
 OPTIMIZER_BYTES_TOUCHED: Mapping[str, int] = MappingProxyType({"bf16": 30, "amp-bf16": 28, "fp32": 28, "fp8": 31})
 """HBM bytes an Adam step moves per parameter: read master/weights, grads, m, v; write master, m, v (and the
 low-precision copy). bf16: read 4+4+4+4, write 4+4+4+2 = 30; fp32/amp-bf16: read 16, write 12 = 28."""

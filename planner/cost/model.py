@@ -71,7 +71,9 @@ class CostOptions:
     pp_scatter_gather: pipeline sends split over the TP ranks and all-gathered on the receiver (2021 Megatron-LM).
     zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate._dp_comm_s).
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
-    main_grads_fp32: gradients accumulate in an fp32 buffer under bf16 (Megatron/DeepSpeed), else in bf16.
+    main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
+        (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and
+        bf16 exists only as the gathered/cast compute copy (FSDP mixed precision: 4 + 4 + 8, memory.FP32_MASTER_PARAMS_BF16).
     grad_reduce_fp32: gradients reduced in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, FSDP reduce_dtype
         fp32), else in the 16-bit dtype (DeepSpeed ZeRO's communication_data_type default).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
@@ -157,6 +159,8 @@ class CostModel:
 
             options = options_for(request.framework, request.precision)
         self.options = options
+        if request.precision == "bf16" and not options.main_grads_fp32:
+            self.recipe = memory.FP32_MASTER_PARAMS_BF16
         self.mem_cal = memory_calibration()
         if options.allocator_fraction is not None:
             self.mem_cal = dataclasses.replace(self.mem_cal, fragmentation_fraction=options.allocator_fraction)

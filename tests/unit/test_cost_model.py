@@ -130,7 +130,7 @@ def test_too_big_does_not_fit_and_says_why():
 
 def test_moe_model_costs_experts_and_all_to_all():
     request = api.build_request(model="mixtral-8x7b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096)
-    m = CostModel(request.model_copy(update={"framework": "megatron-core"}))  # fused kernels: it fits
+    m = CostModel(request)
     ev = m.evaluate(Candidate(dp=4, tp=2, pp=2, ep=4, sp=True, microbatch_size=1, num_microbatches=16, zero_stage=1))
     assert ev.breakdown.ep_comm_s > 0 and ev.fits
     dense = m.detail(Candidate(dp=4, tp=2, pp=2, ep=1, sp=True, microbatch_size=1, num_microbatches=16)).expert_params
@@ -173,16 +173,7 @@ def test_profile_replaces_compute_of_the_shapes_it_covers(tmp_path):
     assert any(note.startswith("compute measured") for note in model_notes(measured))
 
 
-def test_kernel_fusion_follows_the_framework_and_recipe():
-    """Fused norm/activation kernels where the request's stack has them (frameworks/*.yaml behaviour.kernels), never
-    for fp32; explicit CostOptions keep the recipe defaults (bf16/fp8 fused, amp-bf16/fp32 eager)."""
-    from planner.cost.model import CostOptions
-
-    for framework, precision, fused in (("megatron-core", "bf16", True), ("megatron-core", "fp8", True),
-                                        ("megatron-core", "fp32", False), ("planner", "bf16", False),
-                                        ("torchtitan", "bf16", False)):
-        request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision)
-        assert CostModel(request.model_copy(update={"framework": framework})).fused_kernels is fused
+def test_kernel_fusion_defaults_follow_the_recipe():
     for precision, fused in (("bf16", True), ("fp8", True), ("amp-bf16", False), ("fp32", False)):
         request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision)
-        assert CostModel(request, options=CostOptions()).fused_kernels is fused
+        assert CostModel(request).fused_kernels is fused

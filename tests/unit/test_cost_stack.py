@@ -20,7 +20,7 @@ def test_profiles_map_to_options():
     overlaps the gradient all-reduce nor has flash attention, and splits pipeline sends over TP ranks; DeepSpeed's
     ZeRO-3 runs flat rings and re-gathers for the recompute forward."""
     core, lm, ds = (options_for(name, "bf16") for name in ("megatron-core", "megatron-lm", "deepspeed"))
-    assert core.pp_overlap and core.flash_attention and core.fused_kernels and core.dp_overlap
+    assert core.pp_overlap and core.flash_attention and core.tp_overlap and core.dp_overlap
     assert not lm.flash_attention and not lm.dp_overlap and not lm.pp_overlap and lm.pp_scatter_gather
     assert not ds.zero3_hierarchical and ds.zero3_regather_for_recompute and core.zero3_hierarchical
     assert options_for("megatron-core", "fp32").flash_attention is False
@@ -109,3 +109,13 @@ def test_deepspeed_reduces_gradients_in_the_16_bit_dtype():
     link = ds.links(cand).dp
     rs16, rs32 = comm.reduce_scatter_s(2e9, group=link), comm.reduce_scatter_s(4e9, group=link)
     assert _dp_comm_s(core, cand, 1e9, 0.0) - _dp_comm_s(ds, cand, 1e9, 0.0) == pytest.approx(rs32 - rs16, rel=1e-9)
+
+
+def test_kernel_bytes_follow_the_recipe_for_every_stack():
+    """Flash attention from the stack; norm/activation kernel bytes from the precision recipe (planner.cost.stack)."""
+    for framework in ("megatron-core", "planner", "torchtitan", "pytorch-fsdp"):
+        for precision, fused in (("bf16", True), ("amp-bf16", False), ("fp32", False)):
+            req = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision)
+            assert CostModel(req.model_copy(update={"framework": framework})).fused_kernels is fused
+    assert CostModel(api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1)
+                     .model_copy(update={"framework": "megatron-lm"})).flash_attention is False
