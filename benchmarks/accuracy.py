@@ -223,11 +223,25 @@ def render(result: dict, *, quiet: bool = False) -> str:
     lines.append(f"false OOM (ran, predicted not to fit at its settings): {len(oom)}" + "".join(f"\n  {r['run']}: {r['why']}" for r in oom))
     lines.append("ceilings (median implied, per device family x stack): " + ", ".join(
         f"{f}/{s}={v:.3f}" for (f, s), v in sorted(result["derived"].items())))
+    lines.append("error bands (90th percentile |LOSO error|): " + ", ".join(
+        f"{f}/{s}={v:.1%}" for (f, s), v in sorted(error_bands(rows).items())))
     lines += [f"skipped {name}: {why}" for name, why in result["skipped"]]
     return "\n".join(lines)
 
 
-def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE) -> str:
+def error_bands(rows: list[dict], quantile: float = 0.9) -> dict[tuple[str, str], float]:
+    """Per (family, stack) and (family, '*'): the `quantile` of |leave-one-source-out error| of its runs (the band a
+    prediction carries: planner.cost.estimate.model_notes)."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        if r["loso_error"] == r["loso_error"]:
+            groups[(r["family"], r["stack"])].append(abs(r["loso_error"]))
+            groups[(r["family"], "*")].append(abs(r["loso_error"]))
+    return {k: sorted(v)[min(len(v) - 1, int(quantile * len(v)))] for k, v in groups.items()}
+
+
+def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE,
+                   bands: dict[tuple[str, str], float] | None = None) -> str:
     """Rewrite each family's `stack_ceilings:` line of calibration.yaml with the derived medians (rounded to 3
     places), and a `matmul_ceiling_fraction: x  # derived` line with the family's median over all stacks; returns
     the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
@@ -243,6 +257,12 @@ def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATI
             cells = {s: v for (f, s), v in sorted(derived.items()) if f == family and s != "*"}
             line = line[: line.index("stack_ceilings:")] + "stack_ceilings: {" + ", ".join(
                 f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
+        if line.strip().startswith("stack_error_bands:") and family and bands:
+            cells = {s: v for (f, s), v in sorted(bands.items()) if f == family and s != "*"}
+            line = line[: line.index("stack_error_bands:")] + "stack_error_bands: {" + ", ".join(
+                f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
+        if line.strip().startswith("error_band:") and line.endswith("# derived") and bands and (family, "*") in bands:
+            line = line[: line.index("error_band:")] + f"error_band: {bands[(family, '*')]:.3f}  # derived"
         out.append(line)
     new = "\n".join(out) + "\n"
     path.write_text(new, encoding="utf-8")
@@ -258,7 +278,7 @@ def derive_fixed_point(path: Path, rounds: int = 4) -> dict:
         calibration._load.cache_clear()
         result = run_all(path)
         before = CALIBRATION_FILE.read_text(encoding="utf-8")
-        if write_ceilings(result["derived"]) == before:
+        if write_ceilings(result["derived"], bands=error_bands(result["rows"])) == before:
             break
     calibration._load.cache_clear()
     return run_all(path)

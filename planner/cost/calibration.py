@@ -28,6 +28,8 @@ class DeviceCalibration:
     source: str
     eager_kernel_s: float = 0.0  # eager recipe: device time per kernel beyond bytes / bandwidth (planner.cost.eager)
     eager_host_op_s: float = 0.0  # eager recipe: host (CPU) time per aten operator (planner.cost.eager)
+    error_band: float | None = None  # 90th percentile |step-time error| of the leave-one-source-out predictions
+    stack: str | None = None  # the software stack whose GEMM ceiling this is (None: the family's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,9 +46,12 @@ def _entry(raw: dict) -> DeviceCalibration:
 
 
 def _stacks(raw: dict) -> tuple[tuple[str, DeviceCalibration], ...]:
-    """Per software stack of a family: the family's entry with the stack's achieved GEMM ceiling."""
+    """Per software stack of a family: the family's entry with the stack's achieved GEMM ceiling and error band
+    (the family's band where the stack has none)."""
     base = _entry(raw)
-    return tuple((name, replace(base, matmul_ceiling_fraction=float(value)))
+    bands = raw.get("stack_error_bands") or {}
+    return tuple((name, replace(base, matmul_ceiling_fraction=float(value), stack=name,
+                                error_band=float(bands[name]) if name in bands else base.error_band))
                  for name, value in (raw.get("stack_ceilings") or {}).items())
 
 
