@@ -26,7 +26,8 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
     """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it."""
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
               shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
-              stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap)
+              stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
+              selective_half_forward=model.options.selective_half_forward)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
         kinds["decoder"] = decoder_cost(env, moe_layer=False)

@@ -76,7 +76,8 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
     links = L.Links(tp=tp, cp=cp or alone, ep=ep or alone, dp=alone, expert_dp=alone, pp=alone)
     return L.Env(spec=model.spec, device=model.device, cal=cal or model.cal, precision=model.request.precision,
                  shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap,
-                 stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap)
+                 stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
+                 selective_half_forward=model.options.selective_half_forward)
 
 
 def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:

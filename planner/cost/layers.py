@@ -46,6 +46,7 @@ class Env:
     tp_overlap: str
     stack_tp_overlap: bool = False  # the stack overlaps TP collectives with GEMMs (behaviour.overlap.tp_comm)
     moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
+    selective_half_forward: bool = False  # the stack's selective recompute reruns half the forward (torchtitan)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,11 +209,14 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
         acts = autocast.decoder_activation_bytes(spec, shape)
     else:
         acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
-    selective = 0.0 if shape.flash_attention else core + core_mem
+    selective, act_selective = (0.0 if shape.flash_attention else core + core_mem), acts.selective
+    if env.selective_half_forward:  # torchtitan: every other layer (N=2) or every other matmul and the pointwise ops
+        selective = (fwd + tp_fwd + ep_fwd + cp_fwd) / 2
+        act_selective = (acts.none + acts.full) / 2
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,
-        act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
+        act_none=acts.none, act_selective=act_selective, act_full=acts.full,
     )
 
 

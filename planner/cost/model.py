@@ -76,6 +76,9 @@ class CostOptions:
         bf16 exists only as the gathered/cast compute copy (FSDP mixed precision: 4 + 4 + 8, memory.FP32_MASTER_PARAMS_BF16).
     grad_reduce_fp32: gradients reduced in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, FSDP reduce_dtype
         fp32), else in the 16-bit dtype (DeepSpeed ZeRO's communication_data_type default).
+    selective_half_forward: the stack's "selective" recompute reruns half of each layer's forward and keeps half
+        its activations (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes every
+        other matmul and the pointwise ops), not Megatron's attention core only.
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
         (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
@@ -95,6 +98,7 @@ class CostOptions:
     allocator_fraction: float | None = None
     pp_scatter_gather: bool = False
     grad_reduce_fp32: bool = True
+    selective_half_forward: bool = False
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
 

@@ -35,4 +35,5 @@ def options_for(framework: str, precision: str):
         main_grads_fp32=b.memory.main_grads_fp32, pp_scatter_gather=o.pp_scatter_gather,
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute, allocator_fraction=b.memory.allocator_allowance_fraction,
         grad_reduce_fp32=b.memory.grad_reduce_fp32,
+        selective_half_forward=b.memory.selective_recompute == "half_forward",
     )

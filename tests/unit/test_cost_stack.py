@@ -1,5 +1,7 @@
 """The cost model reads the request's software stack (planner.cost.stack): each mechanism against its source."""
 
+import dataclasses
+
 import pytest
 
 from planner import api
@@ -119,3 +121,15 @@ def test_kernel_bytes_follow_the_recipe_for_every_stack():
             assert CostModel(req.model_copy(update={"framework": framework})).fused_kernels is fused
     assert CostModel(api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1)
                      .model_copy(update={"framework": "megatron-lm"})).flash_attention is False
+
+
+def test_torchtitan_selective_reruns_half_the_forward():
+    """torchtitan's selective AC (every other layer, or every other matmul plus the pointwise ops) reruns half of a
+    layer's forward and keeps half its activations; Megatron's reruns only the attention core (none with flash)."""
+    kw = dict(model="llama3-8b", topology="dgx-a100-80g", gpus=8, global_batch_size=8, seq_len=4096)
+    cand = Candidate(dp=8, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="selective")
+    titan, core = _model("torchtitan", **kw).layer_costs(cand), _model("megatron-core", **kw).layer_costs(cand)
+    assert titan.recompute_s[1] == pytest.approx(titan.full_recompute_s[1] / 2, rel=1e-9)
+    assert core.recompute_s[1] == 0.0
+    none = _model("torchtitan", **kw).layer_costs(dataclasses.replace(cand, recompute="none")).activation_bytes[1]
+    assert titan.activation_bytes[1] == pytest.approx((none + titan.full_recompute_activation_bytes[1]) / 2, rel=1e-9)
