@@ -30,6 +30,7 @@ from planner.topology import load_topology
 # Ordered: the first pattern found in training.framework (lower case) names the stack.
 STACK_RULES = (
     ("megatron-core", "megatron-core"),
+    ("hai-llm", "hai-llm"),
     ("torchtitan", "torchtitan"),
     ("composer", "pytorch-fsdp"),
     ("fairscale", "pytorch-fsdp"),
@@ -37,7 +38,7 @@ STACK_RULES = (
     ("gpt-neox", "deepspeed"),
     ("megatron-lm", "megatron-lm"),
 )
-DEFAULT_STACK = "megatron-core"  # in-house stacks (e.g. HAI-LLM): the best-documented optimised stack
+DEFAULT_STACK = "megatron-core"  # a stack without a profile: the best-documented optimised stack
 ACHIEVED_NIC_FRACTION = 23.0 / 25.0  # dgx-a100-80g preset: 23 GB/s achieved of HDR 25 GB/s line rate
 GPT_VOCAB = 51200
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16)
@@ -158,7 +159,9 @@ def schedule_of(run: dict) -> tuple[str | None, int | None]:
     if "interleav" in text and "not stated" not in text:
         vpp = train.get("virtual_pipeline_stages") or (int(m.group(1)) if (m := re.search(r"(\d+) interleaving", text)) else None)
         return "interleaved", vpp
-    if re.search(r"1f1b|pipedream-flush|dualpipe", text):
+    if "dualpipe" in text:  # bidirectional, backward split into input and weight parts: the zero-bubble family
+        return "zero-bubble", 1
+    if re.search(r"1f1b|pipedream-flush", text):
         return "1f1b", 1
     return None, None
 

@@ -81,6 +81,25 @@ def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
     return max(intra, inter) + (n - 1) * (group.inter_latency_s if group.spans_nodes else latency)
 
 
+def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink) -> float:
+    """MoE dispatch (or combine) that crosses the NICs once per destination node and fans out over NVLink there
+    (DeepSeek-V3 report Sec. 3.2.2 and DeepEP; Megatron-Core's flex dispatcher). `num_bytes` = tokens * top_k * h
+    * 2 sent by this rank. With N nodes in the group and top_k experts picked uniformly, a token reaches
+    N * (1 - (1 - 1/N)^top_k) distinct nodes, (N - 1)/N of them remote: that many copies cross the NICs instead of
+    top_k * (n - rpn)/n. The NVLink side moves the on-node share as in all_to_all_s; the slower side bounds."""
+    n, rpn, nodes = group.size, group.ranks_per_node, group.num_nodes
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    if not group.spans_nodes or nodes <= 1:
+        return all_to_all_s(num_bytes, group=group)
+    bandwidth, _ = group.intra("all_to_all")
+    per_copy = num_bytes / top_k
+    remote_nodes = nodes * (1 - (1 - 1 / nodes) ** top_k) * (nodes - 1) / nodes
+    intra = (rpn - 1) / n * num_bytes / _bytes_per_s(bandwidth)
+    inter = remote_nodes * per_copy / _bytes_per_s(group.inter_bandwidth_GBps)
+    return max(intra, inter) + (nodes - 1) * group.inter_latency_s + (rpn - 1) * group.intra_latency_s
+
+
 def p2p_s(num_bytes: float, *, group: GroupLink) -> float:
     """Point-to-point send between neighbouring pipeline stages: bytes / bw + latency."""
     if group.size <= 1 or num_bytes <= 0:

@@ -47,6 +47,7 @@ class Env:
     stack_tp_overlap: bool = False  # the stack overlaps TP collectives with GEMMs (behaviour.overlap.tp_comm)
     moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
     selective_half_forward: bool = False  # the stack's selective recompute reruns half the forward (torchtitan)
+    moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,12 +126,16 @@ def _cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
 
 def _ep_times(env: Env) -> tuple[float, float]:
     """Two all-to-alls each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2):
-    tokens * top_k * capacity_factor * h bf16 each."""
+    tokens * top_k * capacity_factor * h bf16 each; per node deduplicated where the stack dispatches hierarchically
+    (comm.hierarchical_all_to_all_s)."""
     cfg = env.spec.moe
     if env.shape.ep <= 1 or cfg is None:
         return 0.0, 0.0
     size = env.shape.tokens * cfg.top_k * (cfg.capacity_factor or 1.0) * env.spec.hidden_size * compute.ACT_BYTES
-    one = comm.all_to_all_s(size, group=env.links.ep)
+    if env.moe_hierarchical:
+        one = comm.hierarchical_all_to_all_s(size, top_k=cfg.top_k, group=env.links.ep)
+    else:
+        one = comm.all_to_all_s(size, group=env.links.ep)
     return 2 * one, 2 * one
 
 

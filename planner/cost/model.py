@@ -79,6 +79,7 @@ class CostOptions:
     selective_half_forward: the stack's "selective" recompute reruns half of each layer's forward and keeps half
         its activations (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes every
         other matmul and the pointwise ops), not Megatron's attention core only.
+    moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
         (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
@@ -99,6 +100,7 @@ class CostOptions:
     pp_scatter_gather: bool = False
     grad_reduce_fp32: bool = True
     selective_half_forward: bool = False
+    moe_hierarchical: bool = False
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
 

@@ -123,6 +123,8 @@ class Overlap(Schema):
     zero3_prefetch_layers: int = Field(ge=0, description="layers whose parameters are gathered ahead (prefetch depth)")
     pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the TP ranks and all-gathered "
                                                                "by the receiver (2021 Megatron-LM scatter/gather)")
+    moe_hierarchical_dispatch: bool = Field(default=False, description="MoE tokens cross the NICs once per destination "
+                                                                       "node and fan out over NVLink (DeepEP)")
     zero3_hierarchical: bool = Field(default=True, description="ZeRO-3 gathers/reduce-scatters cross nodes once per "
                                                                "node (NCCL hierarchical); False: a flat ring per rank")
     zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "

@@ -133,3 +133,18 @@ def test_torchtitan_selective_reruns_half_the_forward():
     assert core.recompute_s[1] == 0.0
     none = _model("torchtitan", **kw).layer_costs(dataclasses.replace(cand, recompute="none")).activation_bytes[1]
     assert titan.activation_bytes[1] == pytest.approx((none + titan.full_recompute_activation_bytes[1]) / 2, rel=1e-9)
+
+
+def test_hierarchical_dispatch_crosses_each_node_once():
+    """DeepSeek-V3 Sec. 3.2.2 / DeepEP: a token picks top_k experts over N nodes and crosses IB once per distinct
+    remote node, N(1 - (1 - 1/N)^k)(N - 1)/N copies, against k (n - rpn)/n for a flat all-to-all."""
+    link = GroupLink(size=64, num_nodes=8, ranks_per_node=8, inter_bandwidth_GBps=45.0, inter_latency_s=0.0,
+                     intra_bandwidth_GBps=160.0, intra_latency_s=0.0)
+    size = 4096 * 8 * 7168 * 2.0
+    flat = comm.all_to_all_s(size, group=link)
+    hier = comm.hierarchical_all_to_all_s(size, top_k=8, group=link)
+    remote = 8 * (1 - (7 / 8) ** 8) * 7 / 8
+    assert flat == pytest.approx(size * 56 / 64 / 45e9, rel=1e-9)
+    assert hier == pytest.approx(remote * size / 8 / 45e9, rel=1e-9)
+    assert options_for("hai-llm", "fp8").moe_overlap and options_for("hai-llm", "fp8").moe_hierarchical
+    assert not options_for("megatron-core", "bf16").moe_overlap
