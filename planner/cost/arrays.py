@@ -27,7 +27,7 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
               shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
               stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
-              selective_half_forward=model.options.selective_half_forward,
+              selective_mode=model.options.selective_mode,
               moe_hierarchical=model.options.moe_hierarchical)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):

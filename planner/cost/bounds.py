@@ -77,7 +77,7 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
     return L.Env(spec=model.spec, device=model.device, cal=cal or model.cal, precision=model.request.precision,
                  shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap,
                  stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
-                 selective_half_forward=model.options.selective_half_forward,
+                 selective_mode=model.options.selective_mode,
                  moe_hierarchical=model.options.moe_hierarchical)
 
 

@@ -46,7 +46,7 @@ class Env:
     tp_overlap: str
     stack_tp_overlap: bool = False  # the stack overlaps TP collectives with GEMMs (behaviour.overlap.tp_comm)
     moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
-    selective_half_forward: bool = False  # the stack's selective recompute reruns half the forward (torchtitan)
+    selective_mode: str = "attention_core"  # what the stack's selective recompute reruns (behaviour.memory)
     moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
 
 
@@ -122,6 +122,28 @@ def _cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
     bwd = (shape.cp - 1) * comm.p2p_s(2 * kv_bytes, group=env.links.cp)
     core_bwd = core_fwd_s * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
     return max(0.0, fwd - core_fwd_s), max(0.0, bwd - core_bwd)
+
+
+def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -> tuple[float, float]:
+    """(recompute seconds, saved bytes) of a selective recompute of the norms and the MLA up-projections (DeepSeek-V3
+    report Sec. 3.3.3; Megatron-Core --recompute-modules layernorm mla_up_proj): the norms' saved inputs and the
+    up-projected Q, K, V are dropped for the compressed latents (q_lora + kv_lora + rope per token), and the
+    backward reruns both norms (memory-bound) and the up-projection GEMMs."""
+    spec, shape = env.spec, env.shape
+    b, s, t, h = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp, spec.hidden_size
+    k = shape.kernels
+    saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
+    dropped = 2 * saved_norm * s * b * h / shape.sp_div
+    rerun = compute.memory_bound_time_s(2 * compute.norm_bytes(spec, k) * shape.tokens * h / shape.sp_div,
+                                        device=env.device, cal=env.cal)
+    if spec.mla is not None:
+        mla, a, kv = spec.mla, spec.num_attention_heads, spec.kv_heads
+        qk_d = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        dropped += 2 * s * b * (a * qk_d + kv * qk_d + kv * mla.v_head_dim) / t
+        dropped -= 2 * s * b * ((mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim)
+        up = [g for g in gemms if g.name in ("q_up", "kv_up")]
+        rerun += _gemm_times(env, up)[0]
+    return rerun, max(base_bytes - dropped, 0.0)
 
 
 def _ep_times(env: Env) -> tuple[float, float]:
@@ -215,9 +237,11 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     else:
         acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
     selective, act_selective = (0.0 if shape.flash_attention else core + core_mem), acts.selective
-    if env.selective_half_forward:  # torchtitan: every other layer (N=2) or every other matmul and the pointwise ops
+    if env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
         selective = (fwd + tp_fwd + ep_fwd + cp_fwd) / 2
         act_selective = (acts.none + acts.full) / 2
+    elif env.selective_mode == "norm_and_up_proj":
+        selective, act_selective = _norm_up_selective(env, gemms, acts.selective)
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,

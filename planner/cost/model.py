@@ -76,9 +76,9 @@ class CostOptions:
         bf16 exists only as the gathered/cast compute copy (FSDP mixed precision: 4 + 4 + 8, memory.FP32_MASTER_PARAMS_BF16).
     grad_reduce_fp32: gradients reduced in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, FSDP reduce_dtype
         fp32), else in the 16-bit dtype (DeepSpeed ZeRO's communication_data_type default).
-    selective_half_forward: the stack's "selective" recompute reruns half of each layer's forward and keeps half
-        its activations (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes every
-        other matmul and the pointwise ops), not Megatron's attention core only.
+    selective_mode: what the stack's "selective" recompute reruns: "attention_core" (Megatron, Korthikanti et al.
+        2022), "half_forward" (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes
+        every other matmul and the pointwise ops), "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
         (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
@@ -99,7 +99,7 @@ class CostOptions:
     allocator_fraction: float | None = None
     pp_scatter_gather: bool = False
     grad_reduce_fp32: bool = True
-    selective_half_forward: bool = False
+    selective_mode: str = "attention_core"
     moe_hierarchical: bool = False
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
@@ -253,7 +253,7 @@ class CostModel:
     def shape(self, cand: Candidate) -> Shape:
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
                      ep=cand.ep, sp=cand.sp, flash_attention=self.flash_attention, dropout=self.options.dropout,
-                     fused_kernels=self.fused_kernels)
+                     fused_kernels=self.fused_kernels, fp8_inputs=self.request.precision == "fp8")
 
     # --- schedule-dependent terms -----------------------------------------------------------------------
 

@@ -143,9 +143,10 @@ class MemoryHabits(Schema):
     main_grads_fp32: bool = Field(description="gradients accumulated in an fp32 buffer (4 bytes/param) under bf16")
     distributed_optimizer: bool = Field(description="ZeRO-1 is the stack's distributed optimizer")
     allocator_allowance_fraction: float = Field(ge=0, lt=0.5, description="device memory kept back for fragmentation")
-    selective_recompute: Literal["attention_core", "half_forward"] = Field(
+    selective_recompute: Literal["attention_core", "half_forward", "norm_and_up_proj"] = Field(
         default="attention_core", description="what `selective` recompute reruns: the attention core (Megatron, "
-                                              "Korthikanti et al. 2022) or half of each layer's forward (torchtitan)")
+                                              "Korthikanti et al. 2022), half of each layer's forward (torchtitan), "
+                                              "or the norms and MLA up-projections (DeepSeek-V3)")
     grad_reduce_fp32: bool = Field(default=True, description="gradients reduced across data-parallel ranks in fp32 "
                                                              "(else in the 16-bit training dtype)")
     source: str = Sourced

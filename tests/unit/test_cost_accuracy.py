@@ -77,7 +77,6 @@ def test_issue_targets(bench):
 
 
 @needs_runs
-@pytest.mark.xfail(strict=True, reason="DeepSeek-V3 still predicted not to fit (benchmarks/results/accuracy.txt)")
 def test_no_run_that_ran_is_predicted_not_to_fit(bench):
     _, result = bench
     assert [r["run"] for r in result["rows"] if not r["fits"]] == []

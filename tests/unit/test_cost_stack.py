@@ -148,3 +148,30 @@ def test_hierarchical_dispatch_crosses_each_node_once():
     assert hier == pytest.approx(remote * size / 8 / 45e9, rel=1e-9)
     assert options_for("hai-llm", "fp8").moe_overlap and options_for("hai-llm", "fp8").moe_hierarchical
     assert not options_for("megatron-core", "bf16").moe_overlap
+
+
+def test_fp8_saves_gemm_inputs_in_one_byte():
+    """Transformer Engine keeps the fp8 cast of a Linear's input for backward: the GEMM-input terms of
+    Korthikanti's count (QKV input, out-proj input, FFN input, fc2 input) drop from 2 to 1 byte per element."""
+    from planner.cost.compute import Shape
+    from planner.cost.memory import decoder_activation_bytes
+    from planner.models import load_model
+
+    spec = load_model("gpt3-175b")  # plain GeLU FFN, f = 4h, MHA
+    bf16 = decoder_activation_bytes(spec, Shape(microbatch_size=1, seq_len=2048), moe_layer=False)
+    fp8 = decoder_activation_bytes(spec, Shape(microbatch_size=1, seq_len=2048, fp8_inputs=True), moe_layer=False)
+    sbh = 2048 * spec.hidden_size
+    # QKV input + FFN input + out-proj input (h each) + fc2 input (f = 4h): 7 sbh elements one byte cheaper
+    assert bf16.none - fp8.none == pytest.approx(7 * sbh, rel=1e-9)
+
+
+def test_deepseek_selective_drops_norms_and_up_projections():
+    """hai-llm's selective recompute (DeepSeek-V3 Sec. 3.2.3) keeps the MLA latents instead of the up-projected
+    Q, K, V and reruns the norms and the up-projection GEMMs."""
+    kw = dict(model="deepseek-v3", topology="hgx-h800", gpus=256, global_batch_size=256, seq_len=4096, precision="fp8")
+    cand = Candidate(dp=16, tp=1, pp=16, ep=8, zero_stage=1, microbatch_size=1, num_microbatches=16, recompute="selective")
+    hai, core = _model("hai-llm", **kw), _model("megatron-core", **kw)
+    assert options_for("hai-llm", "fp8").selective_mode == "norm_and_up_proj"
+    hai_costs, core_costs = hai.layer_costs(cand), core.layer_costs(cand)
+    assert hai_costs.activation_bytes[5] < 0.8 * core_costs.activation_bytes[5]
+    assert 0 < hai_costs.recompute_s[5] < 0.2 * hai_costs.full_recompute_s[5] and core_costs.recompute_s[5] == 0.0
