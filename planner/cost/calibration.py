@@ -75,6 +75,12 @@ def device_calibration(device: DeviceSpec, framework: str | None = None) -> Devi
     return default
 
 
+def flash_attention_1_relative_rate() -> float:
+    """FlashAttention v1's forward + backward rate relative to FlashAttention-2's (calibration.yaml kernels)."""
+    raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
+    return float(raw["kernels"]["flash_attention_1_relative_rate"])
+
+
 def memory_calibration() -> MemoryCalibration:
     """The global allocator allowance (derived from the tinyllama H100 measurements)."""
     return _load()[2]

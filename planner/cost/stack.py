@@ -36,6 +36,6 @@ def options_for(framework: str, precision: str):
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
         allocator_fraction=b.memory.allocator_allowance_fraction,
         grad_reduce_fp32=b.memory.grad_reduce_fp32,
-        selective_mode=b.memory.selective_recompute,
+        selective_mode=b.memory.selective_recompute, flash_attention_version=k.flash_attention_version,
         moe_hierarchical=o.moe_hierarchical_dispatch,
     )

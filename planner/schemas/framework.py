@@ -134,6 +134,8 @@ class Overlap(Schema):
 
 class Kernels(Schema):
     fused_attention: bool = Field(description="flash/cuDNN attention: no s x s score tensor saved")
+    flash_attention_version: Literal[1, 2] = Field(default=2, description="FlashAttention generation the stack runs "
+                                                                         "(v1 runs at about half the v2 rate)")
     fused_norm: bool
     fused_activation: bool
     source: str = Sourced

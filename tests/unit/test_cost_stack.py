@@ -175,3 +175,14 @@ def test_deepseek_selective_drops_norms_and_up_projections():
     hai_costs, core_costs = hai.layer_costs(cand), core.layer_costs(cand)
     assert hai_costs.activation_bytes[5] < 0.8 * core_costs.activation_bytes[5]
     assert 0 < hai_costs.recompute_s[5] < 0.2 * hai_costs.full_recompute_s[5] and core_costs.recompute_s[5] == 0.0
+
+
+def test_flash_attention_v1_runs_at_the_published_fraction_of_v2():
+    """Dao 2023 (FlashAttention-2): ~2x over FlashAttention; a v1 stack's attention core takes twice as long."""
+    from planner.cost.calibration import flash_attention_1_relative_rate
+
+    kw = dict(model="llama3-8b", topology="dgx-a100-80g", gpus=8, global_batch_size=8, seq_len=8192)
+    v1, v2 = _model("pytorch-fsdp", **kw), _model("torchtitan", **kw)
+    assert options_for("pytorch-fsdp", "bf16").flash_attention_version == 1
+    assert v1.cal.attention_fraction == pytest.approx(v2.cal.attention_fraction * flash_attention_1_relative_rate())
+    assert flash_attention_1_relative_rate() == pytest.approx(0.5)
