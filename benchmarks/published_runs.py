@@ -128,9 +128,10 @@ def global_batch(run: dict) -> int:
     train = run["training"]
     if train.get("global_batch_seqs"):
         return int(train["global_batch_seqs"])
-    tokens = train.get("global_batch_tokens")
-    if isinstance(tokens, str):  # e.g. "2M tokens": binary millions
+    tokens, dp = train.get("global_batch_tokens"), run["parallel"].get("dp") or 1
+    if isinstance(tokens, str):  # e.g. "2M tokens", a rounded figure: binary millions, to a multiple of dp
         tokens = float(re.findall(r"[\d.]+", tokens)[0]) * 2**20
+        return max(dp, round(tokens / run["model"]["seq_len"] / dp) * dp)
     return max(1, round(tokens / run["model"]["seq_len"]))
 
 
@@ -215,7 +216,8 @@ def measured_step_s(run: dict, model_flops: float, hardware_flops: float, peak_t
 
 
 def skip_reason(run: dict) -> str | None:
-    """Why a run cannot be evaluated (None: it can)."""
+    """Why a run cannot be evaluated (None: it can): not an NVIDIA GPU, no parallel configuration, no throughput,
+    or a throughput published only as an upper bound ("up to"), which no step time equals."""
     if "NVIDIA" not in run["hardware"]["gpu_model"]:
         return "not an NVIDIA GPU"
     if run["parallel"].get("dp") is None:
@@ -223,4 +225,7 @@ def skip_reason(run: dict) -> str | None:
     res = run["results"]
     if not any(res.get(k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu_pct", "hfu_pct")):
         return "no throughput published"
+    if not any(res.get(k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s")) and \
+            "up to" in (res.get("tflops_convention") or "").lower():
+        return "throughput published only as a bound ('up to'), not a measured step"
     return None
