@@ -46,13 +46,15 @@ def _entry(raw: dict) -> DeviceCalibration:
 
 
 def _stacks(raw: dict) -> tuple[tuple[str, DeviceCalibration], ...]:
-    """Per software stack of a family: the family's entry with the stack's achieved GEMM ceiling and error band
-    (the family's band where the stack has none)."""
+    """Per software stack of a family: the family's entry with the stack's achieved GEMM ceiling (derived from
+    published runs, `stack_ceilings`, or measured, `measured_stack_ceilings`) and error band (the family's band
+    where the stack has none)."""
     base = _entry(raw)
     bands = raw.get("stack_error_bands") or {}
+    ceilings = {**(raw.get("measured_stack_ceilings") or {}), **(raw.get("stack_ceilings") or {})}
     return tuple((name, replace(base, matmul_ceiling_fraction=float(value), stack=name,
                                 error_band=float(bands[name]) if name in bands else base.error_band))
-                 for name, value in (raw.get("stack_ceilings") or {}).items())
+                 for name, value in ceilings.items())
 
 
 @lru_cache(maxsize=1)
