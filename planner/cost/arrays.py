@@ -43,7 +43,7 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
     return kinds
 
 
-def _module_table(model: "CostModel", cand: "Candidate", links: Links | None = None) -> np.ndarray:
+def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None) -> np.ndarray:
     """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and the links of the
     tp, cp and ep groups, the only links a module's cost reads (planner.cost.layers), so factorisations and axis
     orders that give those groups the same links share it; the candidate's ZeRO stage, recompute mode and
@@ -94,7 +94,7 @@ def _count_flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarra
     return model_f, hw_f, core_f
 
 
-def _rows(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
+def rows_of(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
     """The per-module rows of a module table under a recompute mode (forward and backward with exposed comm)."""
     col = dict(zip(MODULE_FIELDS, table))
     fwd = col["compute_fwd_s"] + col["tp_fwd_s"] + col["ep_fwd_s"] + col["cp_fwd_s"]
@@ -130,10 +130,10 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     """All per-module arrays of `cand` (memoised by CostModel.detail)."""
     from planner.cost.model import Detail, LayerCosts
 
-    row = _rows(_module_table(model, cand), cand.recompute)
+    row = rows_of(module_table(model, cand), cand.recompute)
     compute_fwd, compute_bwd = row["compute_fwd_s"], row["compute_bwd_s"]
     dense, expert = module_params_of(model, cand)
-    weights, grads, optim = _static_parts(model, cand, dense, expert)
+    weights, grads, optim = static_parts(model, cand, dense, expert)
     model_f, hw_f, core_f = _flops_per_sequence(model)
     costs = LayerCosts(
         names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
@@ -154,11 +154,11 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
     from planner.cost.model import LayerCosts
 
-    row = _rows(_module_table(model, cand, links), cand.recompute)
+    row = rows_of(module_table(model, cand, links), cand.recompute)
     key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.schedule == "2bw")
     static = model.memo.get(key)
     if static is None:
-        static = model.memo[key] = sum(_static_parts(model, cand, *module_params_of(model, cand)))
+        static = model.memo[key] = sum(static_parts(model, cand, *module_params_of(model, cand)))
         static.setflags(write=False)  # shared by the LayerCosts of every shape of this layout
     return LayerCosts(
         names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
@@ -167,7 +167,7 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
     )
 
 
-def _static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
+def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
     """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO,
     routed experts over their dp*cp/ep expert-data-parallel ranks. PipeDream-2BW keeps a second weight version."""
     recipe, zero = model.recipe, cand.zero_stage

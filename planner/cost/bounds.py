@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class _DpTerms:
-    """(slope, intercept) of the dense and expert gradient reduction time (the fields _dp_exposed reads)."""
+    """(slope, intercept) of the dense and expert gradient reduction time (the fields dp_exposed reads)."""
 
     dp_dense: tuple[float, float]
     dp_expert: tuple[float, float]
@@ -108,9 +108,9 @@ def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
     tp = _tp_link(model, cand)
     cp = ep = None
     if cand.cp > 1:
-        cp = _least(_footprints(model, cand, cand.cp), lambda link: L._cp_times(_env(model, cand, tp, cp=link), 0.0))
+        cp = _least(_footprints(model, cand, cand.cp), lambda link: L.cp_times(_env(model, cand, tp, cp=link), 0.0))
     if cand.ep > 1:
-        ep = _least(_footprints(model, cand, cand.ep), lambda link: L._ep_times(_env(model, cand, tp, ep=link)))
+        ep = _least(_footprints(model, cand, cand.ep), lambda link: L.ep_times(_env(model, cand, tp, ep=link)))
     found = model.memo[key] = _env(model, cand, tp, cp=cp, ep=ep).links
     return found
 
@@ -126,11 +126,11 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
 
 def compute_rows(model: "CostModel", cand: "Candidate") -> np.ndarray:
     """(forward, backward) compute seconds per module (no communication): the same under every layout."""
-    from planner.cost.arrays import MODULE_FIELDS, _module_table
+    from planner.cost.arrays import MODULE_FIELDS, module_table
 
     key = ("compute_rows", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.tp_overlap)
     rows = [MODULE_FIELDS.index("compute_fwd_s"), MODULE_FIELDS.index("compute_bwd_s")]
-    return _memo(model, key, lambda: _module_table(model, cand, floor_links(model, cand))[rows])
+    return _memo(model, key, lambda: module_table(model, cand, floor_links(model, cand))[rows])
 
 
 def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
@@ -138,10 +138,10 @@ def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     less the grads where the amp-bf16 peak comes before any exist (planner.cost.autocast); what a rank holds at
     least besides in-flight activations and other bytes."""
     from planner.cost import autocast
-    from planner.cost.arrays import _static_parts, module_params_of
+    from planner.cost.arrays import static_parts, module_params_of
 
     def make():
-        weights, grads, optimizer = _static_parts(model, cand, *module_params_of(model, cand))
+        weights, grads, optimizer = static_parts(model, cand, *module_params_of(model, cand))
         if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
                 dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
             grads = 0.0 * grads
@@ -210,7 +210,7 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     the inter-node ring over the nodes, both least at the fewest nodes), at most the time under every placement:
     the dp x cp reduction runs on the dp axis's footprint (planner.cost.links), the exposure grows with it."""
     from planner.cost.arrays import module_params_of
-    from planner.cost.evaluate import _dp_exposed
+    from planner.cost.evaluate import dp_exposed
 
     def rows() -> dict:
         dense, expert = module_params_of(model, cand)
@@ -225,20 +225,20 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
                         cand.tp_overlap, ranks.tobytes()), rows)
     if not floor:
         links = model.links(cand)
-        return float(_dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp), row))
+        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp), row))
     edp = max(1, cand.dp * cand.cp // cand.ep)
-    return min(float(_dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
+    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
                                                       dataclasses.replace(link, size=edp)), row))
                for link in _footprints(model, cand, cand.dp))
 
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink) -> _DpTerms:
-    from planner.cost.evaluate import _dp_comm_s, _linear
+    from planner.cost.evaluate import dp_comm_s, linear_fit
 
-    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # _dp_comm_s reads dp, expert_dp
+    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # dp_comm_s reads dp, expert_dp
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
     return _memo(model, ("dp_terms", cand.zero_stage, m, dp, expert_dp), lambda: _DpTerms(
-        _linear(lambda x: _dp_comm_s(model, cand, x, 0.0, links)), _linear(lambda x: _dp_comm_s(model, cand, 0.0, x, links))))
+        linear_fit(lambda x: dp_comm_s(model, cand, x, 0.0, links)), linear_fit(lambda x: dp_comm_s(model, cand, 0.0, x, links))))
 
 
 def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:
@@ -272,7 +272,7 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
     tp = _tp_link(model, cand).without_latency()
     env = _env(model, cand, tp, cal=dataclasses.replace(model.cal, gemm_fixed_s=0.0), overlap="none")
     real = _env(model, cand, tp)  # t0 kept: the attention core at b = 1 is at least its per-sequence share at b
-    ep_s = min((sum(L._ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
+    ep_s = min((sum(L.ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
                default=0.0) if cand.ep > 1 else 0.0
     total = tp_total = 0.0
     for moe_layer in (False, True):
@@ -281,14 +281,14 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
             continue
         gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(
             spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
-        fwd, bwd, _ = L._gemm_times(env, gemms)
-        core = L._gemm_times(real, gemms)[2]
-        cp_s = min((sum(L._cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
+        fwd, bwd, _ = L.gemm_times(env, gemms)
+        core = L.gemm_times(real, gemms)[2]
+        cp_s = min((sum(L.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
                    default=0.0) if cand.cp > 1 else 0.0
         total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
-        tp_total += count * sum(L._tp_times(env, fwd, bwd, collectives=2))
-    fwd, bwd, _ = L._gemm_times(env, compute.head_gemms(spec, shape))
-    tp_fwd, tp_bwd = L._tp_times(env, fwd, bwd, collectives=1)
+        tp_total += count * sum(L.tp_times(env, fwd, bwd, collectives=2))
+    fwd, bwd, _ = L.gemm_times(env, compute.head_gemms(spec, shape))
+    tp_fwd, tp_bwd = L.tp_times(env, fwd, bwd, collectives=1)
     return total + fwd + bwd, tp_total + tp_bwd + (tp_fwd if shape.sp else 0.0)
 
 
@@ -296,10 +296,10 @@ def floor_time_sum_s(model: "CostModel", cand: "Candidate") -> float:
     """sum_l forward_s + backward_s + min(0, selective recompute, full recompute) under floor_links: at most the
     sum of the module times of any recompute mode (with or without a partial full recompute) under every
     placement; one number for the three modes."""
-    from planner.cost.arrays import _module_table, _rows
+    from planner.cost.arrays import module_table, rows_of
 
     def make() -> float:
-        row = _rows(_module_table(model, cand, floor_links(model, cand)), "none")
+        row = rows_of(module_table(model, cand, floor_links(model, cand)), "none")
         least = np.minimum(0.0, np.minimum(row["selective_s"], row["full_recompute_s"]))
         return float((row["fwd"] + row["bwd"] + least).sum())
 

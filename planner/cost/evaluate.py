@@ -139,7 +139,7 @@ def _stage_sums(prefix: np.ndarray, split: tuple[int, ...], full: tuple[int, ...
     return sums
 
 
-def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float, links=None) -> float:
+def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float, links=None) -> float:
     """Data-parallel gradient reduction (and ZeRO weight gathers) of one pipeline rank holding `dense` and
     `expert` parameters, before overlap.
 
@@ -189,7 +189,7 @@ class _Fixed:
     peak_tflops: float
 
 
-def _linear(fn, reference: float = 1e9) -> tuple[float, float]:
+def linear_fit(fn, reference: float = 1e9) -> tuple[float, float]:
     """Alpha-beta costs are affine in bytes: recover (slope, intercept) from two evaluations."""
     one, two = fn(reference), fn(2 * reference)
     slope = (two - one) / reference
@@ -211,8 +211,8 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         inflight=model.inflight_per_rank(cand),
         other=model.other_per_rank(cand),
         pp_comm_s=model.pp_comm_s(cand),
-        dp_dense=_linear(lambda x: _dp_comm_s(model, cand, x, 0.0)),
-        dp_expert=_linear(lambda x: _dp_comm_s(model, cand, 0.0, x)),
+        dp_dense=linear_fit(lambda x: dp_comm_s(model, cand, x, 0.0)),
+        dp_expert=linear_fit(lambda x: dp_comm_s(model, cand, 0.0, x)),
         optimizer_per_param_s=(per_param / (cand.dp * cand.cp if sharded else 1), per_param / (edp if sharded else 1)),
         peak_tflops=peak_tflops(model.device, model.request.precision),
     )
@@ -220,7 +220,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     return found
 
 
-def _dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) -> float:
+def dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) -> float:
     """Exposed data-parallel time, the slowest pipeline rank. Overlap (options.dp_overlap): hidden behind the
     backward of the last micro-batch (ZeRO-0/1), every backward (ZeRO-2), every forward and backward (ZeRO-3);
     the last bucket (options.bucket_params) is always exposed. Without overlap all of it is exposed, and so it
@@ -254,7 +254,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])
     bubble = schedule.bubble_s(cand.schedule, pp=pp, vpp=cand.vpp, rank_time_s=t_b)
-    dp = _dp_exposed(model, cand, fixed, row)
+    dp = dp_exposed(model, cand, fixed, row)
     opt = row["dense"] * fixed.optimizer_per_param_s[0] + row["expert"] * fixed.optimizer_per_param_s[1]
     optimizer = float(opt.max())
     tp_b, ep_b, cp_b, rec_b = (float(row[k][b]) for k in ("tp", "ep", "cp", "rec"))

@@ -76,7 +76,7 @@ class ModuleCost:
         return compute_s + self.tp_fwd_s + self.ep_fwd_s + self.cp_fwd_s
 
 
-def _gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float]:
+def gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float]:
     """(forward, backward, attention-core forward) seconds of a list of matmuls."""
     peak = compute.peak_tflops(env.device, env.precision)
     attn_peak = env.device.peak_bf16_tflops if env.precision == "fp8" else peak
@@ -91,7 +91,7 @@ def _gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, floa
     return fwd, bwd, core
 
 
-def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: int,
+def tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: int,
               gemm_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """`collectives` all-reduces (or all-gather + reduce-scatter pairs with SP: the same bytes) of T*h bf16 in each
     direction; exposed unless Domino overlaps them (comm.domino_exposed_s) or the stack overlaps them with the
@@ -110,7 +110,7 @@ def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives:
     return fwd, bwd
 
 
-def _cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
+def cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
     """Ring attention (Liu et al. 2023): cp - 1 steps each passing this rank's K and V chunk (2*b*(s/cp)*kv*d/t
     bf16) to the next rank, overlapped with the attention of the previous chunk; backward passes K, V and their
     gradients (twice the bytes). Exposed = max(0, comm - attention core compute)."""
@@ -142,11 +142,11 @@ def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -
         dropped += 2 * s * b * (a * qk_d + kv * qk_d + kv * mla.v_head_dim) / t
         dropped -= 2 * s * b * ((mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim)
         up = [g for g in gemms if g.name in ("q_up", "kv_up")]
-        rerun += _gemm_times(env, up)[0]
+        rerun += gemm_times(env, up)[0]
     return rerun, max(base_bytes - dropped, 0.0)
 
 
-def _ep_times(env: Env) -> tuple[float, float]:
+def ep_times(env: Env) -> tuple[float, float]:
     """Two all-to-alls each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2):
     tokens * top_k * capacity_factor * h bf16 each; per node deduplicated where the stack dispatches hierarchically
     (comm.hierarchical_all_to_all_s)."""
@@ -197,7 +197,7 @@ def _eager_compute_s(env: Env, params: float) -> tuple[float, float, float, floa
     calls = {"qkv": 3, "mlp": 3 if spec.gated else 2}
     gemms = [dataclasses.replace(g, calls=calls.get(g.name, g.calls))
              for g in compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=None)]
-    g_fwd, g_bwd, core = _gemm_times(env, gemms)
+    g_fwd, g_bwd, core = gemm_times(env, gemms)
     mlp_flops = next(g.flops for g in gemms if g.name == "mlp")
     last = compute.Gemm("down", mlp_flops / (3 if spec.gated else 2))
     last_s = compute.gemm_time_s(last, peak_tflops=compute.peak_tflops(env.device, env.precision), cal=cal, flash=False)
@@ -219,7 +219,7 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
         return _eager_decoder_cost(env)
     moe = counting.moe_params(spec) if moe_layer else None
     gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=moe)
-    g_fwd, g_bwd, core = _gemm_times(env, gemms)
+    g_fwd, g_bwd, core = gemm_times(env, gemms)
     core_bytes, rest_bytes = compute.layer_elementwise_bytes(spec, shape, moe=moe)
     core_mem = compute.memory_bound_time_s(core_bytes, device=env.device, cal=env.cal)
     rest_mem = compute.memory_bound_time_s(rest_bytes, device=env.device, cal=env.cal)
@@ -227,11 +227,11 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     fwd = g_fwd + core_mem + rest_mem + cast_fwd
     bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
     core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
-    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
-    ep_fwd, ep_bwd = _ep_times(env) if moe_layer else (0.0, 0.0)
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
+    ep_fwd, ep_bwd = ep_times(env) if moe_layer else (0.0, 0.0)
     if env.moe_overlap:  # the all-to-all of one micro-batch runs under another's layer compute (DualPipe, 1F1B A2A)
         ep_fwd, ep_bwd = max(0.0, ep_fwd - fwd), max(0.0, ep_bwd - bwd)
-    cp_fwd, cp_bwd = _cp_times(env, core)
+    cp_fwd, cp_bwd = cp_times(env, core)
     if env.precision == autocast.RECIPE and not moe_layer:
         acts = autocast.decoder_activation_bytes(spec, shape)
     else:
@@ -252,8 +252,8 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
 def _eager_decoder_cost(env: Env) -> ModuleCost:
     """decoder_cost for the eager recipe (planner.cost.eager); activations as torch.autocast saves them."""
     fwd, bwd, rec, core = _eager_compute_s(env, _layer_params_per_gpu(env.spec, env.shape, False))
-    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
-    cp_fwd, cp_bwd = _cp_times(env, core)
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2)
+    cp_fwd, cp_bwd = cp_times(env, core)
     acts = autocast.decoder_activation_bytes(env.spec, env.shape)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd,
                       cp_bwd_s=cp_bwd, act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
@@ -275,7 +275,7 @@ def embedding_cost(env: Env) -> ModuleCost:
     bwd = 2 * fwd
     if _is_eager(env):
         fwd, bwd = _eager_phases(env, eager.embedding_ops(env.spec, env.shape), 0.0, 0.0, 0.0)
-    tp_fwd, _ = _tp_times(env, fwd, bwd, collectives=1)
+    tp_fwd, _ = tp_times(env, fwd, bwd, collectives=1)
     act = memory.embedding_activation_bytes(env.spec, env.shape)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, act_none=act, act_selective=act, act_full=act)
 
@@ -283,13 +283,13 @@ def embedding_cost(env: Env) -> ModuleCost:
 def head_cost(env: Env) -> ModuleCost:
     """Final norm, LM head and cross-entropy. TP: with SP the head all-gathers its input in forward and
     reduce-scatters the input gradient in backward; without SP only backward all-reduces the input gradient."""
-    g_fwd, g_bwd, _ = _gemm_times(env, compute.head_gemms(env.spec, env.shape))
+    g_fwd, g_bwd, _ = gemm_times(env, compute.head_gemms(env.spec, env.shape))
     mem = compute.memory_bound_time_s(compute.head_elementwise_bytes(env.spec, env.shape), device=env.device, cal=env.cal)
     fwd, bwd = g_fwd + mem, g_bwd + 2 * mem
     if _is_eager(env):
         lm_head = env.spec.vocab_size * env.spec.hidden_size / env.shape.tp
         fwd, bwd = _eager_phases(env, eager.head_ops(env.spec, env.shape), g_fwd, g_bwd, lm_head)
-    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=1)
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=1)
     if not env.shape.sp:
         tp_fwd = 0.0
     if env.precision == autocast.RECIPE:

@@ -69,7 +69,7 @@ class CostOptions:
     dp_gather_overlap, pp_overlap, tp_overlap, moe_overlap: parameter all-gathers (ZeRO-1/3), pipeline sends,
         TP collectives, MoE all-to-all run beside compute (the stack's `behaviour.overlap`).
     pp_scatter_gather: pipeline sends split over the TP ranks and all-gathered on the receiver (2021 Megatron-LM).
-    zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate._dp_comm_s).
+    zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate.dp_comm_s).
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
         (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and

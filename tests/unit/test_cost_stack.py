@@ -6,7 +6,7 @@ import pytest
 
 from planner import api
 from planner.cost import comm, schedule
-from planner.cost.evaluate import _dp_comm_s
+from planner.cost.evaluate import dp_comm_s
 from planner.cost.model import Candidate, CostModel, CostOptions
 from planner.cost.stack import options_for
 from planner.topology.groups import GroupLink
@@ -68,7 +68,7 @@ def test_zero3_regathers_for_the_recompute_forward():
     none = Candidate(dp=64, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="none")
     link = m.links(full).dp
     gather = comm.flat_ring_s(1e9 * m.recipe.gather_bytes, group=link)
-    assert _dp_comm_s(m, full, 1e9, 0.0) - _dp_comm_s(m, none, 1e9, 0.0) == pytest.approx(gather, rel=1e-9)
+    assert dp_comm_s(m, full, 1e9, 0.0) - dp_comm_s(m, none, 1e9, 0.0) == pytest.approx(gather, rel=1e-9)
 
 
 def test_zero3_step_flat_from_768_to_1536_gpus_as_published():
@@ -110,7 +110,7 @@ def test_deepspeed_reduces_gradients_in_the_16_bit_dtype():
     assert not options_for("deepspeed", "bf16").grad_reduce_fp32 and options_for("megatron-core", "bf16").grad_reduce_fp32
     link = ds.links(cand).dp
     rs16, rs32 = comm.reduce_scatter_s(2e9, group=link), comm.reduce_scatter_s(4e9, group=link)
-    assert _dp_comm_s(core, cand, 1e9, 0.0) - _dp_comm_s(ds, cand, 1e9, 0.0) == pytest.approx(rs32 - rs16, rel=1e-9)
+    assert dp_comm_s(core, cand, 1e9, 0.0) - dp_comm_s(ds, cand, 1e9, 0.0) == pytest.approx(rs32 - rs16, rel=1e-9)
 
 
 def test_kernel_bytes_follow_the_recipe_for_every_stack():
