@@ -99,10 +99,8 @@ def choose(case: Case, ceiling: float | None = None):
 
 
 def measured(case: Case, cand: Candidate, ev) -> tuple[float, str] | None:
-    gbs = case.request.global_batch_size
     model_flops = ev.model_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
     hw_flops = ev.hardware_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
-    del gbs
     return P.measured_step_s(case.run, model_flops, hw_flops, peak_tflops(case.request.topology.device, "bf16"))
 
 
