@@ -45,34 +45,38 @@ def _entry(raw: dict) -> DeviceCalibration:
     return DeviceCalibration(**fields)
 
 
-def _stacks(raw: dict) -> tuple[tuple[str, DeviceCalibration], ...]:
-    """Per software stack of a family: the family's entry with the stack's achieved GEMM ceiling (derived from
+def _stacks(raw: dict, key: str = "stack_ceilings") -> tuple[tuple[str, DeviceCalibration], ...]:
+    """Per software stack of a family: the family's entry with the stack's GEMM ceiling under `key` (derived from
     published runs, `stack_ceilings`, or measured, `measured_stack_ceilings`) and error band (the family's band
     where the stack has none)."""
     base = _entry(raw)
     bands = raw.get("stack_error_bands") or {}
-    ceilings = {**(raw.get("measured_stack_ceilings") or {}), **(raw.get("stack_ceilings") or {})}
     return tuple((name, replace(base, matmul_ceiling_fraction=float(value), stack=name,
                                 error_band=float(bands[name]) if name in bands else base.error_band))
-                 for name, value in ceilings.items())
+                 for name, value in (raw.get(key) or {}).items())
 
 
 @lru_cache(maxsize=1)
 def _load() -> tuple[tuple, DeviceCalibration, MemoryCalibration]:
     raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
-    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item))) for item in raw["devices"])
+    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item)),
+                     dict(_stacks(item, "measured_stack_ceilings"))) for item in raw["devices"])
     memory = MemoryCalibration(**raw["memory"])
     return devices, _entry(raw["default"]), memory
 
 
-def device_calibration(device: DeviceSpec, framework: str | None = None) -> DeviceCalibration:
+def device_calibration(device: DeviceSpec, framework: str | None = None, *, eager: bool = False) -> DeviceCalibration:
     """The calibration of the first family whose `match` substring occurs in the device name, else the default;
-    with `framework`, that stack's GEMM ceiling on the family where calibration.yaml derives one (`stack_ceilings`),
-    else the family's own."""
+    with `framework`, that stack's GEMM ceiling on the family where calibration.yaml has one: for the eager recipe
+    (`eager`: planner.cost.eager itemises every kernel's overhead) a measured large-GEMM ceiling
+    (`measured_stack_ceilings`) first, else the in-step ceiling derived from published runs (`stack_ceilings`),
+    else the family's own (the median over all its runs)."""
     devices, default, _ = _load()
     name = device.name.lower()
-    for patterns, calibration, stacks in devices:
+    for patterns, calibration, stacks, measured in devices:
         if any(pattern in name for pattern in patterns):
+            if eager and framework in measured:
+                return measured[framework]
             return stacks.get(framework, calibration)
     return default
 

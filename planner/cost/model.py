@@ -161,13 +161,16 @@ class CostModel:
         self.spec = request.model
         self.topology = request.topology
         self.device = request.topology.device
-        self.cal = calibration or device_calibration(self.device, request.framework)
         self.recipe = memory.RECIPES[request.precision]
         if options is None:
             from planner.cost.stack import options_for
 
             options = options_for(request.framework, request.precision)
         self.options = options
+        fused = options.fused_kernels
+        self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
+        eager = request.precision == "amp-bf16" and not self.fused_kernels  # planner.cost.eager's recipe
+        self.cal = calibration or device_calibration(self.device, request.framework, eager=eager)
         if options.flash_attention_version == 1:
             from planner.cost.calibration import flash_attention_1_relative_rate
 
@@ -180,8 +183,6 @@ class CostModel:
             self.mem_cal = dataclasses.replace(self.mem_cal, fragmentation_fraction=options.allocator_fraction)
         flash = self.options.flash_attention
         self.flash_attention = (request.precision != "fp32") if flash is None else flash
-        fused = self.options.fused_kernels
-        self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
         if profile is None and request.profile is not None:
             from planner.io import load_file
 
