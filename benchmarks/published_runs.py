@@ -7,13 +7,19 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   RoPE (Llama convention), others LayerNorm and the run's `position` (else learned);
 - cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800) scaled to the run's GPUs, with the
   published NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
-- stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/;
+- stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of
+  STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core -> megatron-core, Megatron-LM
+  (2021-22, before Megatron-Core) -> megatron-lm, torchtitan -> torchtitan, Composer/FairScale FSDP ->
+  pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
+  hai-llm;
 - precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
   schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
   stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
   recomputation, Korthikanti et al. 2022, is named by every source that used it); the measurement is the run's
-  step time (`measured_step_s`).
+  step time (`measured_step_s`);
+- skipped (`skip_reason`): not an NVIDIA GPU, no parallel configuration, no throughput, or a throughput published
+  only as an upper bound ("up to"), which no step time equals.
 """
 
 from __future__ import annotations
