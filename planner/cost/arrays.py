@@ -11,10 +11,11 @@ from planner.cost import compute, memory
 from planner.cost.evaluate import prefix_sums
 from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
+from planner.cost.types import Candidate, Detail, LayerCosts
 from planner.models import counting
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate, CostModel, Detail
+    from planner.cost.model import CostModel
 
 
 MODULE_FIELDS = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_fwd_s", "ep_bwd_s", "cp_fwd_s", "cp_bwd_s",
@@ -128,8 +129,6 @@ def zero3_gather_bytes(model: "CostModel", cand: "Candidate") -> float:
 
 def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     """All per-module arrays of `cand` (memoised by CostModel.detail)."""
-    from planner.cost.model import Detail, LayerCosts
-
     row = rows_of(module_table(model, cand), cand.recompute)
     compute_fwd, compute_bwd = row["compute_fwd_s"], row["compute_bwd_s"]
     dense, expert = module_params_of(model, cand)
@@ -152,8 +151,6 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
 
 def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "LayerCosts":
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
-    from planner.cost.model import LayerCosts
-
     row = rows_of(module_table(model, cand, links), cand.recompute)
     key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.schedule == "2bw")
     static = model.memo.get(key)

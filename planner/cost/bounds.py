@@ -26,7 +26,8 @@ from planner.cost import layers as L
 from planner.topology.groups import GroupLink
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate, CostModel, LayerCosts
+    from planner.cost.model import CostModel
+    from planner.cost.types import Candidate, LayerCosts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,8 @@ from planner.schemas.plan import Breakdown, StageMemory, StageTime
 from planner.units import GiB
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate, CostModel, Detail
+    from planner.cost.model import CostModel
+    from planner.cost.types import Candidate, Detail
 
 # Rows of the per-module matrix whose prefix sums give every stage sum in one numpy operation.
 ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weights", "grads", "optimizer", "act",

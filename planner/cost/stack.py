@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from planner.cost.types import CostOptions
 from planner.frameworks import load_framework
 
 
 @lru_cache(maxsize=32)
 def options_for(framework: str, precision: str):
     """CostOptions of a stack (by name or profile path) for a precision recipe."""
-    from planner.cost.model import CostOptions
-
     b = load_framework(framework).behaviour
     k, o = b.kernels, b.overlap
     return CostOptions(
