@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import compute, memory
-from planner.cost.evaluate import prefix_sums
 from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
 from planner.cost.types import Candidate, Detail, LayerCosts
@@ -17,6 +16,10 @@ from planner.models import counting
 if TYPE_CHECKING:
     from planner.cost.model import CostModel
 
+
+# Rows of the per-module matrix whose prefix sums give every stage sum in one numpy operation.
+ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weights", "grads", "optimizer", "act",
+        "dense", "expert", "rec_flops", "full_dt", "full_dact", "full_dflops")
 
 MODULE_FIELDS = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_fwd_s", "ep_bwd_s", "cp_fwd_s", "cp_bwd_s",
                  "selective_s", "act_none", "act_selective", "act_full", "full_recompute_s")
@@ -174,3 +177,24 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     if cand.schedule == "2bw":
         weights = weights * 2
     return weights, grads, optim
+
+
+def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:
+    """Prefix sums (len(ROWS) x L+1) of the per-module quantities of a Detail (stored on it by build_detail)."""
+    c = detail.costs
+    rec_flops = np.zeros_like(detail.hw_fwd_flops)
+    if recompute == "full":
+        rec_flops[1:-1] = detail.hw_fwd_flops[1:-1]
+    elif recompute == "selective" and c.recompute_s[1:-1].any():
+        rec_flops[1:-1] = detail.core_fwd_flops[1:-1]
+    full_dflops = detail.hw_fwd_flops - rec_flops
+    full_dflops[0] = full_dflops[-1] = 0.0
+    rows = np.vstack([
+        c.forward_s, c.backward_s, c.recompute_s, detail.compute_s, detail.tp_s, detail.ep_s, detail.cp_s,
+        detail.bwd_compute_s, detail.weight_bytes, detail.grad_bytes, detail.optimizer_bytes, c.activation_bytes,
+        detail.dense_params, detail.expert_params, rec_flops, c.full_recompute_s - c.recompute_s,
+        c.full_recompute_activation_bytes - c.activation_bytes, full_dflops,
+    ])
+    prefix = np.zeros((rows.shape[0], rows.shape[1] + 1))
+    np.cumsum(rows, axis=1, out=prefix[:, 1:])
+    return prefix

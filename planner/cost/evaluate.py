@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import autocast, comm, contention, schedule
+from planner.cost.arrays import ROWS
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED
 from planner.errors import BadInputError
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
     from planner.cost.model import CostModel
     from planner.cost.types import Candidate, Detail
 
-# Rows of the per-module matrix whose prefix sums give every stage sum in one numpy operation.
-ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weights", "grads", "optimizer", "act",
-        "dense", "expert", "rec_flops", "full_dt", "full_dact", "full_dflops")
 MEMORY_ROWS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "peak_bytes")
 TIME_ROWS = tuple(ROWS.index(k) for k in ("fwd", "bwd", "rec", "tp"))
 REC, ACT, REC_FLOPS = ROWS.index("rec"), ROWS.index("act"), ROWS.index("rec_flops")
@@ -91,27 +89,6 @@ def balanced_split(num_layers: int, stages: int) -> tuple[int, ...]:
     for index in order[:extra]:
         counts[index] += 1
     return tuple(counts)
-
-
-def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:
-    """Prefix sums (len(ROWS) x L+1) of the per-module quantities of a Detail (stored on it by build_detail)."""
-    c = detail.costs
-    rec_flops = np.zeros_like(detail.hw_fwd_flops)
-    if recompute == "full":
-        rec_flops[1:-1] = detail.hw_fwd_flops[1:-1]
-    elif recompute == "selective" and c.recompute_s[1:-1].any():
-        rec_flops[1:-1] = detail.core_fwd_flops[1:-1]
-    full_dflops = detail.hw_fwd_flops - rec_flops
-    full_dflops[0] = full_dflops[-1] = 0.0
-    rows = np.vstack([
-        c.forward_s, c.backward_s, c.recompute_s, detail.compute_s, detail.tp_s, detail.ep_s, detail.cp_s,
-        detail.bwd_compute_s, detail.weight_bytes, detail.grad_bytes, detail.optimizer_bytes, c.activation_bytes,
-        detail.dense_params, detail.expert_params, rec_flops, c.full_recompute_s - c.recompute_s,
-        c.full_recompute_activation_bytes - c.activation_bytes, full_dflops,
-    ])
-    prefix = np.zeros((rows.shape[0], rows.shape[1] + 1))
-    np.cumsum(rows, axis=1, out=prefix[:, 1:])
-    return prefix
 
 
 def _check_split(model: "CostModel", cand: "Candidate", stage_layers, full_layers) -> tuple[tuple[int, ...], tuple[int, ...]]:

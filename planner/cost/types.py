@@ -126,7 +126,7 @@ class Detail:
     hw_fwd_flops: np.ndarray  # per sequence, with MoE capacity padding
     core_fwd_flops: np.ndarray  # per sequence, attention core (what selective recompute reruns)
     zero3_gather_bytes: float  # bytes of the largest module's weights when gathered (ZeRO-3 working set)
-    prefix: np.ndarray | None = None  # prefix sums of every evaluate row (planner.cost.evaluate.prefix_sums)
+    prefix: np.ndarray | None = None  # prefix sums of every evaluate row (planner.cost.arrays.prefix_sums)
 
     @property
     def model_fwd_total(self) -> float:
