@@ -175,7 +175,7 @@ def linear_fit(fn, reference: float = 1e9) -> tuple[float, float]:
 
 
 def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
-    cache = model._fixed_cache
+    cache = model.fixed_cache
     found = cache.get(cand)
     if found is not None:
         return found

@@ -71,7 +71,7 @@ class CostModel:
         self._details: dict[tuple, Detail] = {}
         self._validity: dict[Candidate, tuple[str, ...]] = {}
         self._links: dict[tuple, L.Links] = {}
-        self._fixed_cache: dict[Candidate, object] = {}
+        self.fixed_cache: dict[Candidate, object] = {}  # evaluate's split-independent terms per candidate
         self.memo: dict = {}  # per-instance memo of shape/layout-level arrays (planner.cost.arrays)
 
     # --- memory capacity -------------------------------------------------------------------------------
@@ -99,7 +99,8 @@ class CostModel:
 
     # --- per-layer arrays ------------------------------------------------------------------------------
 
-    def _key(self, cand: Candidate) -> tuple:
+    def layout_key(self, cand: Candidate) -> tuple:
+        """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, cand.axis_order, cand.schedule == "2bw")
 
@@ -117,7 +118,7 @@ class CostModel:
     def layer_costs(self, cand: Candidate) -> LayerCosts:
         """Per-module arrays for the candidate (memoised on the fields they depend on; without the breakdown
         parts and prefix sums `evaluate` builds, so the search can ask for many cheaply)."""
-        key = ("costs", *self._key(cand))
+        key = ("costs", *self.layout_key(cand))
         found = self.memo.get(key)
         if found is None:
             from planner.cost.arrays import layer_costs_with
@@ -126,7 +127,7 @@ class CostModel:
         return found
 
     def detail(self, cand: Candidate) -> Detail:
-        key = self._key(cand)
+        key = self.layout_key(cand)
         found = self._details.get(key)
         if found is None:
             from planner.cost.arrays import build_detail
