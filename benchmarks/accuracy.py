@@ -7,7 +7,8 @@ the step-time error per run, per source and overall, with:
 - the shipped calibration (planner/cost/calibration.yaml, whose per-(device family, stack) GEMM ceilings are
   the medians of the implied ceilings this script derives: `--derive` prints them);
 - leave-one-source-out (LOSO): each source predicted with ceilings derived from the other sources only (a
-  (family, stack) cell with no other source falls back to the family's median over all its other runs);
+  (family, stack) cell with no other source falls back to the family's median over all its other runs, a family
+  with no other source to calibration.yaml's value);
 - the naive estimate 6 * P * tokens / (GPUs * 0.5 * peak) on the same runs; llm-analysis if installed.
 Also the runs predicted not to fit at their published settings (false OOM).
 
@@ -159,8 +160,11 @@ def load(path: Path, only: str | None = None) -> tuple[list[Case], list[tuple[st
         why = P.skip_reason(run)
         if why:
             skipped.append((run["id"], why))
-        else:
+            continue
+        try:
             cases.append(build_case(run))
+        except Exception as error:  # noqa: BLE001 - a run the conversion cannot express is reported, not fatal
+            skipped.append((run["id"], f"no valid candidate (conversion failed: {type(error).__name__}: {error})"[:200]))
     return cases, skipped
 
 
@@ -168,7 +172,11 @@ def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
     cases, skipped = load(path, only)
     rows, by_id = [], {}
     for case in cases:
-        row = evaluate_case(case)
+        try:
+            row = evaluate_case(case)
+        except Exception as error:  # noqa: BLE001 - e.g. a configuration the cost model refuses as bad input
+            skipped.append((case.run["id"], f"no valid candidate (cost model: {type(error).__name__}: {error})"[:200]))
+            continue
         if row is None:
             skipped.append((case.run["id"], "no valid candidate"))
             continue
@@ -181,8 +189,8 @@ def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
         for r in rows:
             if r["source"] != source:
                 continue
-            c = lookup(derived, r["family"], r["stack"])
-            loso = evaluate_case(by_id[r["run"]], c) if c is not None else None
+            c = lookup(derived, r["family"], r["stack"])  # None (no other source on the family): calibration.yaml's
+            loso = evaluate_case(by_id[r["run"]], c)
             r["loso_error"] = loso["error"] if loso else float("nan")
             r["loso_ceiling"] = c
     return dict(rows=rows, skipped=skipped, ceilings=ceilings, derived=derive(rows, ceilings), published=len(cases) + 0)
@@ -213,8 +221,9 @@ def render(result: dict, *, quiet: bool = False) -> str:
                      f"{summary([r['naive_error'] for r in sub]):>34}")
     lines.append(f"{'OVERALL':48} {summary([r['error'] for r in rows]):>34} {summary([r['loso_error'] for r in rows]):>34} "
                  f"{summary([r['naive_error'] for r in rows]):>34}")
-    evaluable = len(rows) + sum(1 for _, why in result["skipped"] if why == "no valid candidate")
-    with_tp = len(rows) + sum(1 for _, why in result["skipped"] if why not in ("no throughput published", "not an NVIDIA GPU"))
+    evaluable = len(rows) + sum(1 for _, why in result["skipped"] if why.startswith("no valid candidate"))
+    with_tp = len(rows) + sum(1 for _, why in result["skipped"]
+                              if why not in ("no throughput published", "no topology preset for this GPU"))
     lines.append(f"evaluated {len(rows)} of {with_tp} runs with a published throughput ({len(rows) / max(with_tp, 1):.0%}); "
                  f"{evaluable - len(rows)} without a valid candidate")
     oom = [r for r in rows if not r["fits"]]

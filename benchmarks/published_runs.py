@@ -18,8 +18,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
   recomputation, Korthikanti et al. 2022, is named by every source that used it); the measurement is the run's
   step time (`measured_step_s`);
-- skipped (`skip_reason`): not an NVIDIA GPU, no parallel configuration, no throughput, or a throughput published
-  only as an upper bound ("up to"), which no step time equals.
+- skipped (`skip_reason`): no node preset for the GPU, no parallel configuration, no throughput, or a throughput
+  published only as an upper bound ("up to"), which no step time equals; an unsaid dp is GPUs / (tp pp cp).
 """
 
 from __future__ import annotations
@@ -66,8 +66,13 @@ def stack_of(run: dict) -> str:
 
 
 def device_family(run: dict) -> str:
+    """The calibration family (planner/cost/calibration.yaml `match`) of the run's GPU."""
     gpu = run["hardware"]["gpu_model"]
-    return "hopper" if re.search(r"H100|H800|H200", gpu) else "ampere" if "A100" in gpu else "other"
+    for family, pattern in (("hopper", r"H100|H800|H200"), ("ampere", r"A100|A800"), ("blackwell", r"B200|B100"),
+                            ("cdna3", r"MI300|MI325")):
+        if re.search(pattern, gpu):
+            return family
+    return "other"
 
 
 def source_of(run: dict) -> str:
@@ -82,38 +87,69 @@ def zero_of(run: dict) -> int | None:
     return zero
 
 
+def activation_of(text: str | None) -> str:
+    """The activation named by the run: gated (`*glu`: SwiGLU, GeGLU), ReLU variants (squared ReLU too), else GeLU
+    (FastGELU, unsaid: the GPT-3 convention)."""
+    t = (text or "gelu").lower().replace("-", "").replace(" ", "")
+    if "glu" in t:
+        return "geglu" if "geglu" in t else "swiglu"
+    return "relu" if "relu" in t else "gelu"
+
+
+def _moe_spec(moe: dict) -> MoESpec:
+    """The run's MoE block, whatever spelling of the usual fields it uses."""
+    def pick(*keys, default=None):
+        return next((moe[k] for k in keys if moe.get(k) is not None), default)
+
+    return MoESpec(num_experts=pick("num_routed_experts", "num_experts", "experts"), top_k=pick("top_k", "topk", default=2),
+                   expert_ffn_hidden_size=pick("expert_ffn_hidden", "expert_ffn_hidden_size", "ffn_hidden"),
+                   num_shared_experts=pick("shared_experts", "num_shared_experts", default=0),
+                   first_k_dense=pick("dense_layers_first", "first_k_dense", default=0))
+
+
 def model_spec(run: dict) -> ModelSpec:
     m = run["model"]
-    activation = {"gelu": "gelu", "fastgelu": "gelu", "swiglu": "swiglu", "geglu": "geglu", "relu": "relu"}[
-        (m.get("activation") or "gelu").lower()]
+    activation = activation_of(m.get("activation"))
     gated = activation in ("swiglu", "geglu")
-    position = m.get("position") or "learned"
-    position = "rope" if gated or "rot" in position.lower() else "alibi" if "alibi" in position.lower() else "learned"
+    position = (m.get("position") or "learned").lower()
+    position = "rope" if gated or "rot" in position or "rope" in position else "alibi" if "alibi" in position else "learned"
+    ffn = m.get("ffn_hidden")
+    if ffn is None and m.get("moe") and m["moe"].get("expert_ffn_hidden"):
+        ffn = m["moe"]["expert_ffn_hidden"]
     fields = dict(
         name=run["id"], num_layers=m["num_layers"], hidden_size=m["hidden"], num_attention_heads=m["num_heads"],
-        ffn_hidden_size=m.get("ffn_hidden") or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
+        ffn_hidden_size=ffn or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
         vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=m["seq_len"], activation=activation,
         norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
     )
-    moe = m.get("moe")
-    if moe:
-        fields["moe"] = MoESpec(num_experts=moe["num_routed_experts"], top_k=moe["top_k"],
-                                expert_ffn_hidden_size=moe["expert_ffn_hidden"], num_shared_experts=moe.get("shared_experts", 0),
-                                first_k_dense=moe.get("dense_layers_first", 0))
+    if m["hidden"] % m["num_heads"]:
+        fields["head_dim"] = m.get("head_dim") or m["hidden"] // m["num_heads"]
+    if m.get("moe"):
+        fields["moe"] = _moe_spec(m["moe"])
     if m.get("mla"):
-        fields["mla"] = MLASpec(**m["mla"])
+        keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        fields["mla"] = MLASpec(**{k: m["mla"].get(k) for k in keys})
     return ModelSpec(**fields)
+
+
+# The shipped node preset of a GPU, first match of the (lower-case) gpu_model text; None: no preset describes it.
+TOPOLOGY_RULES = (("gb200", "gb200-nvl72"), ("b200", "dgx-b200"), ("h200", "hgx-h200"), ("h800", "hgx-h800"),
+                  ("h100", "dgx-h100"), ("a100", "dgx-a100-80g"), ("a800", "dgx-a100-80g"), ("mi300", "mi300x-8"))
+
+
+def topology_preset(run: dict) -> str | None:
+    hw = run["hardware"]
+    gpu = hw["gpu_model"].lower()
+    preset = next((p for key, p in TOPOLOGY_RULES if key in gpu), None)
+    if preset == "dgx-a100-80g" and (hw.get("gpu_memory_gib") == 40 or "40gb" in gpu.replace(" ", "")):
+        preset = "dgx-a100-40g"
+    return preset
 
 
 def topology(run: dict) -> Topology:
     hw = run["hardware"]
-    gpu, memory = hw["gpu_model"], hw.get("gpu_memory_gib")
-    if "A100" in gpu:
-        preset = "dgx-a100-40g" if memory == 40 or "40GB" in gpu else "dgx-a100-80g"
-    else:
-        preset = "hgx-h800" if "H800" in gpu else "dgx-h100"
     gpus = run["parallel"]["num_gpus"]
-    topo = load_topology(preset, nodes=max(1, math.ceil(gpus / hw.get("gpus_per_node", 8))))
+    topo = load_topology(topology_preset(run), nodes=max(1, math.ceil(gpus / (hw.get("gpus_per_node") or 8))))
     inter = topo.inter_node.model_dump()
     if hw.get("inter_node_nics_per_node"):
         inter["nics_per_node"] = hw["inter_node_nics_per_node"]
@@ -159,7 +195,7 @@ def recompute_of(run: dict) -> str | None:
 
 
 def schedule_of(run: dict) -> tuple[str | None, int | None]:
-    train, pp = run["training"], run["parallel"]["pp"]
+    train, pp = run["training"], run["parallel"].get("pp") or 1
     text = (train.get("pipeline_schedule") or "").lower()
     if pp == 1:
         return "1f1b", 1
@@ -178,7 +214,9 @@ def settings(run: dict, stack: str) -> Settings:
     par, train = run["parallel"], run["training"]
     caps = load_framework(stack).capabilities
     schedule, vpp = schedule_of(run)
-    fixed = dict(dp=par["dp"], tp=par["tp"], pp=par["pp"], cp=par.get("cp") or 1, ep=par.get("ep") or 1,
+    tp, pp, cp = par.get("tp") or 1, par.get("pp") or 1, par.get("cp") or 1
+    dp = par.get("dp") or par["num_gpus"] // (tp * pp * cp)
+    fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=par.get("ep") or 1,
                  sp=par.get("sp"), microbatch_size=train.get("micro_batch"), recompute=recompute_of(run),
                  zero_stage=zero_of(run), schedule=schedule, vpp=vpp)
     choices = {}
@@ -224,9 +262,10 @@ def measured_step_s(run: dict, model_flops: float, hardware_flops: float, peak_t
 def skip_reason(run: dict) -> str | None:
     """Why a run cannot be evaluated (None: it can): not an NVIDIA GPU, no parallel configuration, no throughput,
     or a throughput published only as an upper bound ("up to"), which no step time equals."""
-    if "NVIDIA" not in run["hardware"]["gpu_model"]:
-        return "not an NVIDIA GPU"
-    if run["parallel"].get("dp") is None:
+    if topology_preset(run) is None:
+        return "no topology preset for this GPU"
+    par = run["parallel"]
+    if par.get("num_gpus") is None or (par.get("dp") is None and None in (par.get("tp"), par.get("pp"))):
         return "no parallel configuration published"
     res = run["results"]
     if not any(res.get(k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu_pct", "hfu_pct")):
