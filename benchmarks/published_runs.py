@@ -9,7 +9,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   published NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of
   STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core -> megatron-core, Megatron-LM
-  (2021-22, before Megatron-Core) -> megatron-lm, torchtitan -> torchtitan, Composer/FairScale FSDP ->
+  -> megatron-lm (2021-22, before Megatron-Core) for sources before 2023 (arXiv id or title year), else
+  megatron-core, torchtitan -> torchtitan, Composer/FairScale FSDP ->
   pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
   hai-llm;
 - precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
@@ -45,6 +46,7 @@ STACK_RULES = (
     ("megatron-lm", "megatron-lm"),
 )
 DEFAULT_STACK = "megatron-core"  # a stack without a profile: the best-documented optimised stack
+MEGATRON_CORE_YEAR = 2023  # Megatron-LM's training loop on Megatron-Core (core_r0.1+, flash attention) from 2023
 ACHIEVED_NIC_FRACTION = 23.0 / 25.0  # dgx-a100-80g preset: 23 GB/s achieved of HDR 25 GB/s line rate
 GPT_VOCAB = 51200
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16)
@@ -60,9 +62,21 @@ def stack_of(run: dict) -> str:
     outside = re.sub(r"\(.*?\)", "", text)  # a parenthesised qualifier names a stack only when nothing outside does
     for part in (outside, text):
         found = next((stack for pattern, stack in STACK_RULES if pattern in part), None)
+        if found == "megatron-lm" and (source_year(run) or 0) >= MEGATRON_CORE_YEAR:
+            return "megatron-core"  # Megatron-LM has run on Megatron-Core (flash attention, overlaps) since 2023
         if found:
             return found
     return DEFAULT_STACK
+
+
+def source_year(run: dict) -> int | None:
+    """The year of the source: an arXiv id's yymm, else a 4-digit year in the title; None when neither says."""
+    src = run.get("source") or {}
+    found = re.search(r"arxiv\.org/(?:abs|pdf)/(\d{2})(\d{2})\.", src.get("url") or "")
+    if found:
+        return 2000 + int(found.group(1))
+    years = re.findall(r"\b(20\d{2})\b", src.get("title") or "")
+    return int(years[-1]) if years else None
 
 
 def device_family(run: dict) -> str:
