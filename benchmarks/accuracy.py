@@ -1,244 +1,305 @@
-"""Accuracy of `planner estimate` against published large-model training runs.
+"""Accuracy of the cost model against every published run of ../shared/validation/published_runs.json.
 
-For every run in /work/shared/validation/published_runs.json with a published throughput on NVIDIA GPUs, build
-the ModelSpec (the run's `model` block over the matching preset), the topology (the closest shipped preset at the
-run's node count, NIC count/speed overridden where the run states them), and the configuration (`parallel`,
-`training`; unpublished micro-batch/recompute/ZeRO are assumptions, listed per row), run the estimate and
-compare TFLOP/s per GPU in the source's own convention (hardware TFLOPs count recompute, model TFLOPs do not)
-and the step time where published. Prints a table and the median absolute error of the TFLOP/s column.
+One general conversion (benchmarks/published_runs.py, no per-run table): the run's model, cluster and software
+stack; the published settings fixed and the unsaid ones chosen by the planner's own rule (the fastest that fits
+among the values the stack runs); the measured step time from the run's step time, tokens/s or TFLOP/s. Prints
+the step-time error per run, per source and overall, with:
+- the shipped calibration (planner/cost/calibration.yaml, whose per-(device family, stack) GEMM ceilings are
+  the medians of the implied ceilings this script derives: `--derive` prints them);
+- leave-one-source-out (LOSO): each source predicted with ceilings derived from the other sources only (a
+  (family, stack) cell with no other source falls back to the family's median over all its other runs, a family
+  with no other source to calibration.yaml's value);
+- the naive estimate 6 * P * tokens / (GPUs * 0.5 * peak) on the same runs; llm-analysis if installed.
+Also the runs predicted not to fit at their published settings (false OOM).
 
-No per-run fudge factors: the only calibration is global per device family (planner/cost/calibration.yaml).
-Per-run settings are facts of the run's software (no fused/flash attention in 2021-22 Megatron-LM/DeepSpeed/
-metaseq, gradient reduction after the pipeline flush, dropout as the model's config) or stated assumptions.
-
-Usage: python benchmarks/accuracy.py [--runs FILE]   (exit 0; the pytest test asserts the median)
+Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet]
+       python benchmarks/accuracy.py --derive   (rewrites calibration.yaml's stack_ceilings, then reports)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
+from collections import defaultdict
 from pathlib import Path
 
-from planner import api
-from planner.cost.calibration import device_calibration
-from planner.cost.derivation import implied_ceiling
-from planner.cost.estimate import estimate
-from planner.cost.model import CostOptions
-from planner.io import validate
-from planner.models import load_preset
-from planner.schemas.model import ModelSpec
-from planner.schemas.plan import Configuration, Parallelism
-from planner.schemas.topology import Topology
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-RUNS_FILE = Path("/work/shared/validation/published_runs.json")
-TARGET_MEDIAN_ABS_ERROR = 0.10
+import published_runs as P  # noqa: E402
 
-# 2021-22 frameworks: unfused attention (no FlashAttention yet), gradient reduction not overlapped with backward.
-LEGACY = dict(flash_attention=False, dp_overlap=False)
+from planner.cost.calibration import CALIBRATION_FILE, device_calibration  # noqa: E402
+from planner.cost.compute import peak_tflops  # noqa: E402
+from planner.cost.derivation import implied_ceiling  # noqa: E402
+from planner.cost.model import Candidate, CostModel  # noqa: E402
+from planner.models import counting  # noqa: E402
+from planner.schemas.plan import PlanRequest  # noqa: E402
+
+RUNS_FILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published_runs.json"
+SATURATED = 0.999
+TARGET_LOSO_MEDIAN, TARGET_LOSO_MAX, TARGET_COVERAGE, TARGET_VS_NAIVE = 0.10, 0.35, 0.90, 0.6
 
 
-@dataclass(frozen=True)
-class Setup:
-    """What the run's record does not say in machine-readable form, with the reason."""
+@dataclasses.dataclass
+class Case:
+    """One run converted: its request, the candidates its unsaid settings allow, and what it measured."""
 
-    preset: str
-    topology: str
-    dropout: bool
-    assumptions: str
-    microbatch_size: int | None = None  # None: the run's training.micro_batch
-    recompute: str = "full"
-    zero_stage: int | None = None  # None: the run's training.zero_stage
-    global_batch_size: int | None = None  # None: training.global_batch_seqs
-    inter_node: dict | None = None
+    run: dict
+    stack: str
+    family: str
+    source: str
+    request: PlanRequest
+    candidates: list[Candidate]
 
 
-SETUPS: Mapping[str, Setup] = MappingProxyType({
-    "bloom176b_production": Setup(
-        "bloom-176b", "dgx-a100-80g", dropout=False,
-        assumptions="4 Omni-Path 100 Gb/s NICs per node (11.5 GB/s achieved each, fat tree); no dropout (tr11 config)",
-        inter_node={"kind": "omnipath", "nics_per_node": 4, "nic_bandwidth_GBps": 11.5, "topology": "fat_tree"},
-    ),
-    "glm130b_production": Setup(
-        "glm-130b", "dgx-a100-40g", dropout=True, zero_stage=1,
-        assumptions="ZeRO-1 (secondary notes); full recompute (paper: re-materialization); dropout 0.1",
-    ),
-    "opt175b_production": Setup(
-        "opt-175b", "dgx-a100-80g", dropout=True, microbatch_size=8, zero_stage=3, global_batch_size=992,
-        assumptions="FSDP = ZeRO-3; micro-batch 8 per GPU, no accumulation (992 seqs = ~2M tokens); full recompute; "
-        "'up to' compared as hardware TFLOPs",
-    ),
-    "mtnlg530b_2240gpu": Setup("mt-nlg-530b", "dgx-a100-80g", dropout=True, microbatch_size=1, zero_stage=1,
-                               assumptions="micro-batch 1, full recompute, ZeRO-1 (DeepSpeed pipeline) assumed"),
-    "mtnlg530b_2800gpu": Setup("mt-nlg-530b", "dgx-a100-80g", dropout=True, microbatch_size=1, zero_stage=1,
-                               assumptions="micro-batch 1, full recompute, ZeRO-1 (DeepSpeed pipeline) assumed"),
-    "mtnlg530b_3360gpu": Setup("mt-nlg-530b", "dgx-a100-80g", dropout=True, microbatch_size=1, zero_stage=1,
-                               assumptions="micro-batch 1, full recompute, ZeRO-1 (DeepSpeed pipeline) assumed"),
-    "gptneox20b_production": Setup(
-        "gpt-neox-20b", "dgx-a100-40g", dropout=False,
-        assumptions="4 HDR 200 Gb/s HCAs per node (23 GB/s each, fat tree); no dropout (20B.yml); parallel attn+MLP "
-        "costed as sequential; '117' compared as hardware TFLOPs (gpt-neox counts recompute)",
-        inter_node={"nics_per_node": 4, "topology": "fat_tree"},
-    ),
-})
-SKIPPED: Mapping[str, str] = MappingProxyType({"codegeex13b_production": "Ascend 910, not an NVIDIA GPU, and no throughput published"})
+def build_case(run: dict) -> Case | None:
+    stack = P.stack_of(run)
+    spec, topo = P.model_spec(run), P.topology(run)
+    request = PlanRequest(model=spec, topology=topo, gpus=run["parallel"]["num_gpus"], global_batch_size=P.global_batch(run),
+                          seq_len=spec.seq_len, precision=P.precision_of(run), framework=stack)
+    s = P.settings(run, stack)
+    keys = list(s.choices)
+    candidates = []
+    for values in itertools.product(*(s.choices[k] for k in keys)):
+        f = dict(s.fixed, **dict(zip(keys, values)))
+        if f["schedule"] != "interleaved":
+            f["vpp"] = 1
+        elif f["vpp"] in (None, 1) or spec.num_layers % (f["pp"] * f["vpp"]):
+            continue
+        per_step = f["dp"] * f["microbatch_size"]
+        if request.global_batch_size % per_step:
+            continue
+        cand = Candidate(num_microbatches=request.global_batch_size // per_step, **f)
+        if cand not in candidates:
+            candidates.append(cand)
+    return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates)
 
 
-def model_spec(run: dict, setup: Setup) -> tuple[ModelSpec, list[str]]:
-    """The preset overridden by the run's published architecture; returns the spec and what came from the preset."""
-    block, preset = run["model"], load_preset(setup.preset).model_dump()
-    fields = {"num_layers": "num_layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn_hidden",
-              "num_attention_heads": "num_heads", "num_kv_heads": "num_kv_heads", "vocab_size": "vocab", "seq_len": "seq_len"}
-    filled = []
-    for ours, theirs in fields.items():
-        value = block.get(theirs)
-        if value is None:
-            filled.append(ours)
-        else:
-            preset[ours] = value
-    preset["name"] = run["id"]
-    return validate(ModelSpec, preset, source=run["id"]), filled
-
-
-def topology(run: dict, setup: Setup) -> Topology:
-    base = api.load_topology(setup.topology, nodes=run["hardware"]["num_nodes"]).model_dump()
-    if setup.inter_node:
-        base["inter_node"].update(setup.inter_node)
-    return validate(Topology, base, source=f"{setup.topology} for {run['id']}")
-
-
-def published(run: dict) -> tuple[str, float]:
-    """('hardware' | 'model', TFLOP/s per GPU) in the source's convention; unstated conventions are 'hardware'."""
-    convention = (run["results"].get("tflops_convention") or "").lower()
-    return ("model" if "model" in convention and "hardware" not in convention else "hardware"), float(run["results"]["tflops_per_gpu"])
-
-
-def evaluate_run(run: dict, *, ceiling: float | None = None) -> dict:
-    """Estimate one run; `ceiling` overrides the device family's GEMM ceiling (for the derivation and for
-    leave-one-model-out checks), None uses calibration.yaml."""
-    setup = SETUPS[run["id"]]
-    spec, filled = model_spec(run, setup)
-    par, train = run["parallel"], run["training"]
-    gbs = setup.global_batch_size or int(train["global_batch_seqs"])
-    request = api.build_request(model=spec, topology=topology(run, setup), gpus=int(par["num_gpus"]),
-                                global_batch_size=gbs, seq_len=spec.seq_len, precision="bf16", framework="megatron-core")
-    zero = setup.zero_stage if setup.zero_stage is not None else int(train["zero_stage"] or 0)
-    config = Configuration(
-        parallelism=Parallelism(dp=par["dp"], tp=par["tp"], pp=par["pp"], sp=bool(par["sp"]), zero_stage=zero),
-        microbatch_size=setup.microbatch_size or int(train["micro_batch"]), schedule="1f1b", recompute=setup.recompute,
-    )
-    calibration = device_calibration(request.topology.device)
+def cost_model(case: Case, ceiling: float | None) -> CostModel:
+    cal = device_calibration(case.request.topology.device, framework=case.stack)
     if ceiling is not None:
-        calibration = dataclasses.replace(calibration, matmul_ceiling_fraction=ceiling)
-    plan = estimate(request, config, options=CostOptions(dropout=setup.dropout, **LEGACY), calibration=calibration)
-    convention, value = published(run)
-    pred = plan.prediction
-    predicted = pred.hardware_tflops_per_gpu if convention == "hardware" else pred.model_tflops_per_gpu
-    step = run["results"].get("step_time_s")
-    return {
-        "run": run["id"], "model": setup.preset, "convention": convention, "published": value, "predicted": predicted,
-        "error": predicted / value - 1, "published_step_s": step, "predicted_step_s": pred.step_time_s,
-        "fits": plan.feasible, "peak_gib": plan.memory.peak_bytes / 2**30,
-        "assumptions": setup.assumptions + (f"; from preset: {', '.join(filled)}" if filled else ""),
-    }
+        cal = dataclasses.replace(cal, matmul_ceiling_fraction=ceiling)
+    return CostModel(case.request, calibration=cal)
 
 
-def load_runs(path: Path = RUNS_FILE) -> tuple[list[dict], list[tuple[str, str]]]:
-    """The runs we score, and the skipped ones with why."""
-    runs, skipped = [], []
-    for run in json.loads(path.read_text(encoding="utf-8")):
-        if run["id"] in SKIPPED or run["results"].get("tflops_per_gpu") is None or run["id"] not in SETUPS:
-            skipped.append((run["id"], SKIPPED.get(run["id"], "no TFLOP/s published or no setup")))
-        else:
-            runs.append(run)
-    return runs, skipped
+def choose(case: Case, ceiling: float | None = None):
+    """(candidate, evaluation) of the unsaid-settings rule: the fastest that fits; if none fits, the fastest."""
+    model = cost_model(case, ceiling)
+    best = None
+    for cand in case.candidates:
+        if model.validity_reasons(cand):
+            continue
+        ev = model.evaluate(cand)
+        key = (not ev.fits, ev.step_time_s)
+        if best is None or key < best[0]:
+            best = (key, cand, ev)
+    return (best[1], best[2]) if best else (None, None)
 
 
-def implied_ceilings(runs: list[dict]) -> dict[str, float]:
-    """Per run, the A100 GEMM ceiling at which the model reproduces the run's published TFLOP/s."""
-    return {run["id"]: implied_ceiling(lambda c, run=run: evaluate_run(run, ceiling=c)["predicted"], published(run)[1])
-            for run in runs}
+def measured(case: Case, cand: Candidate, ev) -> tuple[float, str] | None:
+    model_flops = ev.model_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
+    hw_flops = ev.hardware_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
+    return P.measured_step_s(case.run, model_flops, hw_flops, peak_tflops(case.request.topology.device, "bf16"))
 
 
-def derived_ceiling(ceilings: dict[str, float], runs: list[dict], *, exclude_model: str | None = None) -> float:
-    """Median implied ceiling over the runs (optionally without the runs of one model: leave-one-model-out)."""
-    values = [ceilings[run["id"]] for run in runs if SETUPS[run["id"]].preset != exclude_model]
-    return statistics.median(values)
+def naive_step_s(case: Case) -> float:
+    """6 * P * tokens / (GPUs * 0.5 * bf16 peak), P the active parameters: the estimate every planner should beat."""
+    params = counting.active_params(case.request.model)
+    tokens = case.request.global_batch_size * case.request.seq_len
+    return 6 * params * tokens / (case.request.gpus * 0.5 * peak_tflops(case.request.topology.device, "bf16") * 1e12)
 
 
-def run_all(path: Path = RUNS_FILE) -> tuple[list[dict], list[tuple[str, str]], dict[str, float]]:
-    """Rows with the shipped calibration, plus each run's leave-one-model-out prediction (`loo_*` fields):
-    the ceiling re-derived from the runs of the other models only, so no run is predicted with its own data."""
-    runs, skipped = load_runs(path)
-    ceilings = implied_ceilings(runs)
-    rows = []
-    for run in runs:
-        row = evaluate_run(run)
-        loo_ceiling = derived_ceiling(ceilings, runs, exclude_model=SETUPS[run["id"]].preset)
-        loo = evaluate_run(run, ceiling=loo_ceiling)
-        row.update(implied_ceiling=ceilings[run["id"]], loo_ceiling=loo_ceiling, loo_predicted=loo["predicted"],
-                   loo_error=loo["error"])
-        rows.append(row)
-    return rows, skipped, ceilings
+def evaluate_case(case: Case, ceiling: float | None = None) -> dict | None:
+    cand, ev = choose(case, ceiling)
+    if cand is None:
+        return None
+    meas = measured(case, cand, ev)
+    if meas is None:
+        return None
+    step, basis = meas
+    return dict(run=case.run["id"], source=case.source, stack=case.stack, family=case.family, cand=cand,
+                predicted_s=ev.step_time_s, measured_s=step, basis=basis, error=ev.step_time_s / step - 1, fits=ev.fits,
+                peak_gib=ev.peak_bytes / 2**30, why="; ".join(ev.reasons)[:160])
 
 
-def median_abs_error(rows: list[dict], *, key: str = "error") -> float:
-    return statistics.median(abs(row[key]) for row in rows)
+def implied(case: Case, row: dict) -> float:
+    """The GEMM ceiling at which the model reproduces the run's measured step time (its chosen settings)."""
+    cand = row["cand"]
+
+    def tflops(c: float) -> float:
+        return 1.0 / cost_model(case, c).evaluate(cand).step_time_s
+
+    return implied_ceiling(tflops, 1.0 / row["measured_s"])
 
 
-def render(rows: list[dict], skipped: list[tuple[str, str]]) -> str:
-    head = (f"{'run':22} {'conv':8} {'published':>9} {'predicted':>9} {'error':>7} {'loo pred':>8} {'loo err':>7} "
-            f"{'step pub':>8} {'step pred':>9} {'fits':>4} {'peak GiB':>8} {'implied c':>9}")
-    lines = [head]
+def derive(rows: list[dict], ceilings: dict[str, float], *, without_source: str | None = None) -> dict[tuple[str, str], float]:
+    """Median implied ceiling per (device family, stack), and per (family, '*') over all stacks of the family.
+    A run whose implied ceiling reaches the search bound (SATURATED: the model is slower than the run even with
+    GEMMs at peak, so its step is not GEMM-limited in the model) says nothing about the GEMM rate and is left out."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in rows:
-        step = f"{r['published_step_s']:.1f}" if r["published_step_s"] else "-"
-        lines.append(
-            f"{r['run']:22} {r['convention']:8} {r['published']:9.1f} {r['predicted']:9.1f} {r['error']:+7.1%} "
-            f"{r['loo_predicted']:8.1f} {r['loo_error']:+7.1%} {step:>8} {r['predicted_step_s']:9.1f} "
-            f"{'yes' if r['fits'] else 'no':>4} {r['peak_gib']:8.1f} {r['implied_ceiling']:9.3f}"
-        )
-    lines.append(f"median absolute error (TFLOP/s per GPU), shipped calibration: {median_abs_error(rows):.1%} "
-                 f"(target <= {TARGET_MEDIAN_ABS_ERROR:.0%})")
-    lines.append(f"median absolute error, leave-one-model-out calibration: {median_abs_error(rows, key='loo_error'):.1%}")
-    lines.append("conv: the source's convention (hardware TFLOPs count recompute, model TFLOPs do not); loo: the A100 "
-                 "ceiling re-derived without the runs of the same model; implied c: ceiling that reproduces the run")
-    lines.append("assumptions:")
-    lines += [f"  {r['run']}: {r['assumptions']}" for r in rows]
-    lines += [f"skipped {name}: {why}" for name, why in skipped]
+        if r["source"] == without_source or ceilings[r["run"]] >= SATURATED:
+            continue
+        groups[(r["family"], r["stack"])].append(ceilings[r["run"]])
+        groups[(r["family"], "*")].append(ceilings[r["run"]])
+    return {k: statistics.median(v) for k, v in groups.items()}
+
+
+def lookup(derived: dict, family: str, stack: str) -> float | None:
+    return derived.get((family, stack), derived.get((family, "*")))
+
+
+def load(path: Path, only: str | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
+    cases, skipped = [], []
+    for run in json.loads(path.read_text(encoding="utf-8")):
+        if only and only not in run["id"]:
+            continue
+        why = P.skip_reason(run)
+        if why:
+            skipped.append((run["id"], why))
+            continue
+        try:
+            cases.append(build_case(run))
+        except Exception as error:  # noqa: BLE001 - a run the conversion cannot express is reported, not fatal
+            skipped.append((run["id"], f"no valid candidate (conversion failed: {type(error).__name__}: {error})"[:200]))
+    return cases, skipped
+
+
+def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
+    cases, skipped = load(path, only)
+    rows, by_id = [], {}
+    for case in cases:
+        try:
+            row = evaluate_case(case)
+        except Exception as error:  # noqa: BLE001 - e.g. a configuration the cost model refuses as bad input
+            skipped.append((case.run["id"], f"no valid candidate (cost model: {type(error).__name__}: {error})"[:200]))
+            continue
+        if row is None:
+            skipped.append((case.run["id"], "no valid candidate"))
+            continue
+        row["naive_error"] = naive_step_s(case) / row["measured_s"] - 1
+        rows.append(row)
+        by_id[row["run"]] = case
+    ceilings = {r["run"]: implied(by_id[r["run"]], r) for r in rows}
+    for source in sorted({r["source"] for r in rows}):
+        derived = derive(rows, ceilings, without_source=source)
+        for r in rows:
+            if r["source"] != source:
+                continue
+            c = lookup(derived, r["family"], r["stack"])  # None (no other source on the family): calibration.yaml's
+            loso = evaluate_case(by_id[r["run"]], c)
+            r["loso_error"] = loso["error"] if loso else float("nan")
+            r["loso_ceiling"] = c
+    return dict(rows=rows, skipped=skipped, ceilings=ceilings, derived=derive(rows, ceilings), published=len(cases) + 0)
+
+
+def summary(values: list[float]) -> str:
+    a = [abs(v) for v in values if v == v]
+    if not a:
+        return "-"
+    return f"n={len(a):3d} median {statistics.median(a):6.1%} max {max(a):6.1%}"
+
+
+def render(result: dict, *, quiet: bool = False) -> str:
+    rows = result["rows"]
+    lines = []
+    if not quiet:
+        lines.append(f"{'run':44} {'stack':13} {'basis':16} {'meas s':>8} {'pred s':>8} {'err':>7} {'loso':>7} {'naive':>7} fits  settings")
+        for r in rows:
+            c = r["cand"]
+            desc = f"dp{c.dp} tp{c.tp} pp{c.pp} vpp{c.vpp} z{c.zero_stage} mbs{c.microbatch_size} {c.recompute}{' sp' if c.sp else ''}"
+            lines.append(f"{r['run'][:44]:44} {r['stack']:13} {r['basis'][:16]:16} {r['measured_s']:8.2f} {r['predicted_s']:8.2f} "
+                         f"{r['error']:+7.1%} {r['loso_error']:+7.1%} {r['naive_error']:+7.1%} {'yes' if r['fits'] else 'NO':4}  {desc}")
+    lines.append("")
+    lines.append(f"{'source':48} {'shipped':>34} {'leave-one-source-out':>34} {'naive (same runs)':>34}")
+    for source in sorted({r["source"] for r in rows}):
+        sub = [r for r in rows if r["source"] == source]
+        lines.append(f"{source:48} {summary([r['error'] for r in sub]):>34} {summary([r['loso_error'] for r in sub]):>34} "
+                     f"{summary([r['naive_error'] for r in sub]):>34}")
+    lines.append(f"{'OVERALL':48} {summary([r['error'] for r in rows]):>34} {summary([r['loso_error'] for r in rows]):>34} "
+                 f"{summary([r['naive_error'] for r in rows]):>34}")
+    evaluable = len(rows) + sum(1 for _, why in result["skipped"] if why.startswith("no valid candidate"))
+    with_tp = len(rows) + sum(1 for _, why in result["skipped"]
+                              if why not in ("no throughput published", "no topology preset for this GPU"))
+    lines.append(f"evaluated {len(rows)} of {with_tp} runs with a published throughput ({len(rows) / max(with_tp, 1):.0%}); "
+                 f"{evaluable - len(rows)} without a valid candidate")
+    oom = [r for r in rows if not r["fits"]]
+    lines.append(f"false OOM (ran, predicted not to fit at its settings): {len(oom)}" + "".join(f"\n  {r['run']}: {r['why']}" for r in oom))
+    lines.append("ceilings (median implied, per device family x stack): " + ", ".join(
+        f"{f}/{s}={v:.3f}" for (f, s), v in sorted(result["derived"].items())))
+    lines.append("error bands (90th percentile |LOSO error|): " + ", ".join(
+        f"{f}/{s}={v:.1%}" for (f, s), v in sorted(error_bands(rows).items())))
+    lines += [f"skipped {name}: {why}" for name, why in result["skipped"]]
     return "\n".join(lines)
 
 
-# Cross-check on H100 outside the validation file (not in the median): Dubey et al. 2024, "The Llama 3 Herd of
-# Models", Table 4: Llama 3 405B, 8,192 H100s, TP 8, CP 1, PP 16, DP 64, seq 8192, 16M tokens per batch:
-# 430 TFLOP/s per GPU (BF16 MFU 43%). Costed with the 1F1B schedule, no recompute, ZeRO-1 and SP (the paper's
-# own schedule tuning and layer balancing are not modelled); model TFLOPs (the paper reports MFU).
-LLAMA3_405B_H100 = {"gpus": 8192, "dp": 64, "tp": 8, "pp": 16, "global_batch_size": 2048, "seq_len": 8192, "published": 430.0}
+def error_bands(rows: list[dict], quantile: float = 0.9) -> dict[tuple[str, str], float]:
+    """Per (family, stack) and (family, '*'): the `quantile` of |leave-one-source-out error| of its runs (the band a
+    prediction carries: planner.cost.estimate.model_notes)."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        if r["loso_error"] == r["loso_error"]:
+            groups[(r["family"], r["stack"])].append(abs(r["loso_error"]))
+            groups[(r["family"], "*")].append(abs(r["loso_error"]))
+    return {k: sorted(v)[min(len(v) - 1, int(quantile * len(v)))] for k, v in groups.items()}
 
 
-def llama3_cross_check() -> dict:
-    c = LLAMA3_405B_H100
-    request = api.build_request(model="llama3-405b", topology="dgx-h100", gpus=c["gpus"], global_batch_size=c["global_batch_size"],
-                                seq_len=c["seq_len"], framework="megatron-core")
-    config = Configuration(parallelism=Parallelism(dp=c["dp"], tp=c["tp"], pp=c["pp"], sp=True, zero_stage=1), microbatch_size=1)
-    predicted = estimate(request, config).prediction.model_tflops_per_gpu
-    return {"run": "llama3_405b_8k_h100", "published": c["published"], "predicted": predicted, "error": predicted / c["published"] - 1}
+def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE,
+                   bands: dict[tuple[str, str], float] | None = None) -> str:
+    """Rewrite each family's `stack_ceilings:` line of calibration.yaml with the derived medians (rounded to 3
+    places), and a `matmul_ceiling_fraction: x  # derived` line with the family's median over all stacks; returns
+    the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
+    until the values stop changing."""
+    text, family = path.read_text(encoding="utf-8"), None
+    out = []
+    for line in text.splitlines():
+        if line.strip().startswith("- family:"):
+            family = line.split(":", 1)[1].strip()
+        if line.strip().startswith("matmul_ceiling_fraction:") and line.endswith("# derived") and (family, "*") in derived:
+            line = line[: line.index("matmul_ceiling_fraction:")] + f"matmul_ceiling_fraction: {derived[(family, '*')]:.3f}  # derived"
+        if line.strip().startswith("stack_ceilings:") and family:
+            cells = {s: v for (f, s), v in sorted(derived.items()) if f == family and s != "*"}
+            line = line[: line.index("stack_ceilings:")] + "stack_ceilings: {" + ", ".join(
+                f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
+        if line.strip().startswith("stack_error_bands:") and family and bands:
+            cells = {s: v for (f, s), v in sorted(bands.items()) if f == family and s != "*"}
+            line = line[: line.index("stack_error_bands:")] + "stack_error_bands: {" + ", ".join(
+                f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
+        if line.strip().startswith("error_band:") and line.endswith("# derived") and bands and (family, "*") in bands:
+            line = line[: line.index("error_band:")] + f"error_band: {bands[(family, '*')]:.3f}  # derived"
+        out.append(line)
+    new = "\n".join(out) + "\n"
+    path.write_text(new, encoding="utf-8")
+    return new
+
+
+def derive_fixed_point(path: Path, rounds: int = 4) -> dict:
+    """Derive the stack ceilings, write them, and re-derive under them until they no longer change."""
+    from planner.cost import calibration
+
+    result = None
+    for _ in range(rounds):
+        calibration._load.cache_clear()
+        result = run_all(path)
+        before = CALIBRATION_FILE.read_text(encoding="utf-8")
+        if write_ceilings(result["derived"], bands=error_bands(result["rows"])) == before:
+            break
+    calibration._load.cache_clear()
+    return run_all(path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=RUNS_FILE)
+    parser.add_argument("--only")
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--derive", action="store_true", help="rewrite calibration.yaml's stack_ceilings from the runs")
     args = parser.parse_args(argv)
-    rows, skipped, _ = run_all(args.runs)
-    print(render(rows, skipped))
-    check = llama3_cross_check()
-    print(f"H100 cross-check (not in the median): {check['run']}: model TFLOP/s published {check['published']:.0f}, "
-          f"predicted {check['predicted']:.0f} ({check['error']:+.1%}); Llama 3 paper Table 4")
+    result = derive_fixed_point(args.runs) if args.derive else run_all(args.runs, args.only)
+    print(render(result, quiet=args.quiet))
     return 0
 
 

@@ -75,7 +75,7 @@ def step_with(row: dict, **constants: float) -> float:
     from planner.cost.estimate import candidate_of
 
     request = request_of(row)
-    cal = dataclasses.replace(device_calibration(request.topology.device), **constants)
+    cal = dataclasses.replace(device_calibration(request.topology.device, "planner", eager=True), **constants)
     return CostModel(request, calibration=cal).evaluate(candidate_of(request, config_of(row))).step_time_s
 
 
@@ -111,7 +111,7 @@ def header(ceilings: dict, profile: str | None) -> str:
     from planner.cost.calibration import device_calibration
 
     topology = api.load_topology("dgx-h100")
-    cal = device_calibration(topology.device)
+    cal = device_calibration(topology.device, "planner", eager=True)
     source = (f"compute from profile {profile}" if profile else
               "analytic cost model with the H100's measured ceilings (no H100 profile: no GPU in this session)")
     return (f"TinyLlama-1.1B on {ceilings['device']} (torch {ceilings['torch']}): {source}\n"
@@ -151,7 +151,7 @@ def diagnosis(rows: list[dict], *, profile: str | None) -> list[str]:
     from planner.cost.compute import Shape
     from planner.models import load_model
 
-    spec, cal = load_model("tinyllama-1.1b"), device_calibration(api.load_topology("dgx-h100").device)
+    spec, cal = load_model("tinyllama-1.1b"), device_calibration(api.load_topology("dgx-h100").device, "planner", eager=True)
     lines = []
     for ckpt in (False, True):
         sub = sorted((r for r in rows if r["checkpointing"] == ckpt), key=lambda r: r["micro_batch"])
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worst |error|: time {worst_time:.1%}, allocated peak memory {worst_mem:.1%} (tolerance {TOLERANCE:.0%})")
     print("\n".join(diagnosis(rows, profile=args.profile)))
     if args.profile is None:
-        shipped = device_calibration(api.load_topology("dgx-h100").device)
+        shipped = device_calibration(api.load_topology("dgx-h100").device, "planner", eager=True)
         derived = derive_eager_constants(rows)
         print("eager constants derived from these rows (calibration.yaml hopper ships): "
               + ", ".join(f"{k} {v * 1e6:.2f} us ({getattr(shipped, k) * 1e6:.2f})" for k, v in derived.items()))

@@ -8,14 +8,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import compute, memory
-from planner.cost.evaluate import prefix_sums
 from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, expert_shard_ep, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
+from planner.cost.types import Candidate, Detail, LayerCosts
 from planner.models import counting
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate, CostModel, Detail
+    from planner.cost.model import CostModel
 
+
+# Rows of the per-module matrix whose prefix sums give every stage sum in one numpy operation.
+ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weights", "grads", "optimizer", "act",
+        "dense", "expert", "rec_flops", "full_dt", "full_dact", "full_dflops")
 
 MODULE_FIELDS = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_fwd_s", "ep_bwd_s", "cp_fwd_s", "cp_bwd_s",
                  "selective_s", "act_none", "act_selective", "act_full", "full_recompute_s")
@@ -25,7 +29,10 @@ KIND_ORDER = ("embedding", "decoder", "moe_decoder", "head")
 def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str, ModuleCost]:
     """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it."""
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
-              shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap)
+              shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
+              stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
+              selective_mode=model.options.selective_mode,
+              moe_hierarchical=model.options.moe_hierarchical)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
         kinds["decoder"] = decoder_cost(env, moe_layer=False)
@@ -40,7 +47,7 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
     return kinds
 
 
-def _module_table(model: "CostModel", cand: "Candidate", links: Links | None = None) -> np.ndarray:
+def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None) -> np.ndarray:
     """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and the links of the
     tp, cp and ep groups, the only links a module's cost reads (planner.cost.layers), so factorisations and axis
     orders that give those groups the same links share it; the candidate's ZeRO stage, recompute mode and
@@ -91,7 +98,7 @@ def _count_flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarra
     return model_f, hw_f, core_f
 
 
-def _rows(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
+def rows_of(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
     """The per-module rows of a module table under a recompute mode (forward and backward with exposed comm)."""
     col = dict(zip(MODULE_FIELDS, table))
     fwd = col["compute_fwd_s"] + col["tp_fwd_s"] + col["ep_fwd_s"] + col["cp_fwd_s"]
@@ -126,12 +133,10 @@ def zero3_gather_bytes(model: "CostModel", cand: "Candidate") -> float:
 
 def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     """All per-module arrays of `cand` (memoised by CostModel.detail)."""
-    from planner.cost.model import Detail, LayerCosts
-
-    row = _rows(_module_table(model, cand), cand.recompute)
+    row = rows_of(module_table(model, cand), cand.recompute)
     compute_fwd, compute_bwd = row["compute_fwd_s"], row["compute_bwd_s"]
     dense, expert = module_params_of(model, cand)
-    weights, grads, optim = _static_parts(model, cand, dense, expert)
+    weights, grads, optim = static_parts(model, cand, dense, expert)
     model_f, hw_f, core_f = _flops_per_sequence(model)
     costs = LayerCosts(
         names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
@@ -150,13 +155,11 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
 
 def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "LayerCosts":
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
-    from planner.cost.model import LayerCosts
-
-    row = _rows(_module_table(model, cand, links), cand.recompute)
+    row = rows_of(module_table(model, cand, links), cand.recompute)
     key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.schedule == "2bw")
     static = model.memo.get(key)
     if static is None:
-        static = model.memo[key] = sum(_static_parts(model, cand, *module_params_of(model, cand)))
+        static = model.memo[key] = sum(static_parts(model, cand, *module_params_of(model, cand)))
         static.setflags(write=False)  # shared by the LayerCosts of every shape of this layout
     return LayerCosts(
         names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
@@ -165,7 +168,7 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
     )
 
 
-def _static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
+def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
     """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO,
     routed experts over their dp*cp/ep expert-data-parallel ranks. PipeDream-2BW keeps a second weight version."""
     recipe, zero = model.recipe, cand.zero_stage
@@ -175,3 +178,24 @@ def _static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expe
     if cand.schedule == "2bw":
         weights = weights * 2
     return weights, grads, optim
+
+
+def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:
+    """Prefix sums (len(ROWS) x L+1) of the per-module quantities of a Detail (stored on it by build_detail)."""
+    c = detail.costs
+    rec_flops = np.zeros_like(detail.hw_fwd_flops)
+    if recompute == "full":
+        rec_flops[1:-1] = detail.hw_fwd_flops[1:-1]
+    elif recompute == "selective" and c.recompute_s[1:-1].any():
+        rec_flops[1:-1] = detail.core_fwd_flops[1:-1]
+    full_dflops = detail.hw_fwd_flops - rec_flops
+    full_dflops[0] = full_dflops[-1] = 0.0
+    rows = np.vstack([
+        c.forward_s, c.backward_s, c.recompute_s, detail.compute_s, detail.tp_s, detail.ep_s, detail.cp_s,
+        detail.bwd_compute_s, detail.weight_bytes, detail.grad_bytes, detail.optimizer_bytes, c.activation_bytes,
+        detail.dense_params, detail.expert_params, rec_flops, c.full_recompute_s - c.recompute_s,
+        c.full_recompute_activation_bytes - c.activation_bytes, full_dflops,
+    ])
+    prefix = np.zeros((rows.shape[0], rows.shape[1] + 1))
+    np.cumsum(rows, axis=1, out=prefix[:, 1:])
+    return prefix

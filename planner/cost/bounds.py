@@ -26,12 +26,13 @@ from planner.cost import layers as L
 from planner.topology.groups import GroupLink
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate, CostModel, LayerCosts
+    from planner.cost.model import CostModel
+    from planner.cost.types import Candidate, LayerCosts
 
 
 @dataclasses.dataclass(frozen=True)
 class _DpTerms:
-    """(slope, intercept) of the dense and expert gradient reduction time (the fields _dp_exposed reads)."""
+    """(slope, intercept) of the dense and expert gradient reduction time (the fields dp_exposed reads)."""
 
     dp_dense: tuple[float, float]
     dp_expert: tuple[float, float]
@@ -75,7 +76,10 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
     alone = _memo(model, ("alone", tp), lambda: _alone(tp))
     links = L.Links(tp=tp, cp=cp or alone, ep=ep or alone, dp=alone, expert_dp=alone, pp=alone)
     return L.Env(spec=model.spec, device=model.device, cal=cal or model.cal, precision=model.request.precision,
-                 shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap)
+                 shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap,
+                 stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
+                 selective_mode=model.options.selective_mode,
+                 moe_hierarchical=model.options.moe_hierarchical)
 
 
 def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:
@@ -105,9 +109,9 @@ def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
     tp = _tp_link(model, cand)
     cp = ep = None
     if cand.cp > 1:
-        cp = _least(_footprints(model, cand, cand.cp), lambda link: L._cp_times(_env(model, cand, tp, cp=link), 0.0))
+        cp = _least(_footprints(model, cand, cand.cp), lambda link: L.cp_times(_env(model, cand, tp, cp=link), 0.0))
     if cand.ep > 1:
-        ep = _least(_footprints(model, cand, cand.ep), lambda link: L._ep_times(_env(model, cand, tp, ep=link)))
+        ep = _least(_footprints(model, cand, cand.ep), lambda link: L.ep_times(_env(model, cand, tp, ep=link)))
     found = model.memo[key] = _env(model, cand, tp, cp=cp, ep=ep).links
     return found
 
@@ -117,17 +121,17 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
     (memory arrays and static bytes are the candidate's). Shared by every axis order."""
     from planner.cost.arrays import layer_costs_with
 
-    key = ("floor_costs", *model._key(cand)[:-2], _order(cand), cand.schedule == "2bw")
+    key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), cand.schedule == "2bw")
     return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand)))
 
 
 def compute_rows(model: "CostModel", cand: "Candidate") -> np.ndarray:
     """(forward, backward) compute seconds per module (no communication): the same under every layout."""
-    from planner.cost.arrays import MODULE_FIELDS, _module_table
+    from planner.cost.arrays import MODULE_FIELDS, module_table
 
     key = ("compute_rows", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.tp_overlap)
     rows = [MODULE_FIELDS.index("compute_fwd_s"), MODULE_FIELDS.index("compute_bwd_s")]
-    return _memo(model, key, lambda: _module_table(model, cand, floor_links(model, cand))[rows])
+    return _memo(model, key, lambda: module_table(model, cand, floor_links(model, cand))[rows])
 
 
 def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
@@ -135,10 +139,10 @@ def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     less the grads where the amp-bf16 peak comes before any exist (planner.cost.autocast); what a rank holds at
     least besides in-flight activations and other bytes."""
     from planner.cost import autocast
-    from planner.cost.arrays import _static_parts, module_params_of
+    from planner.cost.arrays import static_parts, module_params_of
 
     def make():
-        weights, grads, optimizer = _static_parts(model, cand, *module_params_of(model, cand))
+        weights, grads, optimizer = static_parts(model, cand, *module_params_of(model, cand))
         if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
                 dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
             grads = 0.0 * grads
@@ -151,37 +155,48 @@ def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     return _memo(model, key, make)
 
 
-def _p2p_transfers(cand: "Candidate") -> int:
+def _p2p_transfers(model: "CostModel", cand: "Candidate") -> int:
     from planner.cost import schedule
 
-    return schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches)
+    return schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches,
+                                  overlapped=model.options.pp_overlap)
+
+
+def _p2p_bytes(model: "CostModel", cand: "Candidate") -> float:
+    """One boundary send: s*b*h bf16 (/t with SP); with the scatter/gather optimisation (Narayanan et al. 2021,
+    Sec. 4.1: each of the t TP ranks sends 1/t of the replicated tensor over the NIC and the receiver all-gathers
+    it over NVLink) also /t without SP. The NVLink all-gather is not charged (bytes / NVLink bandwidth, ~10x less)."""
+    from planner.cost.memory import p2p_activation_bytes
+
+    size = p2p_activation_bytes(model.spec, model.shape(cand))
+    if model.options.pp_scatter_gather and not cand.sp:
+        size /= cand.tp
+    return size
 
 
 def pp_comm_s(model: "CostModel", cand: "Candidate") -> float:
     """Pipeline point-to-point time of one step (the breakdown's pp_comm_s): 2 directions x the sequential
     boundary transfers of the schedule (planner.cost.schedule.p2p_transfers) x one activation send."""
     from planner.cost import comm
-    from planner.cost.memory import p2p_activation_bytes
 
-    transfers = _p2p_transfers(cand)
+    transfers = _p2p_transfers(model, cand)
     if transfers == 0:
         return 0.0
-    return 2 * transfers * comm.p2p_s(p2p_activation_bytes(model.spec, model.shape(cand)), group=model.links(cand).pp)
+    return 2 * transfers * comm.p2p_s(_p2p_bytes(model, cand), group=model.links(cand).pp)
 
 
 def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
     """pp_comm_s over the cheapest footprint a pp group of the candidate's size can have (module docstring: a
     point-to-point send, bytes / bandwidth + latency, reads the node count only through "spans nodes"): at most
     pp_comm_s under every placement."""
-    transfers = _p2p_transfers(cand)
+    transfers = _p2p_transfers(model, cand)
     if transfers == 0:
         return 0.0
 
     def send() -> float:
         from planner.cost import comm
-        from planner.cost.memory import p2p_activation_bytes
 
-        size = p2p_activation_bytes(model.spec, model.shape(cand))
+        size = _p2p_bytes(model, cand)
         return min(comm.p2p_s(size, group=link) for link in _footprints(model, cand, cand.pp))
 
     key = ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp, cand.pp, cand.world_size)
@@ -196,7 +211,7 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     the inter-node ring over the nodes, both least at the fewest nodes), at most the time under every placement:
     the dp x cp reduction runs on the dp axis's footprint (planner.cost.links), the exposure grows with it."""
     from planner.cost.arrays import module_params_of
-    from planner.cost.evaluate import _dp_exposed
+    from planner.cost.evaluate import dp_exposed
 
     def rows() -> dict:
         dense, expert = module_params_of(model, cand)
@@ -211,20 +226,20 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
                         cand.tp_overlap, ranks.tobytes()), rows)
     if not floor:
         links = model.links(cand)
-        return float(_dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp), row))
+        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp), row))
     edp = max(1, cand.dp * cand.cp // cand.ep)
-    return min(float(_dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
+    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
                                                       dataclasses.replace(link, size=edp)), row))
                for link in _footprints(model, cand, cand.dp))
 
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink) -> _DpTerms:
-    from planner.cost.evaluate import _dp_comm_s, _linear
+    from planner.cost.evaluate import dp_comm_s, linear_fit
 
-    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # _dp_comm_s reads dp, expert_dp
+    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # dp_comm_s reads dp, expert_dp
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
     return _memo(model, ("dp_terms", cand.zero_stage, m, dp, expert_dp), lambda: _DpTerms(
-        _linear(lambda x: _dp_comm_s(model, cand, x, 0.0, links)), _linear(lambda x: _dp_comm_s(model, cand, 0.0, x, links))))
+        linear_fit(lambda x: dp_comm_s(model, cand, x, 0.0, links)), linear_fit(lambda x: dp_comm_s(model, cand, 0.0, x, links))))
 
 
 def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:
@@ -258,7 +273,7 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
     tp = _tp_link(model, cand).without_latency()
     env = _env(model, cand, tp, cal=dataclasses.replace(model.cal, gemm_fixed_s=0.0), overlap="none")
     real = _env(model, cand, tp)  # t0 kept: the attention core at b = 1 is at least its per-sequence share at b
-    ep_s = min((sum(L._ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
+    ep_s = min((sum(L.ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
                default=0.0) if cand.ep > 1 else 0.0
     total = tp_total = 0.0
     for moe_layer in (False, True):
@@ -267,14 +282,14 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
             continue
         gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(
             spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
-        fwd, bwd, _ = L._gemm_times(env, gemms)
-        core = L._gemm_times(real, gemms)[2]
-        cp_s = min((sum(L._cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
+        fwd, bwd, _ = L.gemm_times(env, gemms)
+        core = L.gemm_times(real, gemms)[2]
+        cp_s = min((sum(L.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
                    default=0.0) if cand.cp > 1 else 0.0
         total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
-        tp_total += count * sum(L._tp_times(env, fwd, bwd, collectives=2))
-    fwd, bwd, _ = L._gemm_times(env, compute.head_gemms(spec, shape))
-    tp_fwd, tp_bwd = L._tp_times(env, fwd, bwd, collectives=1)
+        tp_total += count * sum(L.tp_times(env, fwd, bwd, collectives=2))
+    fwd, bwd, _ = L.gemm_times(env, compute.head_gemms(spec, shape))
+    tp_fwd, tp_bwd = L.tp_times(env, fwd, bwd, collectives=1)
     return total + fwd + bwd, tp_total + tp_bwd + (tp_fwd if shape.sp else 0.0)
 
 
@@ -282,10 +297,10 @@ def floor_time_sum_s(model: "CostModel", cand: "Candidate") -> float:
     """sum_l forward_s + backward_s + min(0, selective recompute, full recompute) under floor_links: at most the
     sum of the module times of any recompute mode (with or without a partial full recompute) under every
     placement; one number for the three modes."""
-    from planner.cost.arrays import _module_table, _rows
+    from planner.cost.arrays import module_table, rows_of
 
     def make() -> float:
-        row = _rows(_module_table(model, cand, floor_links(model, cand)), "none")
+        row = rows_of(module_table(model, cand, floor_links(model, cand)), "none")
         least = np.minimum(0.0, np.minimum(row["selective_s"], row["full_recompute_s"]))
         return float((row["fwd"] + row["bwd"] + least).sum())
 

@@ -5,7 +5,7 @@ ceiling and copy bandwidth (validation/h100_hf_tinyllama.jsonl), published A100 
 et al. 2021 Table 1), FlashAttention-2 rates (Dao 2023). Nothing here is fitted per run.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,6 +28,8 @@ class DeviceCalibration:
     source: str
     eager_kernel_s: float = 0.0  # eager recipe: device time per kernel beyond bytes / bandwidth (planner.cost.eager)
     eager_host_op_s: float = 0.0  # eager recipe: host (CPU) time per aten operator (planner.cost.eager)
+    error_band: float | None = None  # 90th percentile |step-time error| of the leave-one-source-out predictions
+    stack: str | None = None  # the software stack whose GEMM ceiling this is (None: the family's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,26 +41,50 @@ class MemoryCalibration:
 
 
 def _entry(raw: dict) -> DeviceCalibration:
-    fields = {key: raw[key] for key in DeviceCalibration.__dataclass_fields__}
+    fields = {key: raw[key] for key in DeviceCalibration.__dataclass_fields__ if key in raw}
     return DeviceCalibration(**fields)
 
 
+def _stacks(raw: dict, key: str = "stack_ceilings") -> tuple[tuple[str, DeviceCalibration], ...]:
+    """Per software stack of a family: the family's entry with the stack's GEMM ceiling under `key` (derived from
+    published runs, `stack_ceilings`, or measured, `measured_stack_ceilings`) and error band (the family's band
+    where the stack has none)."""
+    base = _entry(raw)
+    bands = raw.get("stack_error_bands") or {}
+    return tuple((name, replace(base, matmul_ceiling_fraction=float(value), stack=name,
+                                error_band=float(bands[name]) if name in bands else base.error_band))
+                 for name, value in (raw.get(key) or {}).items())
+
+
 @lru_cache(maxsize=1)
-def _load() -> tuple[tuple[tuple[tuple[str, ...], DeviceCalibration], ...], DeviceCalibration, MemoryCalibration]:
+def _load() -> tuple[tuple, DeviceCalibration, MemoryCalibration]:
     raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
-    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item)) for item in raw["devices"])
+    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item)),
+                     dict(_stacks(item, "measured_stack_ceilings"))) for item in raw["devices"])
     memory = MemoryCalibration(**raw["memory"])
     return devices, _entry(raw["default"]), memory
 
 
-def device_calibration(device: DeviceSpec) -> DeviceCalibration:
-    """The calibration of the first family whose `match` substring occurs in the device name, else the default."""
+def device_calibration(device: DeviceSpec, framework: str | None = None, *, eager: bool = False) -> DeviceCalibration:
+    """The calibration of the first family whose `match` substring occurs in the device name, else the default;
+    with `framework`, that stack's GEMM ceiling on the family where calibration.yaml has one: for the eager recipe
+    (`eager`: planner.cost.eager itemises every kernel's overhead) a measured large-GEMM ceiling
+    (`measured_stack_ceilings`) first, else the in-step ceiling derived from published runs (`stack_ceilings`),
+    else the family's own (the median over all its runs)."""
     devices, default, _ = _load()
     name = device.name.lower()
-    for patterns, calibration in devices:
+    for patterns, calibration, stacks, measured in devices:
         if any(pattern in name for pattern in patterns):
-            return calibration
+            if eager and framework in measured:
+                return measured[framework]
+            return stacks.get(framework, calibration)
     return default
+
+
+def flash_attention_1_relative_rate() -> float:
+    """FlashAttention v1's forward + backward rate relative to FlashAttention-2's (calibration.yaml kernels)."""
+    raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
+    return float(raw["kernels"]["flash_attention_1_relative_rate"])
 
 
 def memory_calibration() -> MemoryCalibration:

@@ -60,6 +60,14 @@ def _half_ring_s(num_bytes: float, group: GroupLink, collective: str) -> float:
     return intra + inter
 
 
+def flat_ring_s(num_bytes: float, *, group: GroupLink) -> float:
+    """All-gather or reduce-scatter as one flat ring over all ranks: (n-1)/n * bytes through each rank's slowest
+    link (its NIC share when the group spans nodes) + (n-1) latencies; no per-node aggregation."""
+    if not group.spans_nodes:
+        return _half_ring_s(num_bytes, group, "all_gather")
+    return _ring_s(num_bytes, group.size, group.inter_bandwidth_GBps, group.inter_latency_s, factor=1)
+
+
 def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
     """All-to-all where each rank sends `num_bytes` spread evenly over the n ranks: (rpn-1)/n of it stays on the
     node (NVLink), (n-rpn)/n crosses the NICs; both proceed at once, the slower bounds; (n-1) latencies."""
@@ -73,6 +81,25 @@ def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
     return max(intra, inter) + (n - 1) * (group.inter_latency_s if group.spans_nodes else latency)
 
 
+def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink) -> float:
+    """MoE dispatch (or combine) that crosses the NICs once per destination node and fans out over NVLink there
+    (DeepSeek-V3 report Sec. 3.2.2 and DeepEP; Megatron-Core's flex dispatcher). `num_bytes` = tokens * top_k * h
+    * 2 sent by this rank. With N nodes in the group and top_k experts picked uniformly, a token reaches
+    N * (1 - (1 - 1/N)^top_k) distinct nodes, (N - 1)/N of them remote: that many copies cross the NICs instead of
+    top_k * (n - rpn)/n. The NVLink side moves the on-node share as in all_to_all_s; the slower side bounds."""
+    n, rpn, nodes = group.size, group.ranks_per_node, group.num_nodes
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    if not group.spans_nodes or nodes <= 1:
+        return all_to_all_s(num_bytes, group=group)
+    bandwidth, _ = group.intra("all_to_all")
+    per_copy = num_bytes / top_k
+    remote_nodes = nodes * (1 - (1 - 1 / nodes) ** top_k) * (nodes - 1) / nodes
+    intra = (rpn - 1) / n * num_bytes / _bytes_per_s(bandwidth)
+    inter = remote_nodes * per_copy / _bytes_per_s(group.inter_bandwidth_GBps)
+    return max(intra, inter) + (nodes - 1) * group.inter_latency_s + (rpn - 1) * group.intra_latency_s
+
+
 def p2p_s(num_bytes: float, *, group: GroupLink) -> float:
     """Point-to-point send between neighbouring pipeline stages: bytes / bw + latency."""
     if group.size <= 1 or num_bytes <= 0:
@@ -81,6 +108,17 @@ def p2p_s(num_bytes: float, *, group: GroupLink) -> float:
         bandwidth, latency = group.intra("send_recv")
         return num_bytes / _bytes_per_s(bandwidth) + latency
     return num_bytes / _bytes_per_s(group.bandwidth_GBps) + group.latency_s
+
+
+def chunked_overlap_exposed_s(comm_s: float, gemm_s: float, *, chunks: int) -> float:
+    """Exposed time of a TP all-gather/reduce-scatter pipelined with its dependent GEMM in `chunks` pieces
+    (Transformer Engine userbuffers ring-exchange, Megatron-Core --tp-comm-overlap; Wang et al. 2023, "Overlap
+    Communication with Dependent Computation via Decomposition in Large Deep Learning Models", Sec. 3): each
+    chunk's transfer runs under the previous chunk's GEMM, so the first chunk (comm / chunks) is never hidden and
+    what exceeds the GEMM time stays exposed."""
+    if comm_s <= 0:
+        return 0.0
+    return max(comm_s / max(chunks, 1), comm_s - gemm_s)
 
 
 def domino_exposed_s(comm_s: float, compute_s: float) -> float:

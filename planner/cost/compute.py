@@ -45,6 +45,7 @@ class Shape:
     flash_attention: bool = True
     dropout: bool = False
     fused_kernels: bool = True
+    fp8_inputs: bool = False  # fp8 recipe: GEMMs save their fp8-cast inputs for backward (1 byte per element)
 
     @property
     def kernels(self) -> "KernelBytes":

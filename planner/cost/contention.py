@@ -20,7 +20,7 @@ path: node work / slots is 0.69 s, the last rank carries the head); dp2 x pp2 wi
 compute itself (caches and DRAM shared by busy cores) measured 0-13% on this box (benchmarks/cpu_corun.py) and is
 not modelled. Communication is exposed, not work: a gloo
 collective's copies and reductions are measured with the same sharing (`planner profile comm` runs all ranks
-on the node), and with the cores taken it is never overlapped (evaluate._dp_exposed).
+on the node), and with the cores taken it is never overlapped (evaluate.dp_exposed).
 
 Accelerators (one rank per device, no sharing) have no slots limit and are never contended.
 """

@@ -63,9 +63,12 @@ def model_notes(model: CostModel) -> list[str]:
                      f"kernels x {cal.eager_kernel_s * 1e6:.1f} us, aten operators x {cal.eager_host_op_s * 1e6:.1f} us host) "
                      f"(planner.cost.eager)")
     notes.append(
-        f"device calibration {cal.family}: GEMM ceiling {cal.matmul_ceiling_fraction:.3f} of peak, HBM {cal.hbm_efficiency:.3f} "
-        f"({cal.source})"
+        f"device calibration {cal.family}" + (f" x {cal.stack}" if cal.stack else "")
+        + f": GEMM ceiling {cal.matmul_ceiling_fraction:.3f} of peak, HBM {cal.hbm_efficiency:.3f} ({cal.source})"
     )
+    if cal.error_band:
+        notes.append(f"expected step-time error within +/-{cal.error_band:.0%} (90th percentile of the leave-one-source-out "
+                     f"errors of published {cal.family}" + (f" {cal.stack}" if cal.stack else "") + " runs, benchmarks/accuracy.py)")
     return notes
 
 

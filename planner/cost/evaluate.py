@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import autocast, comm, contention, schedule
+from planner.cost.arrays import ROWS
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED
 from planner.errors import BadInputError
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
 from planner.units import GiB
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate, CostModel, Detail
+    from planner.cost.model import CostModel
+    from planner.cost.types import Candidate, Detail
 
-# Rows of the per-module matrix whose prefix sums give every stage sum in one numpy operation.
-ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weights", "grads", "optimizer", "act",
-        "dense", "expert", "rec_flops", "full_dt", "full_dact", "full_dflops")
 MEMORY_ROWS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "peak_bytes")
 TIME_ROWS = tuple(ROWS.index(k) for k in ("fwd", "bwd", "rec", "tp"))
 REC, ACT, REC_FLOPS = ROWS.index("rec"), ROWS.index("act"), ROWS.index("rec_flops")
@@ -92,27 +91,6 @@ def balanced_split(num_layers: int, stages: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:
-    """Prefix sums (len(ROWS) x L+1) of the per-module quantities of a Detail (stored on it by build_detail)."""
-    c = detail.costs
-    rec_flops = np.zeros_like(detail.hw_fwd_flops)
-    if recompute == "full":
-        rec_flops[1:-1] = detail.hw_fwd_flops[1:-1]
-    elif recompute == "selective" and c.recompute_s[1:-1].any():
-        rec_flops[1:-1] = detail.core_fwd_flops[1:-1]
-    full_dflops = detail.hw_fwd_flops - rec_flops
-    full_dflops[0] = full_dflops[-1] = 0.0
-    rows = np.vstack([
-        c.forward_s, c.backward_s, c.recompute_s, detail.compute_s, detail.tp_s, detail.ep_s, detail.cp_s,
-        detail.bwd_compute_s, detail.weight_bytes, detail.grad_bytes, detail.optimizer_bytes, c.activation_bytes,
-        detail.dense_params, detail.expert_params, rec_flops, c.full_recompute_s - c.recompute_s,
-        c.full_recompute_activation_bytes - c.activation_bytes, full_dflops,
-    ])
-    prefix = np.zeros((rows.shape[0], rows.shape[1] + 1))
-    np.cumsum(rows, axis=1, out=prefix[:, 1:])
-    return prefix
-
-
 def _check_split(model: "CostModel", cand: "Candidate", stage_layers, full_layers) -> tuple[tuple[int, ...], tuple[int, ...]]:
     stages, n = cand.pp * cand.vpp, model.spec.num_layers
     split = balanced_split(n, stages) if stage_layers is None else tuple(int(x) for x in stage_layers)
@@ -139,14 +117,18 @@ def _stage_sums(prefix: np.ndarray, split: tuple[int, ...], full: tuple[int, ...
     return sums
 
 
-def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float, links=None) -> float:
+def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float, links=None) -> float:
     """Data-parallel gradient reduction (and ZeRO weight gathers) of one pipeline rank holding `dense` and
     `expert` parameters, before overlap.
 
     ZeRO-0: all-reduce of the gradients. ZeRO-1: reduce-scatter of the gradients and all-gather of the updated
     weights (Megatron's distributed optimizer; same bytes as an all-reduce). ZeRO-2: a reduce-scatter per
     micro-batch (sharded gradients cannot accumulate locally) and one all-gather. ZeRO-3: per micro-batch
-    all-gathers of the weights in forward and backward and a reduce-scatter of the gradients.
+    all-gathers of the weights in forward and backward and a reduce-scatter of the gradients; where the stack
+    re-gathers for the recompute forward (options.zero3_regather_for_recompute: DeepSpeed's checkpointed forward
+    re-runs the module's fetch hook), three all-gathers under full recompute. Where the stack's ZeRO-3 collectives
+    are flat rings over the dp ranks (options.zero3_hierarchical False), each rank moves (n-1)/n of the buffer
+    through its own NIC share (comm.flat_ring_s), so the time does not shrink as dp grows.
     """
     links = model.links(cand) if links is None else links  # another layout's links (CostModel.dp_exposed_s)
     r, m, z = model.recipe, cand.num_microbatches, cand.zero_stage
@@ -154,7 +136,8 @@ def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: floa
     for params, link in ((dense, links.dp), (expert, links.expert_dp)):
         if params <= 0 or link.size <= 1:
             continue
-        grads, weights = params * r.grad_reduce_bytes, params * r.gather_bytes
+        reduce_bytes = r.grad_reduce_bytes if model.options.grad_reduce_fp32 else min(r.grad_reduce_bytes, 2)
+        grads, weights = params * reduce_bytes, params * r.gather_bytes
         if z == 0:
             total += comm.ring_all_reduce_s(grads, group=link)
         elif z == 1:
@@ -162,7 +145,12 @@ def _dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: floa
         elif z == 2:
             total += m * comm.reduce_scatter_s(grads, group=link) + comm.all_gather_s(weights, group=link)
         else:
-            total += m * (comm.reduce_scatter_s(grads, group=link) + 2 * comm.all_gather_s(weights, group=link))
+            opts = model.options
+            gathers = 3 if (opts.zero3_regather_for_recompute and cand.recompute == "full") else 2
+            if opts.zero3_hierarchical:
+                total += m * (comm.reduce_scatter_s(grads, group=link) + gathers * comm.all_gather_s(weights, group=link))
+            else:
+                total += m * (gathers * comm.flat_ring_s(weights, group=link) + comm.flat_ring_s(grads, group=link))
     return total
 
 
@@ -179,7 +167,7 @@ class _Fixed:
     peak_tflops: float
 
 
-def _linear(fn, reference: float = 1e9) -> tuple[float, float]:
+def linear_fit(fn, reference: float = 1e9) -> tuple[float, float]:
     """Alpha-beta costs are affine in bytes: recover (slope, intercept) from two evaluations."""
     one, two = fn(reference), fn(2 * reference)
     slope = (two - one) / reference
@@ -187,7 +175,7 @@ def _linear(fn, reference: float = 1e9) -> tuple[float, float]:
 
 
 def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
-    cache = model._fixed_cache
+    cache = model.fixed_cache
     found = cache.get(cand)
     if found is not None:
         return found
@@ -201,8 +189,8 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         inflight=model.inflight_per_rank(cand),
         other=model.other_per_rank(cand),
         pp_comm_s=model.pp_comm_s(cand),
-        dp_dense=_linear(lambda x: _dp_comm_s(model, cand, x, 0.0)),
-        dp_expert=_linear(lambda x: _dp_comm_s(model, cand, 0.0, x)),
+        dp_dense=linear_fit(lambda x: dp_comm_s(model, cand, x, 0.0)),
+        dp_expert=linear_fit(lambda x: dp_comm_s(model, cand, 0.0, x)),
         optimizer_per_param_s=(per_param / (cand.dp * cand.cp if sharded else 1), per_param / (edp if sharded else 1)),
         peak_tflops=peak_tflops(model.device, model.request.precision),
     )
@@ -210,7 +198,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     return found
 
 
-def _dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) -> float:
+def dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) -> float:
     """Exposed data-parallel time, the slowest pipeline rank. Overlap (options.dp_overlap): hidden behind the
     backward of the last micro-batch (ZeRO-0/1), every backward (ZeRO-2), every forward and backward (ZeRO-3);
     the last bucket (options.bucket_params) is always exposed. Without overlap all of it is exposed, and so it
@@ -244,7 +232,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])
     bubble = schedule.bubble_s(cand.schedule, pp=pp, vpp=cand.vpp, rank_time_s=t_b)
-    dp = _dp_exposed(model, cand, fixed, row)
+    dp = dp_exposed(model, cand, fixed, row)
     opt = row["dense"] * fixed.optimizer_per_param_s[0] + row["expert"] * fixed.optimizer_per_param_s[1]
     optimizer = float(opt.max())
     tp_b, ep_b, cp_b, rec_b = (float(row[k][b]) for k in ("tp", "ep", "cp", "rec"))

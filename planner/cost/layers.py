@@ -45,6 +45,10 @@ class Env:
     shape: Shape
     links: Links
     tp_overlap: str
+    stack_tp_overlap: bool = False  # the stack overlaps TP collectives with GEMMs (behaviour.overlap.tp_comm)
+    moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
+    selective_mode: str = "attention_core"  # what the stack's selective recompute reruns (behaviour.memory)
+    moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +77,7 @@ class ModuleCost:
         return compute_s + self.tp_fwd_s + self.ep_fwd_s + self.cp_fwd_s
 
 
-def _gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float]:
+def gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float]:
     """(forward, backward, attention-core forward) seconds of a list of matmuls."""
     peak = compute.peak_tflops(env.device, env.precision)
     attn_peak = env.device.peak_bf16_tflops if env.precision == "fp8" else peak
@@ -88,9 +92,12 @@ def _gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, floa
     return fwd, bwd, core
 
 
-def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: int) -> tuple[float, float]:
+def tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: int,
+              gemm_s: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """`collectives` all-reduces (or all-gather + reduce-scatter pairs with SP: the same bytes) of T*h bf16 in each
-    direction; exposed unless Domino overlaps them (comm.domino_exposed_s)."""
+    direction; exposed unless Domino overlaps them (comm.domino_exposed_s) or the stack overlaps them with the
+    adjacent GEMMs (`gemm_s`: forward and backward GEMM seconds of the module, attention core excluded;
+    comm.chunked_overlap_exposed_s)."""
     if env.shape.tp <= 1:
         return 0.0, 0.0
     size = env.shape.tokens * env.spec.hidden_size * compute.ACT_BYTES
@@ -98,10 +105,13 @@ def _tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives:
     fwd, bwd = collectives * one, collectives * one
     if env.tp_overlap == "domino":
         return comm.domino_exposed_s(fwd, fwd_compute_s), comm.domino_exposed_s(bwd, bwd_compute_s)
+    if env.stack_tp_overlap and env.shape.sp:
+        return (comm.chunked_overlap_exposed_s(fwd, gemm_s[0], chunks=env.shape.tp),
+                comm.chunked_overlap_exposed_s(bwd, gemm_s[1], chunks=env.shape.tp))
     return fwd, bwd
 
 
-def _cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
+def cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
     """Ring attention (Liu et al. 2023): cp - 1 steps each passing this rank's K and V chunk (2*b*(s/cp)*kv*d/t
     bf16) to the next rank, overlapped with the attention of the previous chunk; backward passes K, V and their
     gradients (twice the bytes). Exposed = max(0, comm - attention core compute)."""
@@ -115,14 +125,40 @@ def _cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
     return max(0.0, fwd - core_fwd_s), max(0.0, bwd - core_bwd)
 
 
-def _ep_times(env: Env) -> tuple[float, float]:
+def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -> tuple[float, float]:
+    """(recompute seconds, saved bytes) of a selective recompute of the norms and the MLA up-projections (DeepSeek-V3
+    report Sec. 3.3.3; Megatron-Core --recompute-modules layernorm mla_up_proj): the norms' saved inputs and the
+    up-projected Q, K, V are dropped for the compressed latents (q_lora + kv_lora + rope per token), and the
+    backward reruns both norms (memory-bound) and the up-projection GEMMs."""
+    spec, shape = env.spec, env.shape
+    b, s, t, h = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp, spec.hidden_size
+    k = shape.kernels
+    saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
+    dropped = 2 * saved_norm * s * b * h / shape.sp_div
+    rerun = compute.memory_bound_time_s(2 * compute.norm_bytes(spec, k) * shape.tokens * h / shape.sp_div,
+                                        device=env.device, cal=env.cal)
+    if spec.mla is not None:
+        mla, a, kv = spec.mla, spec.num_attention_heads, spec.kv_heads
+        qk_d = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        dropped += 2 * s * b * (a * qk_d + kv * qk_d + kv * mla.v_head_dim) / t
+        dropped -= 2 * s * b * ((mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim)
+        up = [g for g in gemms if g.name in ("q_up", "kv_up")]
+        rerun += gemm_times(env, up)[0]
+    return rerun, max(base_bytes - dropped, 0.0)
+
+
+def ep_times(env: Env) -> tuple[float, float]:
     """Two all-to-alls each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2):
-    tokens * top_k * capacity_factor * h bf16 each."""
+    tokens * top_k * capacity_factor * h bf16 each; per node deduplicated where the stack dispatches hierarchically
+    (comm.hierarchical_all_to_all_s)."""
     cfg = env.spec.moe
     if env.shape.ep <= 1 or cfg is None:
         return 0.0, 0.0
     size = env.shape.tokens * cfg.top_k * (cfg.capacity_factor or 1.0) * env.spec.hidden_size * compute.ACT_BYTES
-    one = comm.all_to_all_s(size, group=env.links.ep)
+    if env.moe_hierarchical:
+        one = comm.hierarchical_all_to_all_s(size, top_k=cfg.top_k, group=env.links.ep)
+    else:
+        one = comm.all_to_all_s(size, group=env.links.ep)
     return 2 * one, 2 * one
 
 
@@ -162,7 +198,7 @@ def _eager_compute_s(env: Env, params: float) -> tuple[float, float, float, floa
     calls = {"qkv": 3, "mlp": 3 if spec.gated else 2}
     gemms = [dataclasses.replace(g, calls=calls.get(g.name, g.calls))
              for g in compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=None)]
-    g_fwd, g_bwd, core = _gemm_times(env, gemms)
+    g_fwd, g_bwd, core = gemm_times(env, gemms)
     mlp_flops = next(g.flops for g in gemms if g.name == "mlp")
     last = compute.Gemm("down", mlp_flops / (3 if spec.gated else 2))
     last_s = compute.gemm_time_s(last, peak_tflops=compute.peak_tflops(env.device, env.precision), cal=cal, flash=False)
@@ -184,33 +220,41 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
         return _eager_decoder_cost(env)
     moe = counting.moe_params(spec) if moe_layer else None
     gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=moe)
-    g_fwd, g_bwd, core = _gemm_times(env, gemms)
+    g_fwd, g_bwd, core = gemm_times(env, gemms)
     core_bytes, rest_bytes = compute.layer_elementwise_bytes(spec, shape, moe=moe)
     core_mem = compute.memory_bound_time_s(core_bytes, device=env.device, cal=env.cal)
     rest_mem = compute.memory_bound_time_s(rest_bytes, device=env.device, cal=env.cal)
     cast_fwd, cast_bwd = _autocast_cast_s(env, _layer_params_per_gpu(spec, shape, moe_layer))
     fwd = g_fwd + core_mem + rest_mem + cast_fwd
     bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
-    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
-    ep_fwd, ep_bwd = _ep_times(env) if moe_layer else (0.0, 0.0)
-    cp_fwd, cp_bwd = _cp_times(env, core)
+    core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
+    ep_fwd, ep_bwd = ep_times(env) if moe_layer else (0.0, 0.0)
+    if env.moe_overlap:  # the all-to-all of one micro-batch runs under another's layer compute (DualPipe, 1F1B A2A)
+        ep_fwd, ep_bwd = max(0.0, ep_fwd - fwd), max(0.0, ep_bwd - bwd)
+    cp_fwd, cp_bwd = cp_times(env, core)
     if env.precision == autocast.RECIPE and not moe_layer:
         acts = autocast.decoder_activation_bytes(spec, shape)
     else:
         acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
-    selective = 0.0 if shape.flash_attention else core + core_mem
+    selective, act_selective = (0.0 if shape.flash_attention else core + core_mem), acts.selective
+    if env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
+        selective = (fwd + tp_fwd + ep_fwd + cp_fwd) / 2
+        act_selective = (acts.none + acts.full) / 2
+    elif env.selective_mode == "norm_and_up_proj":
+        selective, act_selective = _norm_up_selective(env, gemms, acts.selective)
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,
-        act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
+        act_none=acts.none, act_selective=act_selective, act_full=acts.full,
     )
 
 
 def _eager_decoder_cost(env: Env) -> ModuleCost:
     """decoder_cost for the eager recipe (planner.cost.eager); activations as torch.autocast saves them."""
     fwd, bwd, rec, core = _eager_compute_s(env, _layer_params_per_gpu(env.spec, env.shape, False))
-    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=2)
-    cp_fwd, cp_bwd = _cp_times(env, core)
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2)
+    cp_fwd, cp_bwd = cp_times(env, core)
     acts = autocast.decoder_activation_bytes(env.spec, env.shape)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd,
                       cp_bwd_s=cp_bwd, act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
@@ -232,7 +276,7 @@ def embedding_cost(env: Env) -> ModuleCost:
     bwd = 2 * fwd
     if _is_eager(env):
         fwd, bwd = _eager_phases(env, eager.embedding_ops(env.spec, env.shape), 0.0, 0.0, 0.0)
-    tp_fwd, _ = _tp_times(env, fwd, bwd, collectives=1)
+    tp_fwd, _ = tp_times(env, fwd, bwd, collectives=1)
     act = memory.embedding_activation_bytes(env.spec, env.shape)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, act_none=act, act_selective=act, act_full=act)
 
@@ -240,13 +284,13 @@ def embedding_cost(env: Env) -> ModuleCost:
 def head_cost(env: Env) -> ModuleCost:
     """Final norm, LM head and cross-entropy. TP: with SP the head all-gathers its input in forward and
     reduce-scatters the input gradient in backward; without SP only backward all-reduces the input gradient."""
-    g_fwd, g_bwd, _ = _gemm_times(env, compute.head_gemms(env.spec, env.shape))
+    g_fwd, g_bwd, _ = gemm_times(env, compute.head_gemms(env.spec, env.shape))
     mem = compute.memory_bound_time_s(compute.head_elementwise_bytes(env.spec, env.shape), device=env.device, cal=env.cal)
     fwd, bwd = g_fwd + mem, g_bwd + 2 * mem
     if _is_eager(env):
         lm_head = env.spec.vocab_size * env.spec.hidden_size / env.shape.tp
         fwd, bwd = _eager_phases(env, eager.head_ops(env.spec, env.shape), g_fwd, g_bwd, lm_head)
-    tp_fwd, tp_bwd = _tp_times(env, fwd, bwd, collectives=1)
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=1)
     if not env.shape.sp:
         tp_fwd = 0.0
     if env.precision == autocast.RECIPE:

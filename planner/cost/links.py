@@ -10,7 +10,7 @@ from planner.schemas.topology import Topology
 from planner.topology.placement import axis_link
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate
+    from planner.cost.types import Candidate
 
 
 def candidate_links(topology: Topology, cand: "Candidate") -> Links:

@@ -45,6 +45,12 @@ RECIPES: Mapping[str, Recipe] = MappingProxyType({
     "fp8": Recipe(weight_bytes=2 + 1, grad_bytes=4, optimizer_bytes=12, grad_reduce_bytes=4, gather_bytes=2),
 })
 
+FP32_MASTER_PARAMS_BF16 = Recipe(weight_bytes=4, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=2)
+"""bf16 compute where the parameters themselves are the fp32 master (PyTorch FSDP1/FSDP2 MixedPrecision with
+param_dtype=bf16, reduce_dtype=fp32; the planner's executor): fp32 params 4 + fp32 grads 4 + Adam m and v 8 = 16
+bytes per parameter, sharded by ZeRO as usual; the bf16 copy exists only for the module being computed (the
+ZeRO-3 working set). Chosen by the stack's behaviour.memory.main_grads_fp32 = false (planner.cost.model)."""
+
 OPTIMIZER_BYTES_TOUCHED: Mapping[str, int] = MappingProxyType({"bf16": 30, "amp-bf16": 28, "fp32": 28, "fp8": 31})
 """HBM bytes an Adam step moves per parameter: read master/weights, grads, m, v; write master, m, v (and the
 low-precision copy). bf16: read 4+4+4+4, write 4+4+4+2 = 30; fp32/amp-bf16: read 16, write 12 = 28."""
@@ -87,6 +93,9 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     at the expert input and intermediates. Replicated regions (norms, FFN/QKV inputs, dropout masks) are
     divided by tp only with SP. CP splits the sequence. Eager kernels (Shape.fused_kernels False) save more per
     norm and FFN element (compute.KernelBytes: HuggingFace's fp32 RMSNorm keeps 10 bytes per element, not 2).
+    Under the fp8 recipe (Shape.fp8_inputs) the inputs saved for the backward of the linear layers (QKV, out-proj,
+    FFN and expert inputs, fc2 input) are the fp8 casts, 1 byte per element (Transformer Engine Linear keeps its
+    fp8 input; DeepSeek-V3 report Sec. 3.3.3 caches the MoE inputs in fp8); attention inputs stay bf16.
     """
     b, s, t = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp
     h, a, kv = spec.hidden_size, spec.num_attention_heads, spec.kv_heads
@@ -94,14 +103,15 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     qk_d, v_d = (d, d) if spec.mla is None else (spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim, spec.mla.v_head_dim)
     sbh = s * b * h
     k = shape.kernels
+    g = 1 if shape.fp8_inputs else 2  # bytes of a saved GEMM input (Transformer Engine keeps the fp8 cast)
     saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
-    saved_ffn = k.saved_gated if spec.gated else k.saved_plain
-    replicated = (spec.norms_per_layer * saved_norm + 2 + 2) * sbh + (2 * sbh if shape.dropout else 0)
-    sharded = 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + 2 * s * b * a * v_d
+    saved_ffn = (k.saved_gated if spec.gated else k.saved_plain) - (2 - g)  # the fc2 input is a GEMM input
+    replicated = (spec.norms_per_layer * saved_norm + g + g) * sbh + (2 * sbh if shape.dropout else 0)
+    sharded = 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + g * s * b * a * v_d
     if moe_layer:
         cfg = spec.moe
         routed = s * b * cfg.top_k * (cfg.capacity_factor or 1.0)
-        sharded += routed * (2 * h + saved_ffn * cfg.expert_ffn_hidden_size) + s * b * saved_ffn * cfg.shared_ffn_hidden_size
+        sharded += routed * (g * h + saved_ffn * cfg.expert_ffn_hidden_size) + s * b * saved_ffn * cfg.shared_ffn_hidden_size
         replicated += 4 * s * b * cfg.num_experts
     else:
         sharded += s * b * saved_ffn * spec.ffn_hidden_size

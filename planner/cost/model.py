@@ -11,7 +11,7 @@ placement, micro-batch size or recompute mode goes below (planner.cost.bounds).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+import dataclasses
 
 import numpy as np
 
@@ -20,102 +20,12 @@ from planner.cost import memory
 from planner.cost.calibration import DeviceCalibration, device_calibration, memory_calibration
 from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
+from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
 from planner.cost.validity import validity_reasons as _validity
 from planner.schemas.plan import PlanRequest
 from planner.schemas.profile import Profile
 
 __all__ = ["Candidate", "CostModel", "CostOptions", "Evaluation", "LayerCosts"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """One point of the plan space (hashable)."""
-
-    dp: int
-    tp: int
-    pp: int
-    ep: int = 1
-    cp: int = 1
-    sp: bool = False
-    vpp: int = 1
-    zero_stage: int = 0
-    tp_overlap: str = "none"  # "none" | "domino"
-    microbatch_size: int
-    num_microbatches: int
-    schedule: str = "1f1b"  # "gpipe" | "1f1b" | "interleaved" | "2bw" | "zero-bubble"
-    recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
-    axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")  # outermost -> innermost
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
-
-
-@dataclass(frozen=True, kw_only=True)
-class CostOptions:
-    """Software facts the analytic model cannot see in the request (defaults: a modern Megatron/torchtitan stack).
-
-    flash_attention: fused attention that keeps no s^2 scores; None = on for bf16/amp-bf16/fp8, off for fp32.
-    fused_kernels: fused norm/activation/RoPE kernels; None = on for bf16 and fp8 (the Megatron-LM/torchtitan
-        recipes with bf16 parameters), off for amp-bf16 and fp32 (plain PyTorch with torch.autocast or none, as
-        HuggingFace transformers runs: eager fp32 norms, unfused SwiGLU and RoPE; compute.KernelBytes).
-    dropout: dropout layers present (GPT-3-era models); adds masks to activations and memory traffic.
-    dp_overlap: gradient reduction overlapped with backward (Megatron --overlap-grad-reduce, FSDP, DeepSpeed
-        ZeRO overlap_comm); False = the reduction starts after the last backward (2021-22 Megatron-LM, DeepSpeed
-        PipelineEngine).
-    bucket_params: gradient bucket size in parameters; with overlap the last bucket stays exposed
-        (Megatron-LM's default --ddp-bucket-size, 40M).
-    """
-
-    flash_attention: bool | None = None
-    fused_kernels: bool | None = None
-    dropout: bool = False
-    dp_overlap: bool = True
-    bucket_params: float = 40e6
-
-
-@dataclass(frozen=True)
-class LayerCosts:
-    """Arrays of length L = num_layers + 2 over (tok_embeddings, layers.0..n-1, output); one micro-batch, one GPU."""
-
-    names: tuple[str, ...]
-    forward_s: np.ndarray  # TP/EP/CP communication that is not hidden included
-    backward_s: np.ndarray  # without recompute
-    recompute_s: np.ndarray  # extra time of the candidate's recompute mode
-    full_recompute_s: np.ndarray  # extra time if this layer is fully recomputed (= its forward)
-    static_bytes: np.ndarray  # params + grads + optimizer states after TP/EP sharding and ZeRO division
-    activation_bytes: np.ndarray  # saved per micro-batch under the candidate's recompute mode
-    full_recompute_activation_bytes: np.ndarray  # saved per micro-batch if fully recomputed
-
-
-@dataclass(frozen=True)
-class Detail:
-    """LayerCosts plus the parts evaluate needs for the breakdown and the data-parallel terms."""
-
-    costs: LayerCosts
-    compute_s: np.ndarray  # forward + backward compute (no comm)
-    tp_s: np.ndarray
-    ep_s: np.ndarray
-    cp_s: np.ndarray
-    bwd_compute_s: np.ndarray  # the window a gradient reduction can hide behind
-    weight_bytes: np.ndarray
-    grad_bytes: np.ndarray
-    optimizer_bytes: np.ndarray
-    dense_params: np.ndarray
-    expert_params: np.ndarray
-    model_fwd_flops: np.ndarray  # per sequence, whole module, full-attention convention, no capacity padding
-    hw_fwd_flops: np.ndarray  # per sequence, with MoE capacity padding
-    core_fwd_flops: np.ndarray  # per sequence, attention core (what selective recompute reruns)
-    zero3_gather_bytes: float  # bytes of the largest module's weights when gathered (ZeRO-3 working set)
-    prefix: np.ndarray | None = None  # prefix sums of every evaluate row (planner.cost.evaluate.prefix_sums)
-
-    @property
-    def model_fwd_total(self) -> float:
-        return float(self.model_fwd_flops.sum())
-
-    @property
-    def hw_fwd_total(self) -> float:
-        return float(self.hw_fwd_flops.sum())
 
 
 class CostModel:
@@ -127,14 +37,28 @@ class CostModel:
         self.spec = request.model
         self.topology = request.topology
         self.device = request.topology.device
-        self.cal = calibration or device_calibration(self.device)
-        self.mem_cal = memory_calibration()
         self.recipe = memory.RECIPES[request.precision]
-        self.options = options or CostOptions()
+        if options is None:
+            from planner.cost.stack import options_for
+
+            options = options_for(request.framework, request.precision)
+        self.options = options
+        fused = options.fused_kernels
+        self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
+        eager = request.precision == "amp-bf16" and not self.fused_kernels  # planner.cost.eager's recipe
+        self.cal = calibration or device_calibration(self.device, request.framework, eager=eager)
+        if options.flash_attention_version == 1:
+            from planner.cost.calibration import flash_attention_1_relative_rate
+
+            self.cal = dataclasses.replace(
+                self.cal, attention_fraction=self.cal.attention_fraction * flash_attention_1_relative_rate())
+        if request.precision == "bf16" and not options.main_grads_fp32:
+            self.recipe = memory.FP32_MASTER_PARAMS_BF16
+        self.mem_cal = memory_calibration()
+        if options.allocator_fraction is not None:
+            self.mem_cal = dataclasses.replace(self.mem_cal, fragmentation_fraction=options.allocator_fraction)
         flash = self.options.flash_attention
         self.flash_attention = (request.precision != "fp32") if flash is None else flash
-        fused = self.options.fused_kernels
-        self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
         if profile is None and request.profile is not None:
             from planner.io import load_file
 
@@ -147,7 +71,7 @@ class CostModel:
         self._details: dict[tuple, Detail] = {}
         self._validity: dict[Candidate, tuple[str, ...]] = {}
         self._links: dict[tuple, L.Links] = {}
-        self._fixed_cache: dict[Candidate, object] = {}
+        self.fixed_cache: dict[Candidate, object] = {}  # evaluate's split-independent terms per candidate
         self.memo: dict = {}  # per-instance memo of shape/layout-level arrays (planner.cost.arrays)
 
     # --- memory capacity -------------------------------------------------------------------------------
@@ -175,7 +99,8 @@ class CostModel:
 
     # --- per-layer arrays ------------------------------------------------------------------------------
 
-    def _key(self, cand: Candidate) -> tuple:
+    def layout_key(self, cand: Candidate) -> tuple:
+        """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, cand.axis_order, cand.schedule == "2bw")
 
@@ -193,7 +118,7 @@ class CostModel:
     def layer_costs(self, cand: Candidate) -> LayerCosts:
         """Per-module arrays for the candidate (memoised on the fields they depend on; without the breakdown
         parts and prefix sums `evaluate` builds, so the search can ask for many cheaply)."""
-        key = ("costs", *self._key(cand))
+        key = ("costs", *self.layout_key(cand))
         found = self.memo.get(key)
         if found is None:
             from planner.cost.arrays import layer_costs_with
@@ -202,7 +127,7 @@ class CostModel:
         return found
 
     def detail(self, cand: Candidate) -> Detail:
-        key = self._key(cand)
+        key = self.layout_key(cand)
         found = self._details.get(key)
         if found is None:
             from planner.cost.arrays import build_detail
@@ -213,8 +138,8 @@ class CostModel:
 
     def shape(self, cand: Candidate) -> Shape:
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
-                     ep=L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp), sp=cand.sp, flash_attention=self.flash_attention, dropout=self.options.dropout,
-                     fused_kernels=self.fused_kernels)
+                     ep=L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp), sp=cand.sp, flash_attention=self.flash_attention,
+                     dropout=self.options.dropout, fused_kernels=self.fused_kernels, fp8_inputs=self.request.precision == "fp8")
 
     # --- schedule-dependent terms -----------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from planner.cost.layers import ModuleCost
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate, CostModel
+    from planner.cost.model import CostModel
+    from planner.cost.types import Candidate
 
 
 def _lookup(model: "CostModel", cand: "Candidate", layer_type: str):

@@ -50,10 +50,14 @@ def bubble_fraction(schedule: str, *, pp: int, vpp: int, num_microbatches: int) 
     return bubble_s(schedule, pp=pp, vpp=vpp, rank_time_s=1.0) / num_microbatches
 
 
-def p2p_transfers(schedule: str, *, pp: int, vpp: int, num_microbatches: int) -> int:
+def p2p_transfers(schedule: str, *, pp: int, vpp: int, num_microbatches: int, overlapped: bool = False) -> int:
     """Sequential boundary transfers on the critical path per direction: each of the m micro-batches crosses
-    v chunk boundaries of the bottleneck rank, plus the p - 1 of the fill (none when pp = 1)."""
+    v chunk boundaries of the bottleneck rank, plus the p - 1 of the fill (none when pp = 1). Where the stack
+    overlaps sends with compute (Megatron-Core --overlap-p2p-comm: the steady state posts the next send/receive
+    before computing the current micro-batch, schedules.py), only the p - 1 transfers of the fill stay exposed."""
     if pp <= 1:
         return 0
+    if overlapped:
+        return pp - 1
     chunks = vpp if schedule == "interleaved" else 1
     return num_microbatches * chunks + pp - 1

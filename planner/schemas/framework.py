@@ -121,11 +121,21 @@ class Overlap(Schema):
     pp_send_recv: bool = Field(description="pipeline sends/receives overlapped with compute")
     moe_all_to_all: bool = Field(description="MoE dispatch/combine all-to-all overlapped with compute")
     zero3_prefetch_layers: int = Field(ge=0, description="layers whose parameters are gathered ahead (prefetch depth)")
+    pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the TP ranks and all-gathered "
+                                                               "by the receiver (2021 Megatron-LM scatter/gather)")
+    moe_hierarchical_dispatch: bool = Field(default=False, description="MoE tokens cross the NICs once per destination "
+                                                                       "node and fan out over NVLink (DeepEP)")
+    zero3_hierarchical: bool = Field(default=True, description="ZeRO-3 gathers/reduce-scatters cross nodes once per "
+                                                               "node (NCCL hierarchical); False: a flat ring per rank")
+    zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "
+                                                                          "weights again for the recompute forward")
     source: str = Sourced
 
 
 class Kernels(Schema):
     fused_attention: bool = Field(description="flash/cuDNN attention: no s x s score tensor saved")
+    flash_attention_version: Literal[1, 2] = Field(default=2, description="FlashAttention generation the stack runs "
+                                                                         "(v1 runs at about half the v2 rate)")
     fused_norm: bool
     fused_activation: bool
     source: str = Sourced
@@ -135,6 +145,12 @@ class MemoryHabits(Schema):
     main_grads_fp32: bool = Field(description="gradients accumulated in an fp32 buffer (4 bytes/param) under bf16")
     distributed_optimizer: bool = Field(description="ZeRO-1 is the stack's distributed optimizer")
     allocator_allowance_fraction: float = Field(ge=0, lt=0.5, description="device memory kept back for fragmentation")
+    selective_recompute: Literal["attention_core", "half_forward", "norm_and_up_proj"] = Field(
+        default="attention_core", description="what `selective` recompute reruns: the attention core (Megatron, "
+                                              "Korthikanti et al. 2022), half of each layer's forward (torchtitan), "
+                                              "or the norms and MLA up-projections (DeepSeek-V3)")
+    grad_reduce_fp32: bool = Field(default=True, description="gradients reduced across data-parallel ranks in fp32 "
+                                                             "(else in the 16-bit training dtype)")
     source: str = Sourced
 
 

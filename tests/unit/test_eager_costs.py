@@ -64,7 +64,7 @@ def test_phase_takes_the_slower_of_device_and_host():
 def _model(microbatch_size: int, precision: str = "amp-bf16", **constants) -> tuple[CostModel, Candidate]:
     request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=microbatch_size,
                                 seq_len=2048, precision=precision)
-    cal = dataclasses.replace(device_calibration(request.topology.device), **constants)
+    cal = dataclasses.replace(device_calibration(request.topology.device, "planner", eager=True), **constants)
     return CostModel(request, calibration=cal), Candidate(dp=1, tp=1, pp=1, microbatch_size=microbatch_size, num_microbatches=1)
 
 

@@ -17,7 +17,7 @@ from planner.schemas.plan import Configuration, Parallelism, SearchLimits
 
 runner = CliRunner()
 EVERYTHING = str(Path(__file__).resolve().parents[1] / "data" / "frameworks" / "everything.yaml")
-SHIPPED = ("deepspeed", "megatron-core", "planner", "pytorch-fsdp", "torchtitan")
+SHIPPED = ("deepspeed", "hai-llm", "megatron-core", "megatron-lm", "planner", "pytorch-fsdp", "torchtitan")
 FAST = SearchLimits(max_microbatch_size=2, top_k=3, time_limit_s=20)
 
 
@@ -60,7 +60,7 @@ def test_a_profile_with_a_missing_field_is_one_line_exit_2(tmp_path):
 def test_unknown_framework_is_one_line_exit_2():
     result = runner.invoke(app, ["plan", "--framework", "megatron"])
     assert result.exit_code == 2
-    assert "framework='megatron' is unknown: did you mean megatron-core?" in result.output
+    assert "framework='megatron' is unknown: did you mean megatron-lm, megatron-core?" in result.output
     assert len(result.output.strip().splitlines()) == 1
     with pytest.raises(BadInputError, match="unknown"):
         api.build_request(framework="nemo-9")

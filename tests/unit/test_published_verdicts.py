@@ -3,8 +3,9 @@
 One general conversion, no per-run table:
 - the stacks a run names: its `training.framework` text, matched by keyword (Megatron -> megatron-core,
   DeepSpeed -> deepspeed, torchtitan -> torchtitan, FSDP / Composer / metaseq -> pytorch-fsdp). A text naming
-  several stacks ("Megatron-LM + DeepSpeed") ran their combination: the run is valid if one of them runs it.
-  A run naming none of ours (MindSpore, HAI-LLM) gets the verdict "no profile" and is listed, not judged;
+  several stacks ("Megatron-LM + DeepSpeed") ran their combination: the run is valid if one of them runs it
+  ("Megatron" names both Megatron-LM before Megatron-Core and Megatron-Core; HAI-LLM is DeepSeek's stack).
+  A run naming none of ours (MindSpore) gets the verdict "no profile" and is listed, not judged;
 - what the run publishes is fixed (tp, pp, cp, ep, sp, ZeRO stage, schedule, recompute, precision: 16-bit
   mixed precision of any kind is bf16);
 - what it leaves unsaid (null, or text we do not read) takes every value the stack could have used: the run is
@@ -21,7 +22,8 @@ import pytest
 from planner.frameworks import Config, interleaved_split_reason, load_framework, refusal
 
 RUNS = Path(__file__).resolve().parents[3] / "shared" / "validation" / "published_runs.json"
-STACK_KEYWORDS = (("megatron", "megatron-core"), ("deepspeed", "deepspeed"), ("torchtitan", "torchtitan"),
+STACK_KEYWORDS = (("megatron-core", "megatron-core"), ("megatron", "megatron-lm"), ("megatron", "megatron-core"),
+                  ("hai-llm", "hai-llm"), ("deepspeed", "deepspeed"), ("torchtitan", "torchtitan"),
                   ("fsdp", "pytorch-fsdp"), ("composer", "pytorch-fsdp"), ("metaseq", "pytorch-fsdp"))
 
 
@@ -124,7 +126,7 @@ def test_most_runs_are_judged_by_a_profile():
     for run in runs():
         counts[verdict(run)[0]] = counts.get(verdict(run)[0], 0) + 1
     print(counts)
-    assert counts.get("no profile", 0) <= 2  # MindSpore (CodeGeeX) and HAI-LLM (DeepSeek-V3)
+    assert counts.get("no profile", 0) <= 1  # MindSpore (CodeGeeX)
     assert counts.get("valid", 0) >= len(runs()) - 4 and "refused" not in counts
 
 

@@ -1,0 +1,290 @@
+"""One general conversion of a published run (../shared/validation/published_runs.json) into what the cost model
+evaluates: the model, the cluster, the software stack, the published settings, and the measured step time.
+
+No table of per-run settings. What a source leaves unsaid is resolved by stated rules, the same for every run:
+- architecture: an unsaid activation is GeLU with ffn = 4h (the GPT-3 convention); an unsaid vocabulary is 51200
+  (GPT-2 BPE padded to a multiple of 1024, as GPT-3-style Megatron models); gated activations imply RMSNorm and
+  RoPE (Llama convention), others LayerNorm and the run's `position` (else learned);
+- cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800) scaled to the run's GPUs, with the
+  published NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
+- stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of
+  STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core -> megatron-core, Megatron-LM
+  -> megatron-lm (2021-22, before Megatron-Core) for sources before 2023 (arXiv id or title year), else
+  megatron-core, torchtitan -> torchtitan, Composer/FairScale FSDP ->
+  pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
+  hai-llm;
+- precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
+- settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
+  schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
+  stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
+  recomputation, Korthikanti et al. 2022, is named by every source that used it); the measurement is the run's
+  step time (`measured_step_s`);
+- skipped (`skip_reason`): no node preset for the GPU, no parallel configuration, no throughput, or a throughput
+  published only as an upper bound ("up to"), which no step time equals; an unsaid dp is GPUs / (tp pp cp).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from planner.frameworks import load_framework
+from planner.schemas.model import MLASpec, MoESpec, ModelSpec
+from planner.schemas.topology import Topology
+from planner.topology import load_topology
+
+# Ordered: the first pattern found in training.framework (lower case) names the stack.
+STACK_RULES = (
+    ("megatron-core", "megatron-core"),
+    ("hai-llm", "hai-llm"),
+    ("torchtitan", "torchtitan"),
+    ("composer", "pytorch-fsdp"),
+    ("fairscale", "pytorch-fsdp"),
+    ("deepspeed", "deepspeed"),
+    ("gpt-neox", "deepspeed"),
+    ("megatron-lm", "megatron-lm"),
+)
+DEFAULT_STACK = "megatron-core"  # a stack without a profile: the best-documented optimised stack
+MEGATRON_CORE_YEAR = 2023  # Megatron-LM's training loop on Megatron-Core (core_r0.1+, flash attention) from 2023
+ACHIEVED_NIC_FRACTION = 23.0 / 25.0  # dgx-a100-80g preset: 23 GB/s achieved of HDR 25 GB/s line rate
+GPT_VOCAB = 51200
+MICROBATCH_CHOICES = (1, 2, 4, 8, 16)
+VPP_CHOICES = (2, 3, 4, 6, 8)
+
+
+def stack_of(run: dict) -> str:
+    """The software stack of a run: the first STACK_RULES pattern in the framework text outside parentheses, else
+    in the whole text, else DEFAULT_STACK; a ZeRO-3 row whose text names DeepSpeed ran DeepSpeed's ZeRO-3."""
+    text = (run["training"].get("framework") or "").lower()
+    if "deepspeed" in text and zero_of(run) == 3:
+        return "deepspeed"
+    outside = re.sub(r"\(.*?\)", "", text)  # a parenthesised qualifier names a stack only when nothing outside does
+    for part in (outside, text):
+        found = next((stack for pattern, stack in STACK_RULES if pattern in part), None)
+        if found == "megatron-lm" and (source_year(run) or 0) >= MEGATRON_CORE_YEAR:
+            return "megatron-core"  # Megatron-LM has run on Megatron-Core (flash attention, overlaps) since 2023
+        if found:
+            return found
+    return DEFAULT_STACK
+
+
+def source_year(run: dict) -> int | None:
+    """The year of the source: an arXiv id's yymm, else a 4-digit year in the title; None when neither says."""
+    src = run.get("source") or {}
+    found = re.search(r"arxiv\.org/(?:abs|pdf)/(\d{2})(\d{2})\.", src.get("url") or "")
+    if found:
+        return 2000 + int(found.group(1))
+    years = re.findall(r"\b(20\d{2})\b", src.get("title") or "")
+    return int(years[-1]) if years else None
+
+
+def device_family(run: dict) -> str:
+    """The calibration family (planner/cost/calibration.yaml `match`) of the run's GPU."""
+    gpu = run["hardware"]["gpu_model"]
+    for family, pattern in (("hopper", r"H100|H800|H200"), ("ampere", r"A100|A800"), ("blackwell", r"B200|B100"),
+                            ("cdna3", r"MI300|MI325")):
+        if re.search(pattern, gpu):
+            return family
+    return "other"
+
+
+def source_of(run: dict) -> str:
+    return run["source"]["title"].split(" (")[0][:48]
+
+
+def zero_of(run: dict) -> int | None:
+    """The published ZeRO stage; FSDP full sharding is ZeRO-3; None when unsaid."""
+    zero = run["training"].get("zero_stage")
+    if isinstance(zero, str):
+        return 3 if re.search(r"fsdp|zero-3", zero.lower()) else int(re.findall(r"\d", zero)[0])
+    return zero
+
+
+def activation_of(text: str | None) -> str:
+    """The activation named by the run: gated (`*glu`: SwiGLU, GeGLU), ReLU variants (squared ReLU too), else GeLU
+    (FastGELU, unsaid: the GPT-3 convention)."""
+    t = (text or "gelu").lower().replace("-", "").replace(" ", "")
+    if "glu" in t:
+        return "geglu" if "geglu" in t else "swiglu"
+    return "relu" if "relu" in t else "gelu"
+
+
+def _moe_spec(moe: dict) -> MoESpec:
+    """The run's MoE block, whatever spelling of the usual fields it uses."""
+    def pick(*keys, default=None):
+        return next((moe[k] for k in keys if moe.get(k) is not None), default)
+
+    return MoESpec(num_experts=pick("num_routed_experts", "num_experts", "experts"), top_k=pick("top_k", "topk", default=2),
+                   expert_ffn_hidden_size=pick("expert_ffn_hidden", "expert_ffn_hidden_size", "ffn_hidden"),
+                   num_shared_experts=pick("shared_experts", "num_shared_experts", default=0),
+                   first_k_dense=pick("dense_layers_first", "first_k_dense", default=0))
+
+
+def model_spec(run: dict) -> ModelSpec:
+    m = run["model"]
+    activation = activation_of(m.get("activation"))
+    gated = activation in ("swiglu", "geglu")
+    position = (m.get("position") or "learned").lower()
+    position = "rope" if gated or "rot" in position or "rope" in position else "alibi" if "alibi" in position else "learned"
+    ffn = m.get("ffn_hidden")
+    if ffn is None and m.get("moe") and m["moe"].get("expert_ffn_hidden"):
+        ffn = m["moe"]["expert_ffn_hidden"]
+    fields = dict(
+        name=run["id"], num_layers=m["num_layers"], hidden_size=m["hidden"], num_attention_heads=m["num_heads"],
+        ffn_hidden_size=ffn or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
+        vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=m["seq_len"], activation=activation,
+        norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
+    )
+    if m["hidden"] % m["num_heads"]:
+        fields["head_dim"] = m.get("head_dim") or m["hidden"] // m["num_heads"]
+    if m.get("moe"):
+        fields["moe"] = _moe_spec(m["moe"])
+    if m.get("mla"):
+        keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        fields["mla"] = MLASpec(**{k: m["mla"].get(k) for k in keys})
+    return ModelSpec(**fields)
+
+
+# The shipped node preset of a GPU, first match of the (lower-case) gpu_model text; None: no preset describes it.
+TOPOLOGY_RULES = (("gb200", "gb200-nvl72"), ("b200", "dgx-b200"), ("h200", "hgx-h200"), ("h800", "hgx-h800"),
+                  ("h100", "dgx-h100"), ("a100", "dgx-a100-80g"), ("a800", "dgx-a100-80g"), ("mi300", "mi300x-8"))
+
+
+def topology_preset(run: dict) -> str | None:
+    hw = run["hardware"]
+    gpu = hw["gpu_model"].lower()
+    preset = next((p for key, p in TOPOLOGY_RULES if key in gpu), None)
+    if preset == "dgx-a100-80g" and (hw.get("gpu_memory_gib") == 40 or "40gb" in gpu.replace(" ", "")):
+        preset = "dgx-a100-40g"
+    return preset
+
+
+def topology(run: dict) -> Topology:
+    hw = run["hardware"]
+    gpus = run["parallel"]["num_gpus"]
+    topo = load_topology(topology_preset(run), nodes=max(1, math.ceil(gpus / (hw.get("gpus_per_node") or 8))))
+    inter = topo.inter_node.model_dump()
+    if hw.get("inter_node_nics_per_node"):
+        inter["nics_per_node"] = hw["inter_node_nics_per_node"]
+    if hw.get("inter_node_nic_Gbps"):
+        inter["nic_bandwidth_GBps"] = hw["inter_node_nic_Gbps"] / 8 * ACHIEVED_NIC_FRACTION
+    return topo.model_copy(update={"inter_node": type(topo.inter_node)(**inter)})
+
+
+def precision_of(run: dict) -> str:
+    """fp8 where the text says so, else bf16: every stack here runs its own 16-bit mixed precision (fp32 master
+    weights in the optimizer, 16-bit GEMMs and gathers); amp-bf16 is the planner's HuggingFace-eager recipe, whose
+    per-parameter cast cache FSDP's mixed precision does not keep (fp16 runs at the bf16 tensor-core rate)."""
+    text = (run["training"].get("precision") or "").lower()
+    return "fp8" if "fp8" in text else "bf16"
+
+
+def global_batch(run: dict) -> int:
+    train = run["training"]
+    if train.get("global_batch_seqs"):
+        return int(train["global_batch_seqs"])
+    tokens, dp = train.get("global_batch_tokens"), run["parallel"].get("dp") or 1
+    if isinstance(tokens, str):  # e.g. "2M tokens", a rounded figure: binary millions, to a multiple of dp
+        tokens = float(re.findall(r"[\d.]+", tokens)[0]) * 2**20
+        return max(dp, round(tokens / run["model"]["seq_len"] / dp) * dp)
+    return max(1, round(tokens / run["model"]["seq_len"]))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Published settings (None = unsaid) and, per unsaid field, the values the stack runs (choices)."""
+
+    fixed: dict
+    choices: dict = field(default_factory=dict)
+
+
+def recompute_of(run: dict) -> str | None:
+    text = (run["training"].get("recompute") or "").lower()
+    if not text:
+        return None
+    if text.startswith("none"):
+        return "none"
+    return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
+
+
+def schedule_of(run: dict) -> tuple[str | None, int | None]:
+    train, pp = run["training"], run["parallel"].get("pp") or 1
+    text = (train.get("pipeline_schedule") or "").lower()
+    if pp == 1:
+        return "1f1b", 1
+    if "interleav" in text and "not stated" not in text:
+        vpp = train.get("virtual_pipeline_stages") or (int(m.group(1)) if (m := re.search(r"(\d+) interleaving", text)) else None)
+        return "interleaved", vpp
+    if "dualpipe" in text:  # bidirectional, backward split into input and weight parts: the zero-bubble family
+        return "zero-bubble", 1
+    if re.search(r"1f1b|pipedream-flush", text):
+        return "1f1b", 1
+    return None, None
+
+
+def settings(run: dict, stack: str) -> Settings:
+    """Published settings and the choices for the unsaid ones (the stack's capabilities)."""
+    par, train = run["parallel"], run["training"]
+    caps = load_framework(stack).capabilities
+    schedule, vpp = schedule_of(run)
+    tp, pp, cp = par.get("tp") or 1, par.get("pp") or 1, par.get("cp") or 1
+    dp = par.get("dp") or par["num_gpus"] // (tp * pp * cp)
+    fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=par.get("ep") or 1,
+                 sp=par.get("sp"), microbatch_size=train.get("micro_batch"), recompute=recompute_of(run),
+                 zero_stage=zero_of(run), schedule=schedule, vpp=vpp)
+    choices = {}
+    if fixed["sp"] is None:
+        choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
+    if fixed["microbatch_size"] is None:
+        choices["microbatch_size"] = MICROBATCH_CHOICES
+    if fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
+        choices["recompute"] = tuple(m for m in caps.recompute.modes if m != "selective")
+    if fixed["zero_stage"] is None:
+        choices["zero_stage"] = caps.zero.stages_with_pp if fixed["pp"] > 1 else caps.zero.stages
+    if fixed["schedule"] is None:
+        choices["schedule"] = tuple(s for s in ("1f1b", "interleaved") if s in [x.name for x in caps.schedules])
+    if fixed["vpp"] is None:
+        choices["vpp"] = VPP_CHOICES
+    return Settings(fixed=fixed, choices=choices)
+
+
+def measured_step_s(run: dict, model_flops: float, hardware_flops: float, peak_tflops: float) -> tuple[float, str] | None:
+    """The run's step time and what it came from: the published step time, else tokens/s, else TFLOP/s per GPU in
+    the source's convention (converted with this model's FLOP count of that convention), else MFU or HFU x peak.
+    `model_flops`/`hardware_flops`: FLOPs of one step (all GPUs) without/with the recompute forward passes."""
+    res, gpus = run["results"], run["parallel"]["num_gpus"]
+    tokens = global_batch(run) * run["model"]["seq_len"]
+    if res.get("step_time_s"):
+        return float(res["step_time_s"]), "step time"
+    if res.get("tokens_per_s_per_gpu"):
+        return tokens / (res["tokens_per_s_per_gpu"] * gpus), "tokens/s"
+    if res.get("tokens_per_s"):
+        return tokens / res["tokens_per_s"], "tokens/s"
+    if res.get("tflops_per_gpu"):
+        convention = (res.get("tflops_convention") or "").lower()
+        model_conv = "model" in convention and "hardware" not in convention or "mfu" in convention
+        flops = model_flops if model_conv else hardware_flops
+        return flops / (res["tflops_per_gpu"] * 1e12 * gpus), "TFLOP/s (" + ("model" if model_conv else "hardware") + ")"
+    if res.get("mfu_pct"):
+        return model_flops / (res["mfu_pct"] / 100 * peak_tflops * 1e12 * gpus), "MFU"
+    if res.get("hfu_pct"):
+        return hardware_flops / (res["hfu_pct"] / 100 * peak_tflops * 1e12 * gpus), "HFU"
+    return None
+
+
+def skip_reason(run: dict) -> str | None:
+    """Why a run cannot be evaluated (None: it can): not an NVIDIA GPU, no parallel configuration, no throughput,
+    or a throughput published only as an upper bound ("up to"), which no step time equals."""
+    if topology_preset(run) is None:
+        return "no topology preset for this GPU"
+    par = run["parallel"]
+    if par.get("num_gpus") is None or (par.get("dp") is None and None in (par.get("tp"), par.get("pp"))):
+        return "no parallel configuration published"
+    res = run["results"]
+    if not any(res.get(k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s", "tflops_per_gpu", "mfu_pct", "hfu_pct")):
+        return "no throughput published"
+    if not any(res.get(k) for k in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s")) and \
+            "up to" in (res.get("tflops_convention") or "").lower():
+        return "throughput published only as a bound ('up to'), not a measured step"
+    return None

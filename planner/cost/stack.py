@@ -1,0 +1,40 @@
+"""What the cost model reads from the request's software stack (frameworks/<name>.yaml `behaviour`).
+
+The stack decides mechanisms, not factors: whether attention keeps the s x s scores (fused attention), which
+communication runs beside compute (data-parallel gradient reduction and parameter gathers, pipeline sends, TP
+collectives, MoE all-to-all), how ZeRO-3 gathers (flat or per node, again for the recompute forward), whether
+pipeline sends are split over the TP ranks, the dtype gradients are reduced in, and the allocator allowance.
+`options_for` turns a profile into the CostOptions the model uses.
+
+Norm/activation kernel bytes follow the precision recipe (CostOptions.fused_kernels None), not `kernels.fused_norm`:
+the eager byte counts (compute.EAGER) are HuggingFace's kernels under torch.autocast with an fp32 residual stream,
+measured on the TinyLlama rows; stacks computing in bf16 save far less per unfused norm, and the published
+torchtitan Llama-2 13B run without recompute at micro-batch 2 (published_runs.json) fits in 80 GB only with the
+fused counts.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from planner.cost.types import CostOptions
+from planner.frameworks import load_framework
+
+
+@lru_cache(maxsize=32)
+def options_for(framework: str, precision: str):
+    """CostOptions of a stack (by name or profile path) for a precision recipe."""
+    b = load_framework(framework).behaviour
+    k, o = b.kernels, b.overlap
+    return CostOptions(
+        flash_attention=(k.fused_attention and precision != "fp32"),
+        fused_kernels=None,
+        dp_overlap=o.dp_grad_reduce, dp_gather_overlap=o.dp_param_gather, pp_overlap=o.pp_send_recv,
+        tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
+        main_grads_fp32=b.memory.main_grads_fp32, pp_scatter_gather=o.pp_scatter_gather,
+        zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
+        allocator_fraction=b.memory.allocator_allowance_fraction,
+        grad_reduce_fp32=b.memory.grad_reduce_fp32,
+        selective_mode=b.memory.selective_recompute, flash_attention_version=k.flash_attention_version,
+        moe_hierarchical=o.moe_hierarchical_dispatch,
+    )

@@ -1,0 +1,137 @@
+"""The value types of the cost package: the search's point of the plan space (Candidate), the software facts the
+model reads (CostOptions), and the per-module arrays one candidate costs to (LayerCosts, Detail).
+
+The bottom layer of planner/cost: it imports nothing from the package, so the formula modules (layers, memory,
+comm, arrays, evaluate, bounds) and the CostModel facade (planner.cost.model, which re-exports these) all depend on
+it and not on each other's private names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One point of the plan space (hashable)."""
+
+    dp: int
+    tp: int
+    pp: int
+    ep: int = 1
+    cp: int = 1
+    sp: bool = False
+    vpp: int = 1
+    zero_stage: int = 0
+    tp_overlap: str = "none"  # "none" | "domino"
+    microbatch_size: int
+    num_microbatches: int
+    schedule: str = "1f1b"  # "gpipe" | "1f1b" | "interleaved" | "2bw" | "zero-bubble"
+    recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
+    axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")  # outermost -> innermost
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostOptions:
+    """Software facts the analytic model cannot see in the request (defaults: a modern Megatron/torchtitan stack).
+
+    flash_attention: fused attention that keeps no s^2 scores; None = on for bf16/amp-bf16/fp8, off for fp32.
+    fused_kernels: fused norm/activation/RoPE kernels; None = on for bf16 and fp8 (the Megatron-LM/torchtitan
+        recipes with bf16 parameters), off for amp-bf16 and fp32 (plain PyTorch with torch.autocast or none, as
+        HuggingFace transformers runs: eager fp32 norms, unfused SwiGLU and RoPE; compute.KernelBytes).
+    dropout: dropout layers present (GPT-3-era models); adds masks to activations and memory traffic.
+    dp_overlap: gradient reduction overlapped with backward (Megatron --overlap-grad-reduce, FSDP, DeepSpeed
+        ZeRO overlap_comm); False = the reduction starts after the last backward (2021-22 Megatron-LM, DeepSpeed
+        PipelineEngine).
+    bucket_params: gradient bucket size in parameters; with overlap the last bucket stays exposed
+        (Megatron-LM's default --ddp-bucket-size, 40M).
+    dp_gather_overlap, pp_overlap, tp_overlap, moe_overlap: parameter all-gathers (ZeRO-1/3), pipeline sends,
+        TP collectives, MoE all-to-all run beside compute (the stack's `behaviour.overlap`).
+    pp_scatter_gather: pipeline sends split over the TP ranks and all-gathered on the receiver (2021 Megatron-LM).
+    zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate.dp_comm_s).
+    zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
+    main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
+        (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and
+        bf16 exists only as the gathered/cast compute copy (FSDP mixed precision: 4 + 4 + 8, memory.FP32_MASTER_PARAMS_BF16).
+    grad_reduce_fp32: gradients reduced in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, FSDP reduce_dtype
+        fp32), else in the 16-bit dtype (DeepSpeed ZeRO's communication_data_type default).
+    selective_mode: what the stack's "selective" recompute reruns: "attention_core" (Megatron, Korthikanti et al.
+        2022), "half_forward" (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes
+        every other matmul and the pointwise ops), "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
+    moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
+    flash_attention_version: 1 = the stack runs FlashAttention v1 (attention_fraction x calibration.yaml's
+        kernels.flash_attention_1_relative_rate), 2 = FlashAttention-2 rates (calibration.yaml attention_fraction).
+    allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
+        (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
+    Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
+    """
+
+    flash_attention: bool | None = None
+    fused_kernels: bool | None = None
+    dropout: bool = False
+    dp_overlap: bool = True
+    bucket_params: float = 40e6
+    dp_gather_overlap: bool = True
+    pp_overlap: bool = False
+    tp_overlap: bool = False
+    moe_overlap: bool = False
+    zero3_prefetch_layers: int = 1
+    main_grads_fp32: bool = True
+    allocator_fraction: float | None = None
+    pp_scatter_gather: bool = False
+    grad_reduce_fp32: bool = True
+    selective_mode: str = "attention_core"
+    flash_attention_version: int = 2
+    moe_hierarchical: bool = False
+    zero3_hierarchical: bool = True
+    zero3_regather_for_recompute: bool = False
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Arrays of length L = num_layers + 2 over (tok_embeddings, layers.0..n-1, output); one micro-batch, one GPU."""
+
+    names: tuple[str, ...]
+    forward_s: np.ndarray  # TP/EP/CP communication that is not hidden included
+    backward_s: np.ndarray  # without recompute
+    recompute_s: np.ndarray  # extra time of the candidate's recompute mode
+    full_recompute_s: np.ndarray  # extra time if this layer is fully recomputed (= its forward)
+    static_bytes: np.ndarray  # params + grads + optimizer states after TP/EP sharding and ZeRO division
+    activation_bytes: np.ndarray  # saved per micro-batch under the candidate's recompute mode
+    full_recompute_activation_bytes: np.ndarray  # saved per micro-batch if fully recomputed
+
+
+@dataclass(frozen=True)
+class Detail:
+    """LayerCosts plus the parts evaluate needs for the breakdown and the data-parallel terms."""
+
+    costs: LayerCosts
+    compute_s: np.ndarray  # forward + backward compute (no comm)
+    tp_s: np.ndarray
+    ep_s: np.ndarray
+    cp_s: np.ndarray
+    bwd_compute_s: np.ndarray  # the window a gradient reduction can hide behind
+    weight_bytes: np.ndarray
+    grad_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    dense_params: np.ndarray
+    expert_params: np.ndarray
+    model_fwd_flops: np.ndarray  # per sequence, whole module, full-attention convention, no capacity padding
+    hw_fwd_flops: np.ndarray  # per sequence, with MoE capacity padding
+    core_fwd_flops: np.ndarray  # per sequence, attention core (what selective recompute reruns)
+    zero3_gather_bytes: float  # bytes of the largest module's weights when gathered (ZeRO-3 working set)
+    prefix: np.ndarray | None = None  # prefix sums of every evaluate row (planner.cost.arrays.prefix_sums)
+
+    @property
+    def model_fwd_total(self) -> float:
+        return float(self.model_fwd_flops.sum())
+
+    @property
+    def hw_fwd_total(self) -> float:
+        return float(self.hw_fwd_flops.sum())

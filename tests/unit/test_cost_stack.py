@@ -1,0 +1,188 @@
+"""The cost model reads the request's software stack (planner.cost.stack): each mechanism against its source."""
+
+import dataclasses
+
+import pytest
+
+from planner import api
+from planner.cost import comm, schedule
+from planner.cost.evaluate import dp_comm_s
+from planner.cost.model import Candidate, CostModel, CostOptions
+from planner.cost.stack import options_for
+from planner.topology.groups import GroupLink
+
+
+def _model(framework: str, **request) -> CostModel:
+    req = api.build_request(**request)
+    return CostModel(req.model_copy(update={"framework": framework}))
+
+
+def test_profiles_map_to_options():
+    """frameworks/*.yaml behaviour -> CostOptions: megatron-core overlaps and fuses; 2021 Megatron-LM neither
+    overlaps the gradient all-reduce nor has flash attention, and splits pipeline sends over TP ranks; DeepSpeed's
+    ZeRO-3 runs flat rings and re-gathers for the recompute forward."""
+    core, lm, ds = (options_for(name, "bf16") for name in ("megatron-core", "megatron-lm", "deepspeed"))
+    assert core.pp_overlap and core.flash_attention and core.tp_overlap and core.dp_overlap
+    assert not lm.flash_attention and not lm.dp_overlap and not lm.pp_overlap and lm.pp_scatter_gather
+    assert not ds.zero3_hierarchical and ds.zero3_regather_for_recompute and core.zero3_hierarchical
+    assert options_for("megatron-core", "fp32").flash_attention is False
+    assert options_for("pytorch-fsdp", "bf16").allocator_fraction == pytest.approx(0.05)
+
+
+def test_overlapped_p2p_leaves_only_the_fill_exposed():
+    """Megatron-Core --overlap-p2p-comm posts the steady-state sends beside compute: p - 1 transfers stay."""
+    assert schedule.p2p_transfers("interleaved", pp=8, vpp=2, num_microbatches=32) == 32 * 2 + 7
+    assert schedule.p2p_transfers("interleaved", pp=8, vpp=2, num_microbatches=32, overlapped=True) == 7
+    assert schedule.p2p_transfers("1f1b", pp=1, vpp=1, num_microbatches=32, overlapped=True) == 0
+
+
+def test_scatter_gather_sends_one_tp_share_over_the_nic():
+    """Narayanan et al. 2021 Sec. 4.1: with TP t and no SP each rank sends 1/t of the boundary tensor."""
+    kw = dict(model="gpt3-175b", topology="dgx-a100-80g", gpus=512, global_batch_size=512, seq_len=2048)
+    cand = Candidate(dp=4, tp=8, pp=16, microbatch_size=1, num_microbatches=128)
+    req = api.build_request(**kw).model_copy(update={"framework": "megatron-lm"})
+    split = CostModel(req).pp_comm_s(cand)
+    whole = CostModel(req, options=options_for("megatron-lm", "bf16").__class__(
+        **{**options_for("megatron-lm", "bf16").__dict__, "pp_scatter_gather": False})).pp_comm_s(cand)
+    link = CostModel(req).links(cand).pp
+    latency_part = 2 * schedule.p2p_transfers("1f1b", pp=16, vpp=1, num_microbatches=128) * link.latency_s
+    assert split - latency_part == pytest.approx((whole - latency_part) / 8, rel=1e-6)
+
+
+def test_flat_ring_time_does_not_shrink_with_the_group():
+    """A flat all-gather ring moves (n-1)/n of the buffer through each rank's NIC share: about bytes / share at any
+    n, where the hierarchical one crosses the NICs once per node (bytes / ranks_per_node)."""
+    def link(n):
+        return GroupLink(size=n, num_nodes=n // 8, ranks_per_node=8, inter_bandwidth_GBps=23.0, inter_latency_s=0.0,
+                         intra_bandwidth_GBps=230.0, intra_latency_s=0.0)
+    big = 349e9
+    flat_768, flat_1536 = comm.flat_ring_s(big, group=link(768)), comm.flat_ring_s(big, group=link(1536))
+    assert flat_768 == pytest.approx(big / 23e9, rel=0.01) and flat_1536 == pytest.approx(flat_768, rel=0.01)
+    assert comm.all_gather_s(big, group=link(768)) < flat_768 / 4
+
+
+def test_zero3_regathers_for_the_recompute_forward():
+    """DeepSpeed ZeRO-3 with full recompute: three all-gathers per micro-batch instead of two."""
+    m = _model("deepspeed", model="gpt3-175b", topology="dgx-a100-80g", gpus=64, global_batch_size=64, seq_len=2048)
+    full = Candidate(dp=64, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="full")
+    none = Candidate(dp=64, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="none")
+    link = m.links(full).dp
+    gather = comm.flat_ring_s(1e9 * m.recipe.gather_bytes, group=link)
+    assert dp_comm_s(m, full, 1e9, 0.0) - dp_comm_s(m, none, 1e9, 0.0) == pytest.approx(gather, rel=1e-9)
+
+
+def test_zero3_step_flat_from_768_to_1536_gpus_as_published():
+    """Narayanan et al. 2021 Table 2 (GPT-3 175B, ZeRO-3, batch 1536): the step at 1536 GPUs equals the one at
+    768 (TFLOP/s per GPU halves). DeepSpeed's flat rings reproduce it; hierarchical collectives would not."""
+    def step(framework, gpus, mbs):
+        m = _model(framework, model="gpt3-175b", topology="dgx-a100-80g", gpus=gpus, global_batch_size=1536, seq_len=2048)
+        cand = Candidate(dp=gpus, tp=1, pp=1, zero_stage=3, microbatch_size=mbs, num_microbatches=1536 // (gpus * mbs),
+                         recompute="full")
+        return m.evaluate(cand).step_time_s
+
+    assert step("deepspeed", 1536, 1) == pytest.approx(step("deepspeed", 768, 2), rel=0.15)
+    assert step("megatron-core", 1536, 1) < 0.7 * step("megatron-core", 768, 2)
+
+
+def test_explicit_options_keep_the_old_defaults():
+    options = CostOptions()
+    assert options.zero3_hierarchical and not options.pp_overlap and options.allocator_fraction is None
+
+
+def test_tp_overlap_hides_the_collectives_behind_the_gemms():
+    """TE userbuffers (Megatron-Core --tp-comm-overlap) pipeline each AG/RS with its GEMM in tp chunks: the first
+    chunk stays exposed, and whatever exceeds the GEMM time."""
+    assert comm.chunked_overlap_exposed_s(8.0, 100.0, chunks=8) == pytest.approx(1.0)
+    assert comm.chunked_overlap_exposed_s(8.0, 2.0, chunks=8) == pytest.approx(6.0)
+    kw = dict(model="llama3-70b", topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=4096)
+    cand = Candidate(dp=1, tp=8, pp=1, sp=True, microbatch_size=1, num_microbatches=8, recompute="full")
+    overlapped = _model("megatron-core", **kw).detail(cand).tp_s[1]  # one decoder layer
+    exposed = _model("megatron-lm", **kw).detail(cand).tp_s[1]
+    assert overlapped == pytest.approx(exposed / 8, rel=1e-9)
+
+
+def test_deepspeed_reduces_gradients_in_the_16_bit_dtype():
+    """DeepSpeed ZeRO's communication_data_type defaults to the model dtype: half the reduce bytes of Megatron's
+    fp32 main-grad all-reduce (--accumulate-allreduce-grads-in-fp32)."""
+    kw = dict(model="gpt3-175b", topology="dgx-a100-80g", gpus=64, global_batch_size=64, seq_len=2048)
+    cand = Candidate(dp=64, tp=1, pp=1, zero_stage=1, microbatch_size=1, num_microbatches=1)
+    ds, core = _model("deepspeed", **kw), _model("megatron-core", **kw)
+    assert not options_for("deepspeed", "bf16").grad_reduce_fp32 and options_for("megatron-core", "bf16").grad_reduce_fp32
+    link = ds.links(cand).dp
+    rs16, rs32 = comm.reduce_scatter_s(2e9, group=link), comm.reduce_scatter_s(4e9, group=link)
+    assert dp_comm_s(core, cand, 1e9, 0.0) - dp_comm_s(ds, cand, 1e9, 0.0) == pytest.approx(rs32 - rs16, rel=1e-9)
+
+
+def test_kernel_bytes_follow_the_recipe_for_every_stack():
+    """Flash attention from the stack; norm/activation kernel bytes from the precision recipe (planner.cost.stack)."""
+    for framework in ("megatron-core", "planner", "torchtitan", "pytorch-fsdp"):
+        for precision, fused in (("bf16", True), ("amp-bf16", False), ("fp32", False)):
+            req = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision)
+            assert CostModel(req.model_copy(update={"framework": framework})).fused_kernels is fused
+    assert CostModel(api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1)
+                     .model_copy(update={"framework": "megatron-lm"})).flash_attention is False
+
+
+def test_torchtitan_selective_reruns_half_the_forward():
+    """torchtitan's selective AC (every other layer, or every other matmul plus the pointwise ops) reruns half of a
+    layer's forward and keeps half its activations; Megatron's reruns only the attention core (none with flash)."""
+    kw = dict(model="llama3-8b", topology="dgx-a100-80g", gpus=8, global_batch_size=8, seq_len=4096)
+    cand = Candidate(dp=8, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="selective")
+    titan, core = _model("torchtitan", **kw).layer_costs(cand), _model("megatron-core", **kw).layer_costs(cand)
+    assert titan.recompute_s[1] == pytest.approx(titan.full_recompute_s[1] / 2, rel=1e-9)
+    assert core.recompute_s[1] == 0.0
+    none = _model("torchtitan", **kw).layer_costs(dataclasses.replace(cand, recompute="none")).activation_bytes[1]
+    assert titan.activation_bytes[1] == pytest.approx((none + titan.full_recompute_activation_bytes[1]) / 2, rel=1e-9)
+
+
+def test_hierarchical_dispatch_crosses_each_node_once():
+    """DeepSeek-V3 Sec. 3.2.2 / DeepEP: a token picks top_k experts over N nodes and crosses IB once per distinct
+    remote node, N(1 - (1 - 1/N)^k)(N - 1)/N copies, against k (n - rpn)/n for a flat all-to-all."""
+    link = GroupLink(size=64, num_nodes=8, ranks_per_node=8, inter_bandwidth_GBps=45.0, inter_latency_s=0.0,
+                     intra_bandwidth_GBps=160.0, intra_latency_s=0.0)
+    size = 4096 * 8 * 7168 * 2.0
+    flat = comm.all_to_all_s(size, group=link)
+    hier = comm.hierarchical_all_to_all_s(size, top_k=8, group=link)
+    remote = 8 * (1 - (7 / 8) ** 8) * 7 / 8
+    assert flat == pytest.approx(size * 56 / 64 / 45e9, rel=1e-9)
+    assert hier == pytest.approx(remote * size / 8 / 45e9, rel=1e-9)
+    assert options_for("hai-llm", "fp8").moe_overlap and options_for("hai-llm", "fp8").moe_hierarchical
+    assert not options_for("megatron-core", "bf16").moe_overlap
+
+
+def test_fp8_saves_gemm_inputs_in_one_byte():
+    """Transformer Engine keeps the fp8 cast of a Linear's input for backward: the GEMM-input terms of
+    Korthikanti's count (QKV input, out-proj input, FFN input, fc2 input) drop from 2 to 1 byte per element."""
+    from planner.cost.compute import Shape
+    from planner.cost.memory import decoder_activation_bytes
+    from planner.models import load_model
+
+    spec = load_model("gpt3-175b")  # plain GeLU FFN, f = 4h, MHA
+    bf16 = decoder_activation_bytes(spec, Shape(microbatch_size=1, seq_len=2048), moe_layer=False)
+    fp8 = decoder_activation_bytes(spec, Shape(microbatch_size=1, seq_len=2048, fp8_inputs=True), moe_layer=False)
+    sbh = 2048 * spec.hidden_size
+    # QKV input + FFN input + out-proj input (h each) + fc2 input (f = 4h): 7 sbh elements one byte cheaper
+    assert bf16.none - fp8.none == pytest.approx(7 * sbh, rel=1e-9)
+
+
+def test_deepseek_selective_drops_norms_and_up_projections():
+    """hai-llm's selective recompute (DeepSeek-V3 Sec. 3.2.3) keeps the MLA latents instead of the up-projected
+    Q, K, V and reruns the norms and the up-projection GEMMs."""
+    kw = dict(model="deepseek-v3", topology="hgx-h800", gpus=256, global_batch_size=256, seq_len=4096, precision="fp8")
+    cand = Candidate(dp=16, tp=1, pp=16, ep=8, zero_stage=1, microbatch_size=1, num_microbatches=16, recompute="selective")
+    hai, core = _model("hai-llm", **kw), _model("megatron-core", **kw)
+    assert options_for("hai-llm", "fp8").selective_mode == "norm_and_up_proj"
+    hai_costs, core_costs = hai.layer_costs(cand), core.layer_costs(cand)
+    assert hai_costs.activation_bytes[5] < 0.8 * core_costs.activation_bytes[5]
+    assert 0 < hai_costs.recompute_s[5] < 0.2 * hai_costs.full_recompute_s[5] and core_costs.recompute_s[5] == 0.0
+
+
+def test_flash_attention_v1_runs_at_the_published_fraction_of_v2():
+    """Dao 2023 (FlashAttention-2): ~2x over FlashAttention; a v1 stack's attention core takes twice as long."""
+    from planner.cost.calibration import flash_attention_1_relative_rate
+
+    kw = dict(model="llama3-8b", topology="dgx-a100-80g", gpus=8, global_batch_size=8, seq_len=8192)
+    v1, v2 = _model("pytorch-fsdp", **kw), _model("torchtitan", **kw)
+    assert options_for("pytorch-fsdp", "bf16").flash_attention_version == 1
+    assert v1.cal.attention_fraction == pytest.approx(v2.cal.attention_fraction * flash_attention_1_relative_rate())
+    assert flash_attention_1_relative_rate() == pytest.approx(0.5)
