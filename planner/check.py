@@ -119,7 +119,7 @@ def check_plan(path: Path, old: LaunchPlan, *, tolerance: float, allow_change: b
     base = dict(path=str(path), kind=old.kind, old_step_time_s=old.prediction.step_time_s)
     try:
         new = recompute_plan(old)
-    except InfeasibleError as exc:
+    except (InfeasibleError, BadInputError) as exc:  # a fixed configuration that no longer divides is bad input
         return CheckResult(**base, status="no_longer_fits", new_step_time_s=None, differences=(), messages=(str(exc),))
     diffs, changed = compare(old, new)
     messages: list[str] = []
