@@ -100,12 +100,15 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None) -> LaunchP
 
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:
-    """A LaunchPlan object, or one loaded (and validated) from a plan JSON file."""
+    """A LaunchPlan object, or one loaded from a plan JSON file; either way validated in full: the schema and the
+    invariants the search guarantees (planner.plan_invariants), so a hand-edited plan is refused, not used."""
+    from planner.plan_invariants import check_plan
+
     if isinstance(plan, LaunchPlan):
-        return plan
+        return check_plan(plan)
     from planner.io import load_file
 
-    return load_file(LaunchPlan, plan)
+    return check_plan(load_file(LaunchPlan, plan), source=str(plan))
 
 
 def check(target: str | Path, *, tolerance: float = 0.02, allow_change: bool = False, progress: ProgressFn | None = None):

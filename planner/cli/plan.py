@@ -38,7 +38,7 @@ def plan_command(
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8"),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured profile for compute costs (default: analytic)."),
     top_k: int = typer.Option(3, "--top-k", min=0, help="Alternatives to keep in the plan."),
-    time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Solver time limit in seconds (per ILP)."),
+    time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Time limit of the whole search in seconds."),
     runnable: bool = typer.Option(False, "--runnable", help="Only what the executor can run (no 2bw, no domino)."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Fix the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Fix the pipeline-parallel degree."),
@@ -48,8 +48,9 @@ def plan_command(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
     from planner import api
-    from planner.io import canonical_json
+    from planner.io import canonical_json, check_writable
 
+    check_writable(output)
     limits = _limits(top_k=top_k, time_limit=time_limit, runnable=runnable, tp=tp, pp=pp, zero=zero, schedule=schedule)
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
