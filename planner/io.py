@@ -104,7 +104,7 @@ MAX_JSON_BYTES = 64 << 20  # a LaunchPlan of 16384 GPUs is ~5 MB
 MAX_YAML_BYTES = 4 << 20  # model, topology and profile files are a few KB; PyYAML parses ~1 MB/s
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when built with it
     """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
 
 

@@ -219,7 +219,8 @@ def _add_routes(app: FastAPI, guard: list) -> None:
     async def healthz() -> dict:
         pool = app.state.pool
         return {"status": "ok", "stored_plans": await asyncio.to_thread(app.state.store.count),
-                "workers": pool.size, "queued": pool.queued, "workers_replaced": pool.replaced}
+                "workers": pool.size, "queued": pool.queued, "solving": len(app.state.inflight),
+                "workers_replaced": pool.replaced}
 
     @app.post("/v1/plan", dependencies=guard, responses=solve_errors,
               summary="Search for the fastest plan that fits (returns a LaunchPlan)")
