@@ -58,6 +58,9 @@ class Server:
         self.stop()
         raise RuntimeError("the server did not start within 60 s")
 
+    def health(self) -> dict:
+        return httpx.get(self.url + "/healthz", timeout=10).json()
+
     def worker_pids(self) -> list[int]:
         pids = []
         for task in Path(f"/proc/{self.proc.pid}/task").glob("*/children"):

@@ -26,6 +26,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from planner.service.pool import ProcessPool, ThreadPool
 from planner.service.schemas import ErrorBody, EstimateBody, PlanBody, request_key
@@ -196,6 +197,13 @@ def create_app(settings: Settings | None = None, *, on_ready: Callable[[Settings
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": field_errors(exc)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """As FastAPI's own handler, but a body it cannot decode (its 400) is bad input like any other: 422."""
+        if exc.status_code == 400:
+            return JSONResponse({"detail": "the request body is not JSON text (UTF-8): send a JSON object"}, status_code=422)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def authorize(request: Request) -> None:
         if settings.token is None:
