@@ -112,7 +112,7 @@ def _search_with_progress(api, request, *, quiet: bool):
 def _render(plan, output: Optional[Path]) -> None:
     from rich.table import Table
 
-    from planner.report import console
+    from planner.report import console, describe_axis_order, describe_pruned
     from planner.units import GiB
 
     out, par, pred = console(), plan.parallelism, plan.prediction
@@ -120,7 +120,7 @@ def _render(plan, output: Optional[Path]) -> None:
               f"({plan.request.topology.name}), global batch {plan.batch.global_batch_size} x {plan.batch.seq_len}")
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep} vpp={par.vpp} sp={'on' if par.sp else 'off'}"
     out.print(f"[bold green]{degrees}[/] zero={par.zero_stage} schedule={plan.schedule} mbs={plan.batch.microbatch_size} "
-              f"x {plan.batch.num_microbatches} micro-batches, axes {'>'.join(par.axis_order)}")
+              f"x {plan.batch.num_microbatches} micro-batches; {describe_axis_order(par.axis_order)}")
     out.print(f"step {pred.step_time_s:.3f} s, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, "
               f"peak {plan.memory.peak_bytes / GiB:.1f} of {plan.memory.capacity_bytes / GiB:.1f} GiB")
     table = Table(title="stages", title_justify="left", box=None, padding=(0, 2))
@@ -139,6 +139,6 @@ def _render(plan, output: Optional[Path]) -> None:
                   f"({alt.why_not})", markup=False)
     considered = plan.solver.configurations_considered
     out.print(f"searched {considered:,} configurations: {plan.solver.configurations_evaluated:,} evaluated, "
-              f"pruned {', '.join(f'{k} {v:,}' for k, v in sorted(plan.pruned.items()))}", markup=False)
+              f"pruned: {describe_pruned(plan.pruned)}", markup=False)
     if output is not None:
         out.print(f"wrote {output}")
