@@ -73,8 +73,9 @@ def _shown(path: Path) -> str:
 
 
 def check_writable(path: str | Path | None, *, flag: str = "--output") -> None:
-    """Fail before the work starts when `path` cannot be written: a folder, a missing or read-only parent, an
-    over-long name. Nothing is created (the check opens nothing in the target's folder but a probe)."""
+    """Fail before the work starts when `path` cannot be written: a folder, a parent that is a file, an
+    over-long name, no permission, a read-only file system. Probes by creating and removing a temporary
+    file in the nearest existing folder (permission bits alone mislead root and read-only mounts)."""
     if path is None:
         return
     target = Path(path)
@@ -87,10 +88,22 @@ def check_writable(path: str | Path | None, *, flag: str = "--output") -> None:
         parent = _existing_parent(target)
         if not parent.is_dir():
             problem = f"{_shown(parent)} is not a folder"
-        elif not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        elif target.exists() and not os.access(target, os.W_OK):
             problem = "permission denied"
+        else:
+            problem = _probe(parent)
     if problem:
         raise BadInputError(f"{flag}={_shown(target)} cannot be written: {problem}: choose a writable file path")
+
+
+def _probe(folder: Path) -> str | None:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".planner-probe.", dir=folder)
+    except OSError as exc:
+        return (exc.strerror or str(exc)).lower()
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+    return None
 
 
 def _existing_parent(target: Path) -> Path:
