@@ -6,8 +6,9 @@ their time limit held both workers and every later request timed out until a res
 one out); a solve past its deadline gets its worker killed (SIGKILL) and a fresh worker started in its place.
 
 Each worker also limits its own address space (RLIMIT_AS, `memory_bytes`: a solve that needs more fails with
-MemoryError and is answered 422), is replaced when a solve leaves it holding over `recycle_bytes`, and dies with the server (PR_SET_PDEATHSIG plus a parent watch), so a
-`kill -9` of the server leaves no solver running. `ThreadPool` is the in-process variant (`--threads`): the
+MemoryError and is answered 422), is replaced when a solve leaves it holding over `recycle_bytes`, and dies
+with the server (PR_SET_PDEATHSIG plus a parent watch), so a `kill -9` of the server leaves no solver running.
+A worker joins the pool only once it says it is ready (its imports done), so no deadline pays for a start. `ThreadPool` is the in-process variant (`--threads`): the
 same interface, no kill, no memory limit; for tests and debugging only.
 """
 
@@ -20,6 +21,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 LINE_LIMIT_BYTES = 512 << 20  # the longest answer line read from a worker (a 16384-GPU plan is ~5 MB)
+START_TIMEOUT_S = 120.0
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
@@ -49,11 +51,14 @@ class ProcessPool:
         proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                     env=os.environ | WORKER_ENV, limit=LINE_LIMIT_BYTES)
         self._live.add(proc)
+        try:
+            ready = await asyncio.wait_for(proc.stdout.readline(), timeout=START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            ready = b""
+        if not ready.startswith(b'["ready"'):
+            self._kill(proc)
+            raise RuntimeError(f"a solver worker did not start within {START_TIMEOUT_S:g} s (exit code {proc.returncode})")
         return proc
-
-    def pids(self) -> list[int]:
-        """Process ids of the live workers (for /healthz and the load benchmark's RSS figures)."""
-        return sorted(proc.pid for proc in self._live if proc.returncode is None)
 
     @property
     def queued(self) -> int:
@@ -93,7 +98,13 @@ class ProcessPool:
 
         async def respawn() -> None:
             await proc.wait()
-            self._idle.put_nowait(await self._spawn())
+            for _ in range(3):  # a failed start is retried; the pool shrinks only if three in a row fail
+                try:
+                    self._idle.put_nowait(await self._spawn())
+                    return
+                except (RuntimeError, OSError) as exc:
+                    print(f"planner service: {exc}", file=sys.stderr, flush=True)
+                    await asyncio.sleep(1.0)
 
         task = asyncio.get_running_loop().create_task(respawn())
         self._spawning.add(task)
@@ -130,9 +141,6 @@ class ThreadPool:
 
     async def start(self) -> None:
         return None
-
-    def pids(self) -> list[int]:
-        return [os.getpid()]
 
     @property
     def queued(self) -> int:

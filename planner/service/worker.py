@@ -1,7 +1,7 @@
 """The solve function the worker pool runs: a request body in, (HTTP status, body text) out.
 
 It runs in a worker process (`python -m planner.service.worker MEMORY_BYTES PARENT_PID`, planner.service.pool),
-reading one JSON line `[kind, body_json, max_gpus]` at a time on stdin and answering one JSON line
+saying `["ready", pid]` once imported, then reading one JSON line `[kind, body_json, max_gpus]` at a time on stdin and answering one JSON line
 `[status, text, rss_bytes]` on its own copy of stdout (fd 1 itself goes to stderr, so a stray print cannot corrupt the
 protocol). User errors map to statuses here: BadInputError -> 422, InfeasibleError / SolverTimeoutError / an
 infeasible estimate -> 409, MemoryError (over the worker's address-space limit) -> 422. Any other exception is
@@ -124,6 +124,8 @@ def main(argv: list[str]) -> None:
     import planner.search.driver  # noqa: F401
 
     _limit_memory(memory_bytes)
+    answers.write(json.dumps(["ready", os.getpid()]) + "\n")
+    answers.flush()
     for line in sys.stdin:
         try:
             kind, body_json, max_gpus = json.loads(line)

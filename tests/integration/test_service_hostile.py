@@ -31,8 +31,8 @@ def rss_kib(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """grace 0: a solve is stopped exactly at its time_limit_s."""
-    srv = Server(tmp_path_factory.mktemp("hostile") / "plans.sqlite", extra=("--grace-s", "0"))
+    """grace 0: a solve is stopped exactly at its time_limit_s; 640 MiB per worker: enough for any preset."""
+    srv = Server(tmp_path_factory.mktemp("hostile") / "plans.sqlite", extra=("--grace-s", "0", "--worker-memory-mb", "640"))
     yield srv
     srv.stop()
 
@@ -94,6 +94,15 @@ def test_after_two_giant_requests_a_normal_request_is_answered_in_time(server):
     assert normal.status_code == 200, normal.text
     assert time.monotonic() - started < ESTIMATE["time_limit_s"]
     assert httpx.get(server.url + "/healthz", timeout=10).json()["workers_replaced"] >= 2
+
+
+def test_a_solve_over_the_worker_memory_limit_is_422_and_the_worker_replaced(server):
+    moe = DEEP | {"moe": {"num_experts": 4096, "top_k": 8, "expert_ffn_hidden_size": 2048}}
+    before = httpx.get(server.url + "/healthz", timeout=10).json()["workers_replaced"]
+    response = httpx.post(server.url + "/v1/plan", json={"model": moe, "nodes": 64, "time_limit_s": 30}, timeout=60)
+    assert response.status_code == 422 and "memory" in response.json()["detail"], response.text
+    assert httpx.get(server.url + "/healthz", timeout=10).json()["workers_replaced"] > before
+    assert max(rss_kib(pid) for pid in _session_pids(server.proc.pid)) < 700 * 1024
 
 
 def test_chunked_body_over_the_limit_is_413_without_reading_it(server):
