@@ -168,7 +168,9 @@ def check_plans(
     is called after each plan (searches can take seconds each)."""
     if tolerance < 0:
         raise BadInputError(f"tolerance={tolerance} must be >= 0: e.g. --tolerance 0.02 for 2%")
-    plans = [(path, load_file(LaunchPlan, path)) for path in plan_files(target)]
+    from planner.plan_invariants import check_plan as check_invariants
+
+    plans = [(path, check_invariants(load_file(LaunchPlan, path), source=str(path))) for path in plan_files(target)]
     results = []
     for path, plan in plans:
         results.append(check_plan(path, plan, tolerance=tolerance, allow_change=allow_change))

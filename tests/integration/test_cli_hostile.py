@@ -170,6 +170,13 @@ def test_tampered_plans_are_refused_on_load(files, tmp_path, edit, words, comman
     assert "inconsistent" in line and words in line
 
 
+def test_check_refuses_a_tampered_plan(files, tmp_path):
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    (folder / "bad.json").write_text(Path(tampered(files, tmp_path, lambda d: d["request"].update(gpus=16))).read_text())
+    assert "inconsistent" in refused(["check", str(folder)])
+
+
 def test_run_refuses_bad_device_and_data_before_torchrun(files):
     pytest.importorskip("torch")
     import torch
