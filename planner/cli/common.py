@@ -47,7 +47,7 @@ def guarded(fn: F) -> F:
 
     Also one line, never a traceback, for what a user's environment or input causes below the library's own
     checks: a missing optional extra (names the pip install), an OS error on a file (exit 2), memory
-    exhausted (exit 2)."""
+    exhausted (exit 2), a pydantic ValidationError of a schema built from the flags (exit 2)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -67,6 +67,13 @@ def guarded(fn: F) -> F:
             raise typer.Exit(code=2) from None
         except MemoryError:
             print_error("out of memory: the input is too large for this machine; use a smaller model, fewer GPUs or a shorter sequence")
+            raise typer.Exit(code=2) from None
+        except Exception as exc:  # a schema built from flags (SearchLimits, Parallelism) refusing a value
+            if type(exc).__name__ != "ValidationError" or "pydantic" not in type(exc).__module__:
+                raise
+            from planner.io import format_validation_error
+
+            print_error(format_validation_error(exc, "option"))
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]

@@ -28,9 +28,9 @@ class SearchLimits(InputSchema):
     """What the search may choose and how long it may take. Fixed fields narrow the space."""
 
     time_limit_s: float = Field(default=60.0, gt=0, le=L.MAX_TIME_LIMIT_S)
-    top_k: int = Field(default=3, ge=0, description="alternatives to keep in the plan")
+    top_k: int = Field(default=3, ge=0, le=L.MAX_TOP_K, description="alternatives to keep in the plan")
     runnable: bool = Field(default=False, description="only configurations the executor can run")
-    max_microbatch_size: int = Field(default=16, gt=0)
+    max_microbatch_size: int = Field(default=16, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE)
     schedules: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[RecomputeMode, ...] = ("none", "selective", "full")
