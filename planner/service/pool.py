@@ -40,6 +40,8 @@ class ProcessPool:
         self._live: set[asyncio.subprocess.Process] = set()
         self._spawning: set[asyncio.Task] = set()
         self.replaced = 0  # workers killed at a deadline or lost, and replaced
+        self._closed = False
+        self._waiting = 0
 
     async def start(self) -> None:
         self._idle = asyncio.Queue()
@@ -63,11 +65,15 @@ class ProcessPool:
     @property
     def queued(self) -> int:
         """Requests waiting for an idle worker."""
-        return len(self._idle._getters) if self._idle is not None else 0  # noqa: SLF001 - asyncio has no public count
+        return self._waiting
 
     async def solve(self, kind: str, body_json: str, max_gpus: int, *, deadline_s: float) -> tuple[int, str]:
         """(status, body) of one solve; 504 when it ran past `deadline_s` (its worker killed and replaced)."""
-        proc = await self._idle.get()
+        self._waiting += 1
+        try:
+            proc = await self._idle.get()
+        finally:
+            self._waiting -= 1
         healthy = False
         try:
             proc.stdin.write(json.dumps([kind, body_json, max_gpus]).encode() + b"\n")
@@ -93,8 +99,10 @@ class ProcessPool:
 
     def _replace(self, proc: asyncio.subprocess.Process) -> None:
         """Kill `proc` and start its successor in the background (a worker's start takes about a second)."""
-        self.replaced += 1
         self._kill(proc)
+        if self._closed:
+            return
+        self.replaced += 1
 
         async def respawn() -> None:
             await proc.wait()
@@ -119,7 +127,8 @@ class ProcessPool:
                 pass
 
     async def close(self) -> None:
-        """Kill every worker now (queued solves are answered by their own request's timeout)."""
+        """Kill every worker now and start no more (queued solves are answered by their request's timeout)."""
+        self._closed = True
         for task in list(self._spawning):
             task.cancel()
         procs = list(self._live)
