@@ -19,10 +19,21 @@ import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 LINE_LIMIT_BYTES = 512 << 20  # the longest answer line read from a worker (a 16384-GPU plan is ~5 MB)
 START_TIMEOUT_S = 120.0
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _worker_env() -> dict[str, str]:
+    """The server's environment, one BLAS thread, and this `planner` package first on the path: a worker runs
+    the same code as the server even where another copy is installed."""
+    import planner
+
+    source = str(Path(planner.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH", "")) if p)
+    return os.environ | WORKER_ENV | {"PYTHONPATH": path}
 
 
 def _detail(message: str) -> str:
@@ -51,7 +62,7 @@ class ProcessPool:
     async def _spawn(self) -> asyncio.subprocess.Process:
         args = [sys.executable, "-m", "planner.service.worker", str(self.memory_bytes or 0), str(os.getpid())]
         proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                    env=os.environ | WORKER_ENV, limit=LINE_LIMIT_BYTES)
+                                                    env=_worker_env(), limit=LINE_LIMIT_BYTES)
         self._live.add(proc)
         try:
             ready = await asyncio.wait_for(proc.stdout.readline(), timeout=START_TIMEOUT_S)
