@@ -15,6 +15,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,7 +37,8 @@ def main() -> None:
     try:
         done = subprocess.run([st, "run", server.url + "/openapi.json", "--checks", CHECKS, "--max-examples", str(args.max_examples),
                                "--max-time", str(args.max_time), "--request-timeout", "30", "--workers", "2", "--seed", str(args.seed)],
-                              capture_output=True, text=True, timeout=args.max_time + 120)
+                              capture_output=True, text=True, timeout=args.max_time + 120,
+                              cwd=tempfile.mkdtemp(prefix="planner-fuzz-"))  # schemathesis keeps its state in ./.schemathesis
         health = Server.health(server)
     finally:
         server.stop()
