@@ -22,5 +22,22 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, **settings) -> None:
               f"plans stored in {s.db_path}{', bearer token required' if s.token else ''}; Ctrl-C stops",
               file=sys.stderr, flush=True)
 
+    _check_address(host, port)
     app = create_app(Settings.from_env(**settings), on_ready=ready)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+
+
+def _check_address(host: str, port: int) -> None:
+    """Refuse an address that cannot be bound before any worker starts (uvicorn would start them, print the
+    banner, then fail to bind)."""
+    import socket
+
+    from planner.errors import BadInputError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        raise BadInputError(f"--host {host} --port {port}: {exc.strerror or exc}: choose another --port or --host") from None

@@ -174,6 +174,16 @@ def test_tampered_plans_are_refused_on_load(files, tmp_path, edit, words, comman
     assert "inconsistent" in line and words in line
 
 
+def test_serve_on_a_busy_port_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        line = refused(["serve", "--port", str(busy.getsockname()[1]), "--db", str(tmp_path / "s.sqlite")])
+    assert "address already in use" in line.lower()
+
+
 def test_check_refuses_a_tampered_plan(files, tmp_path):
     folder = tmp_path / "plans"
     folder.mkdir()
