@@ -97,10 +97,19 @@ def _json_safe(value):
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)[:200]
 
 
+MAX_FIELD_ERRORS = 20  # a body of 50,000 unknown keys must not get a 5 MB answer
+
+
 def field_errors(exc: RequestValidationError) -> list[dict]:
-    """The 422 `detail` list: loc, msg, type and a JSON-safe input per problem (never a 500 on NaN)."""
-    return [{"loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
-             "type": str(err.get("type", "")), "input": _json_safe(err.get("input"))} for err in exc.errors()]
+    """The 422 `detail` list: loc, msg, type and a JSON-safe input per problem (never a 500 on NaN), at most
+    MAX_FIELD_ERRORS of them and then one saying how many more."""
+    errors = exc.errors()
+    out = [{"loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
+            "type": str(err.get("type", "")), "input": _json_safe(err.get("input"))} for err in errors[:MAX_FIELD_ERRORS]]
+    if len(errors) > MAX_FIELD_ERRORS:
+        out.append({"loc": ["body"], "msg": f"and {len(errors) - MAX_FIELD_ERRORS} more problems", "type": "too_many_errors",
+                    "input": None})
+    return out
 
 
 def _check_limits(body: PlanBody, settings: Settings) -> None:
@@ -202,7 +211,8 @@ def create_app(settings: Settings | None = None, *, on_ready: Callable[[Settings
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """As FastAPI's own handler, but a body it cannot decode (its 400) is bad input like any other: 422."""
         if exc.status_code == 400:
-            return JSONResponse({"detail": "the request body is not JSON text (UTF-8): send a JSON object"}, status_code=422)
+            return JSONResponse({"detail": "the request body could not be parsed (not UTF-8 JSON, nested too deeply, or a "
+                                           "number too long): send a JSON object"}, status_code=422)
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def authorize(request: Request) -> None:

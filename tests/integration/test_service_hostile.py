@@ -72,6 +72,13 @@ def test_non_finite_numbers_and_broken_json_are_422(server, raw):
     assert isinstance(response.json()["detail"], (list, str)) and response.json()["detail"]
 
 
+@pytest.mark.parametrize("raw", [b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", b'{"gpus": ' + b"9" * 5000 + b"}",
+                                 b"{" + b",".join(b'"k%d": 1' % i for i in range(30_000)) + b"}"], ids=["deep", "long-int", "many-keys"])
+def test_pathological_json_is_a_short_422(server, raw):
+    response = httpx.post(server.url + "/v1/estimate", content=raw, headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 422 and len(response.content) < 10_000, response.text[:300]
+
+
 def test_after_two_giant_requests_a_normal_request_is_answered_in_time(server):
     """The issue's two requests (now refused) and two solves past their deadline (stopped, workers replaced)."""
     for top_k in (1, 2):
