@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from planner.errors import BadInputError
+from planner.io import is_file
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest, Precision, SearchLimits
 from planner.schemas.topology import Topology
@@ -79,20 +82,24 @@ def build_request(
         )
     length = seq_len if seq_len is not None else spec.seq_len
     batch = global_batch_size if global_batch_size is not None else default_global_batch_size(length)
-    if profile is not None and not Path(profile).is_file():
+    if profile is not None and not is_file(profile):
         raise BadInputError(f"profile={profile!r}: file not found: run `planner profile -o {profile}` or fix the path")
+    _check_precision(precision, topo)
     load_framework(framework)
-    return PlanRequest(
-        framework=framework,
-        model=spec,
-        topology=topo,
-        gpus=world,
-        global_batch_size=batch,
-        seq_len=length,
-        precision=precision,
-        profile=profile,
-        search=search,
-    )
+    try:
+        return PlanRequest(framework=framework, model=spec, topology=topo, gpus=world, global_batch_size=batch,
+                           seq_len=length, precision=precision, profile=profile, search=search)
+    except ValidationError as exc:
+        from planner.io import format_validation_error
+
+        raise BadInputError(format_validation_error(exc, "request")) from None
+
+
+def _check_precision(precision: str, topology: Topology) -> None:
+    """fp8 needs fp8 tensor cores: a device without a peak_fp8_tflops would be priced as bf16, silently."""
+    if precision == "fp8" and topology.device.peak_fp8_tflops is None:
+        raise BadInputError(f"precision='fp8': {topology.device.name} has no fp8 tensor cores (no peak_fp8_tflops in topology "
+                            f"{topology.name!r}): use --precision bf16, or a device with fp8 (H100, H200, B200)")
 
 
 def estimate(request: PlanRequest, config: Configuration) -> LaunchPlan:
@@ -110,12 +117,15 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None) -> LaunchP
 
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:
-    """A LaunchPlan object, or one loaded (and validated) from a plan JSON file."""
+    """A LaunchPlan object, or one loaded from a plan JSON file; either way validated in full: the schema and the
+    invariants the search guarantees (planner.plan_invariants), so a hand-edited plan is refused, not used."""
+    from planner.plan_invariants import check_plan
+
     if isinstance(plan, LaunchPlan):
-        return plan
+        return check_plan(plan)
     from planner.io import load_file
 
-    return load_file(LaunchPlan, plan)
+    return check_plan(load_file(LaunchPlan, plan), source=str(plan))
 
 
 def check(target: str | Path, *, tolerance: float = 0.02, allow_change: bool = False, progress: ProgressFn | None = None):

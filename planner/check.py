@@ -119,7 +119,7 @@ def check_plan(path: Path, old: LaunchPlan, *, tolerance: float, allow_change: b
     base = dict(path=str(path), kind=old.kind, old_step_time_s=old.prediction.step_time_s)
     try:
         new = recompute_plan(old)
-    except InfeasibleError as exc:
+    except (InfeasibleError, BadInputError) as exc:  # a fixed configuration that no longer divides is bad input
         return CheckResult(**base, status="no_longer_fits", new_step_time_s=None, differences=(), messages=(str(exc),))
     diffs, changed = compare(old, new)
     messages: list[str] = []
@@ -168,7 +168,9 @@ def check_plans(
     is called after each plan (searches can take seconds each)."""
     if tolerance < 0:
         raise BadInputError(f"tolerance={tolerance} must be >= 0: e.g. --tolerance 0.02 for 2%")
-    plans = [(path, load_file(LaunchPlan, path)) for path in plan_files(target)]
+    from planner.plan_invariants import check_plan as check_invariants
+
+    plans = [(path, check_invariants(load_file(LaunchPlan, path), source=str(path))) for path in plan_files(target)]
     results = []
     for path, plan in plans:
         results.append(check_plan(path, plan, tolerance=tolerance, allow_change=allow_change))

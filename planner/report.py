@@ -53,3 +53,24 @@ def model_detail_tables(report: dict) -> list[Table]:
         is_count = key not in ("dense_layers", "moe_layers")
         counts.add_row(key, f"{value:,}", _billions(value) if is_count else "")
     return [fields, counts]
+
+
+# What each `pruned` key of a plan means, for readers of `planner plan`; other keys are validity rules
+# ("layers_not_divisible_by_pp_vpp") and read as their words.
+PRUNED_MEANING = {
+    "time_lower_bound": "provably slower than the plans kept (step-time lower bound)",
+    "memory_lower_bound": "provably over GPU memory (memory lower bound)",
+    "does_not_fit": "evaluated and over GPU memory",
+    "search_time_limit": "not reached within the time limit",
+}
+
+
+def describe_pruned(pruned: dict[str, int]) -> str:
+    """`pruned` as words: '20,104 provably slower than ...; 21,780 layers not divisible by pp vpp'."""
+    return "; ".join(f"{count:,} {PRUNED_MEANING.get(key, key.replace('_', ' '))}" for key, count in sorted(pruned.items()))
+
+
+def describe_axis_order(axis_order) -> str:
+    """The rank layout in words: the last axis varies fastest between consecutive ranks."""
+    return (f"rank order {'>'.join(axis_order)} (outermost to innermost: consecutive ranks differ in "
+            f"{axis_order[-1]} first{', which keeps TP inside a node' if axis_order[-1] == 'tp' else ''})")

@@ -2,60 +2,91 @@
 
 Each command lives in its own module under planner/cli/ and exposes `register(app)`. Exit codes:
 0 ok, 1 no feasible plan or regression found, 2 bad input. Errors print one line, never a traceback.
+
+Commands are imported lazily: `planner --help` lists them from COMMANDS below without importing any command
+module (nor pydantic, rich or numpy), and `planner plan ...` imports only planner/cli/plan.py. A CLI call is
+mostly interpreter start and imports (the cost model itself runs in milliseconds), so this is what keeps
+`planner --help` fast (benchmarks/cli_startup.py).
 """
 
 import importlib
 import sys
 
 import typer
+from typer import _click
+from typer.core import TyperGroup
 
 from planner.errors import PlannerError
 
-# Command modules, registered in this order (each defines `register(app: typer.Typer) -> None`).
-COMMAND_MODULES = (
-    "models",
-    "topology",
-    "framework",
-    "estimate",
-    "plan",
-    "profile",
-    "run",
-    "launch",
-    "export",
-    "check",
-    "explain",
-    "serve",
-    "schema",
-)
+# name: (module under planner/cli, one line for `planner --help`), in the order --help lists them.
+COMMANDS = {
+    "estimate": ("estimate", "Predict one configuration: step time and its breakdown, tokens/s, MFU, memory per pipeline rank."),
+    "plan": ("plan", "Find the fastest plan that fits: DP x TP x PP x EP x CP, ZeRO, SP, micro-batching, recompute, schedule."),
+    "run": ("run", "Run a LaunchPlan on this machine with torchrun and write a run report (needs the torch extra)."),
+    "launch": ("launch", "Print the per-node torchrun commands and a SLURM sbatch script that start a LaunchPlan on a cluster."),
+    "export": ("export", "Translate a LaunchPlan into a framework's own configuration."),
+    "check": ("check", "CI regression: recompute committed plans and compare (exit 1 on a regression)."),
+    "explain": ("explain", "Explain a plan: why these degrees, where time and memory go, what the runner-up was."),
+    "serve": ("serve", "Run the optimizer service (HTTP JSON API, OpenAPI docs at /docs; needs the service extra)."),
+    "schema": ("schema", "Print the JSON Schema (draft 2020-12) of a file format, or of all of them."),
+    "models": ("models", "Model presets and imported configs (HuggingFace config.json, spec files) with their parameter counts."),
+    "topology": ("topology", "Cluster topologies: devices, fabrics and the bandwidth a process group sees."),
+    "framework": ("framework", "Framework profiles: what each software stack runs, overlaps and calls its flags."),
+    "profile": ("profile", "Measure per-layer and per-operator costs with torch, or collective times (needs the torch extra)."),
+}
+
+
+class LazyGroup(TyperGroup):
+    """The top-level group: commands listed from COMMANDS, each module imported only when its command runs."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        try:
+            module = importlib.import_module(f"planner.cli.{entry[0]}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"planner.cli.{entry[0]}":
+                return None  # command not built yet
+            raise
+        holder = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        module.register(holder)
+        return typer.main.get_group(holder).get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        """Plain click help (no rich import) with the one-line helps of COMMANDS (no command module import)."""
+        _click.Command.format_help(self, ctx, formatter)
+
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (_, text) in COMMANDS.items()])
+
 
 app = typer.Typer(
     name="planner",
-    help="Auto-parallel planner for LLM training: plan, estimate, profile, run and export DP x TP x PP x EP x CP plans.",
+    cls=LazyGroup,
+    help="Auto-parallel planner for LLM training: plan, estimate, profile, run and export DP x TP x PP x EP x CP plans.\n\n"
+         "Start with: planner plan --model llama3-8b --gpus 8. Every command has --help with examples.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
-def _register_all() -> None:
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"planner.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"planner.cli.{name}":
-                continue  # command not built yet
-            raise
-        module.register(app)
-
-
-_register_all()
+@app.callback()
+def _root() -> None:
+    """The group itself does nothing; its commands do."""
 
 
 def main() -> None:
     """Console-script entry point. Commands map PlannerError to exit codes themselves (see common.guarded);
-    this is the last line of defence for errors raised while building the app."""
+    this is the last line of defence for errors raised while building the app or parsing options."""
     try:
-        app(standalone_mode=True)
+        app(prog_name="planner", standalone_mode=True)
     except PlannerError as exc:
         from planner.cli.common import print_error
 

@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: error mapping, JSON output, atomic file output. No planning logic here."""
+"""Shared CLI plumbing: error mapping, JSON output, atomic file output, optional extras. No planning logic here."""
 
 import functools
 from collections.abc import Callable
@@ -12,7 +12,7 @@ from planner.errors import PlannerError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def print_error(exc: BaseException) -> None:
+def print_error(exc: BaseException | str) -> None:
     """One line on stderr: `error: <message>` (no markup interpretation of the message)."""
     from planner.report import console
 
@@ -21,8 +21,33 @@ def print_error(exc: BaseException) -> None:
     err.print(str(exc), markup=False, highlight=False)
 
 
+# The optional dependency groups of pyproject.toml, by the top-level module that needs them.
+EXTRA_OF_MODULE = {"torch": "torch", "fastapi": "service", "uvicorn": "service", "httpx": "service",
+                   "starlette": "service", "matplotlib": "plot", "transformers": "hf"}
+
+
+def missing_extra_message(command: str, module: str) -> str:
+    """One line naming the pip install that brings `module` (an optional extra's package)."""
+    extra = EXTRA_OF_MODULE.get(module.split(".")[0])
+    fix = f"pip install 'llm-planner[{extra}]'" if extra else f"pip install {module.split('.')[0]}"
+    return f"`planner {command}` needs {module.split('.')[0]}, which is not installed: {fix}"
+
+
+def require_extra(command: str, *modules: str) -> None:
+    """Fail in one line (exit 2) before any work when an optional extra `command` needs is not installed."""
+    import importlib.util
+
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise PlannerError(missing_extra_message(command, module))
+
+
 def guarded(fn: F) -> F:
-    """Wrap a command: a PlannerError prints one line and exits with its code (2 bad input, 1 infeasible)."""
+    """Wrap a command: a PlannerError prints one line and exits with its code (2 bad input, 1 infeasible).
+
+    Also one line, never a traceback, for what a user's environment or input causes below the library's own
+    checks: a missing optional extra (names the pip install), an OS error on a file (exit 2), memory
+    exhausted (exit 2), a pydantic ValidationError of a schema built from the flags (exit 2)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -31,6 +56,25 @@ def guarded(fn: F) -> F:
         except PlannerError as exc:
             print_error(exc)
             raise typer.Exit(code=exc.exit_code) from None
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in EXTRA_OF_MODULE:
+                raise
+            print_error(missing_extra_message(fn.__name__.removesuffix("_command").replace("_", " "), exc.name))
+            raise typer.Exit(code=2) from None
+        except OSError as exc:
+            where = f" {str(exc.filename)[:120]}" if exc.filename else ""
+            print_error(f"{exc.strerror or exc}:{where}: check the path and its permissions")
+            raise typer.Exit(code=2) from None
+        except MemoryError:
+            print_error("out of memory: the input is too large for this machine; use a smaller model, fewer GPUs or a shorter sequence")
+            raise typer.Exit(code=2) from None
+        except Exception as exc:  # a schema built from flags (SearchLimits, Parallelism) refusing a value
+            if type(exc).__name__ != "ValidationError" or "pydantic" not in type(exc).__module__:
+                raise
+            from planner.io import format_validation_error
+
+            print_error(format_validation_error(exc, "option"))
+            raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -152,6 +152,9 @@ def estimate(
     Example: planner estimate --model llama3-70b --nodes 8 --tp 8 --pp 4 --sp --recompute selective --zero 1 --framework megatron-core
     """
     from planner import api
+    from planner.io import check_writable
+
+    check_writable(output)
     check_request_flags(precision=precision, global_batch_size=global_batch_size, seq_len=seq_len)
     request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
                                 seq_len=seq_len, precision=precision, profile=profile, framework=framework)

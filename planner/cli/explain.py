@@ -33,9 +33,13 @@ def explain_command(
                                                "default: every shipped profile): runs it, or the stack's reason."),
 ) -> None:
     from planner import api
-    from planner.io import canonical_json, load_file
+    from planner.cli.common import require_extra
+    from planner.io import canonical_json, check_writable, load_file
     from planner.schemas.plan import LaunchPlan
 
+    if plot is not None:
+        require_extra("explain --plot", "matplotlib")
+        check_writable(plot, flag="--plot")
     loaded = load_file(LaunchPlan, plan)
     explanation = api.explain(loaded, frameworks=framework or None)
     if plot is not None:

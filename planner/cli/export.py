@@ -35,8 +35,9 @@ def export_command(
     json_output: bool = typer.Option(False, "--json", help="Print {target, suffix, text, warnings} as JSON."),
 ) -> None:
     from planner import api
-    from planner.io import canonical_json
+    from planner.io import canonical_json, check_writable
 
+    check_writable(output)
     result = api.export(plan, to)
     if json_output:
         payload = {"target": result.target, "suffix": result.suffix, "text": result.text, "warnings": list(result.warnings)}

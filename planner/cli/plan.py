@@ -42,7 +42,7 @@ def plan_command(
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8"),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured profile for compute costs (default: analytic)."),
     top_k: int = typer.Option(3, "--top-k", min=0, help="Alternatives to keep in the plan."),
-    time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Solver time limit in seconds (per ILP)."),
+    time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Time limit of the whole search in seconds."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs the plan: planner (our executor, "
                                   "the default) | megatron-core | torchtitan | deepspeed | a profile file."),
     runnable: bool = typer.Option(False, "--runnable", help="Alias of --framework planner (what `planner run` executes)."),
@@ -64,8 +64,9 @@ def plan_command(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
     from planner import api
-    from planner.io import canonical_json
+    from planner.io import canonical_json, check_writable
 
+    check_writable(output)
     limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule,
                      degrees=dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep),
                      fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap))
@@ -147,7 +148,7 @@ def _search_with_progress(api, request, *, quiet: bool):
 def _render(plan, output: Optional[Path]) -> None:
     from rich.table import Table
 
-    from planner.report import console
+    from planner.report import console, describe_axis_order, describe_pruned
     from planner.units import GiB
 
     out, par, pred = console(), plan.parallelism, plan.prediction
@@ -156,7 +157,7 @@ def _render(plan, output: Optional[Path]) -> None:
               f"for framework {plan.request.framework}")
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep} vpp={par.vpp} sp={'on' if par.sp else 'off'}"
     out.print(f"[bold green]{degrees}[/] zero={par.zero_stage} schedule={plan.schedule} mbs={plan.batch.microbatch_size} "
-              f"x {plan.batch.num_microbatches} micro-batches, axes {'>'.join(par.axis_order)}")
+              f"x {plan.batch.num_microbatches} micro-batches; {describe_axis_order(par.axis_order)}")
     out.print(f"step {pred.step_time_s:.3f} s, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, "
               f"peak {plan.memory.peak_bytes / GiB:.1f} of {plan.memory.capacity_bytes / GiB:.1f} GiB")
     table = Table(title="stages", title_justify="left", box=None, padding=(0, 2))
@@ -175,6 +176,6 @@ def _render(plan, output: Optional[Path]) -> None:
                   f"({alt.why_not})", markup=False)
     considered = plan.solver.configurations_considered
     out.print(f"searched {considered:,} configurations: {plan.solver.configurations_evaluated:,} evaluated, "
-              f"pruned {', '.join(f'{k} {v:,}' for k, v in sorted(plan.pruned.items()))}", markup=False)
+              f"pruned: {describe_pruned(plan.pruned)}", markup=False)
     if output is not None:
         out.print(f"wrote {output}")

@@ -104,6 +104,11 @@ def profile_compute(
         raise BadInputError("--model is required: a preset name (planner models list), a model spec file or a config.json")
     if output is None:
         raise BadInputError("--output/-o is required, e.g. -o profiles/my-model.json")
+    from planner.cli.common import require_extra
+    from planner.io import check_writable
+
+    require_extra("profile", "torch", *(("transformers",) if hf else ()))
+    check_writable(output)
     from planner.models import load_model
     from planner.profiling.options import ProfileOptions, parse_int_list
 
@@ -160,7 +165,11 @@ def profile_comm(
 
     Example: planner profile comm --nprocs 2 -o profiles/cpu-gloo-comm.json
     """
-    from planner.io import atomic_write_text, canonical_json
+    from planner.cli.common import require_extra
+    from planner.io import atomic_write_text, canonical_json, check_writable
+
+    require_extra("profile comm", "torch")
+    check_writable(output)
     from planner.profiling.comm_bench import run_comm_benchmark
     from planner.profiling.options import parse_int_list
     from planner.report import console

@@ -44,9 +44,11 @@ def run_command(
     json_output: bool = typer.Option(False, "--json", help="Print the run report JSON instead of a table."),
 ) -> None:
     from planner import api
+    from planner.cli.common import require_extra
     from planner.executor.options import RunOptions
     from planner.io import canonical_json
 
+    require_extra("run", "torch")
     options = RunOptions(steps=steps, seed=seed, lr=lr, data=data, data_dtype=data_dtype, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every, resume=resume, device=device, timeout_s=timeout_s)
     result = api.run(plan, options=options, report_path=report, warmup_steps=warmup_steps)

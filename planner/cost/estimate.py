@@ -1,11 +1,12 @@
 """`planner estimate`: evaluate one fully given configuration and write its LaunchPlan.
 
 Malformed configurations for the model (tp not dividing the heads, ep without experts, degrees that do not
-multiply to the GPU count) are bad input (BadInputError, exit 2). Configurations that are well-formed but do
-not divide the batch or the layers raise InfeasibleError (exit 1) naming the numbers. Configurations that do
-not fit in memory come back as a LaunchPlan with feasible=False and the reasons (which rank, by how much,
-which part dominates). A configuration the request's framework cannot run is refused with that framework's reason
-(bad input: the user asked for something the stack does not have); an explicit 2BW schedule is the user's opt-in.
+multiply to the GPU count) and configurations that do not divide the batch or the layers are bad input
+(BadInputError, exit 2, HTTP 422) naming the numbers: the user's fixed configuration is inconsistent, which
+the command line contract answers with 2. Configurations that do not fit in memory come back as a LaunchPlan with
+feasible=False and the reasons (which rank, by how much, which part dominates). A configuration the request's
+framework cannot run is refused with that framework's reason (bad input: the user asked for something the stack
+does not have); an explicit 2BW schedule is the user's opt-in.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from planner.cost import contention
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.model import Candidate, CostModel, CostOptions
 from planner.cost.validity import input_reasons
-from planner.errors import BadInputError, InfeasibleError
+from planner.errors import BadInputError
 from planner.frameworks import config_of, load_framework, refusal
 from planner.plan import build_launch_plan
 from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
@@ -26,7 +27,7 @@ def candidate_of(request: PlanRequest, config: Configuration) -> Candidate:
     per_step = par.dp * config.microbatch_size
     if request.global_batch_size % per_step:
         lower = request.global_batch_size // per_step * per_step
-        raise InfeasibleError(
+        raise BadInputError(
             f"global_batch_size={request.global_batch_size} is not divisible by dp*microbatch_size={par.dp}*"
             f"{config.microbatch_size}={per_step}: use --global-batch-size {max(lower, per_step)} or {lower + per_step}, "
             f"or another --microbatch-size"
@@ -86,6 +87,6 @@ def estimate(request: PlanRequest, config: Configuration, *, options: CostOption
         raise BadInputError(refused[1])
     reasons = model.validity_reasons(cand)
     if reasons:
-        raise InfeasibleError("; ".join(reasons))
+        raise BadInputError("; ".join(reasons))
     evaluation = model.evaluate(cand, stage_layers=config.stage_layers)
     return build_launch_plan(model, cand, evaluation, kind="estimate", notes=model_notes(model))

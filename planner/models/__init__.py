@@ -11,7 +11,7 @@ import difflib
 from pathlib import Path
 
 from planner.errors import BadInputError
-from planner.io import load_file, load_structured
+from planner.io import is_file, load_file, load_structured
 from planner.schemas.model import ModelSpec
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
@@ -26,7 +26,7 @@ def list_presets() -> list[str]:
 def load_preset(name: str) -> ModelSpec:
     """Load a shipped preset by name; an unknown name raises BadInputError with the closest names."""
     path = PRESET_DIR / f"{name}{PRESET_SUFFIX}"
-    if not path.is_file():
+    if "/" in name or not is_file(path):
         raise BadInputError(_unknown_model_message(name))
     return load_file(ModelSpec, path)
 
@@ -47,12 +47,12 @@ def _is_hf_config(path: Path, data: object) -> bool:
 
 def load_model(ref: str) -> ModelSpec:
     """Resolve a model reference: preset name first, else a path (HF config.json or our spec)."""
-    if (PRESET_DIR / f"{ref}{PRESET_SUFFIX}").is_file():
+    if "/" not in ref and is_file(PRESET_DIR / f"{ref}{PRESET_SUFFIX}"):
         return load_preset(ref)
     path = Path(ref).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
+    if is_file(path / "config.json"):
         path = path / "config.json"  # a HuggingFace checkpoint folder
-    if not path.is_file():
+    if not is_file(path):
         raise BadInputError(_unknown_model_message(ref))
     data = load_structured(path)
     if _is_hf_config(path, data):

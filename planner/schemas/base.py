@@ -7,3 +7,10 @@ class Schema(BaseModel):
     """Pydantic model with extra="forbid" and frozen=True: invalid input raises, it is never repaired."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+
+class InputSchema(Schema):
+    """A schema users write (model spec, topology, request): NaN and infinities are refused, since a cost or a
+    size computed from them is meaningless (`time_limit_s: Infinity` would never stop)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)

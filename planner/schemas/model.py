@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from planner.schemas.base import Schema
+from planner.schemas import limits as L
+from planner.schemas.base import InputSchema, Schema
 
 MODEL_SCHEMA_VERSION = "1"
 
@@ -16,21 +17,21 @@ Activation = Literal["gelu", "relu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 
 
-class MoESpec(Schema):
+class MoESpec(InputSchema):
     """Mixture-of-experts FFN. Layers that are MoE: index >= first_k_dense and (index - first_k_dense) % moe_every == 0."""
 
-    num_experts: int = Field(gt=0, description="routed experts per MoE layer")
-    top_k: int = Field(gt=0, description="experts each token is routed to")
-    expert_ffn_hidden_size: int = Field(gt=0, description="FFN width of one routed expert")
-    num_shared_experts: int = Field(default=0, ge=0, description="always-active experts, each expert_ffn_hidden_size wide")
+    num_experts: int = Field(gt=0, le=L.MAX_EXPERTS, description="routed experts per MoE layer")
+    top_k: int = Field(gt=0, le=L.MAX_EXPERTS, description="experts each token is routed to")
+    expert_ffn_hidden_size: int = Field(gt=0, le=L.MAX_FFN_HIDDEN_SIZE, description="FFN width of one routed expert")
+    num_shared_experts: int = Field(default=0, ge=0, le=L.MAX_EXPERTS, description="always-active experts, each expert_ffn_hidden_size wide")
     shared_expert_ffn_hidden_size: int | None = Field(
-        default=None, gt=0, description="total width of the shared experts when it differs from num_shared_experts * expert_ffn_hidden_size"
+        default=None, gt=0, le=L.MAX_FFN_HIDDEN_SIZE, description="total width of the shared experts when it differs from num_shared_experts * expert_ffn_hidden_size"
     )
     shared_expert_gate: bool = Field(
         default=False, description="a learned sigmoid gate (h -> 1, no bias) scaling the shared experts' output (Qwen2-MoE)"
     )
-    first_k_dense: int = Field(default=0, ge=0, description="leading layers that keep a dense FFN")
-    moe_every: int = Field(default=1, gt=0, description="every n-th layer after first_k_dense is MoE")
+    first_k_dense: int = Field(default=0, ge=0, le=L.MAX_LAYERS, description="leading layers that keep a dense FFN")
+    moe_every: int = Field(default=1, gt=0, le=L.MAX_LAYERS, description="every n-th layer after first_k_dense is MoE")
     capacity_factor: float | None = Field(default=None, gt=0, description="expert capacity = capacity_factor * tokens * top_k / num_experts; None = dropless")
 
     @model_validator(mode="after")
@@ -46,33 +47,33 @@ class MoESpec(Schema):
         return self.num_shared_experts * self.expert_ffn_hidden_size
 
 
-class MLASpec(Schema):
+class MLASpec(InputSchema):
     """DeepSeek multi-head latent attention (V2/V3): low-rank compressed Q and KV.
 
     Counted exactly for parameters and FLOPs; activation memory is approximated as standard attention
     with head_dim = qk_nope_head_dim + qk_rope_head_dim for Q/K and v_head_dim for V.
     """
 
-    q_lora_rank: int | None = Field(default=None, gt=0, description="None: Q is a full projection")
-    kv_lora_rank: int = Field(gt=0)
-    qk_nope_head_dim: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(gt=0)
-    v_head_dim: int = Field(gt=0)
+    q_lora_rank: int | None = Field(default=None, gt=0, le=L.MAX_HIDDEN_SIZE, description="None: Q is a full projection")
+    kv_lora_rank: int = Field(gt=0, le=L.MAX_HIDDEN_SIZE)
+    qk_nope_head_dim: int = Field(gt=0, le=L.MAX_HEAD_DIM)
+    qk_rope_head_dim: int = Field(gt=0, le=L.MAX_HEAD_DIM)
+    v_head_dim: int = Field(gt=0, le=L.MAX_HEAD_DIM)
 
 
-class ModelSpec(Schema):
+class ModelSpec(InputSchema):
     """A decoder-only transformer. Field names follow Megatron-LM's arguments where one exists."""
 
     schema_version: Literal["1"] = MODEL_SCHEMA_VERSION
     name: str = Field(min_length=1)
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    ffn_hidden_size: int = Field(gt=0, description="dense FFN width (per gated branch for swiglu/geglu)")
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int | None = Field(default=None, gt=0, description="GQA/MQA key-value heads; None = num_attention_heads")
-    head_dim: int | None = Field(default=None, gt=0, description="None = hidden_size // num_attention_heads")
-    vocab_size: int = Field(gt=0)
-    seq_len: int = Field(gt=0, description="training sequence length the model was built for (default of requests)")
+    num_layers: int = Field(gt=0, le=L.MAX_LAYERS)
+    hidden_size: int = Field(gt=0, le=L.MAX_HIDDEN_SIZE)
+    ffn_hidden_size: int = Field(gt=0, le=L.MAX_FFN_HIDDEN_SIZE, description="dense FFN width (per gated branch for swiglu/geglu)")
+    num_attention_heads: int = Field(gt=0, le=L.MAX_HEADS)
+    num_kv_heads: int | None = Field(default=None, gt=0, le=L.MAX_HEADS, description="GQA/MQA key-value heads; None = num_attention_heads")
+    head_dim: int | None = Field(default=None, gt=0, le=L.MAX_HEAD_DIM, description="None = hidden_size // num_attention_heads")
+    vocab_size: int = Field(gt=0, le=L.MAX_VOCAB_SIZE)
+    seq_len: int = Field(gt=0, le=L.MAX_SEQ_LEN, description="training sequence length the model was built for (default of requests)")
     activation: Activation = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     position: Literal["rope", "learned", "alibi"] = "rope"

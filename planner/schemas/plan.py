@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from planner.schemas.base import Schema
+from planner.schemas import limits as L
+from planner.schemas.base import InputSchema, Schema
 from planner.schemas.model import ModelSpec
 from planner.schemas.topology import Topology
 
@@ -23,15 +24,15 @@ TpOverlap = Literal["none", "domino"]
 AXES = ("pp", "dp", "cp", "tp")
 
 
-class SearchLimits(Schema):
+class SearchLimits(InputSchema):
     """What the search may choose and how long it may take. Fixed fields narrow the space."""
 
-    time_limit_s: float = Field(default=60.0, gt=0)
-    top_k: int = Field(default=3, ge=0, description="alternatives to keep in the plan")
+    time_limit_s: float = Field(default=60.0, gt=0, le=L.MAX_TIME_LIMIT_S)
+    top_k: int = Field(default=3, ge=0, le=L.MAX_TOP_K, description="alternatives to keep in the plan")
     runnable: bool = Field(default=False, description="deprecated alias of framework='planner' (what the executor runs)")
     allow_stale_weights: bool = Field(
         default=False, description="let the search choose PipeDream-2BW (one-step-stale weights) where the framework runs it")
-    max_microbatch_size: int = Field(default=16, gt=0)
+    max_microbatch_size: int = Field(default=16, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE)
     schedules: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[RecomputeMode, ...] = ("none", "selective", "full")
@@ -40,18 +41,18 @@ class SearchLimits(Schema):
         default_factory=dict, description="parallel degrees fixed by the user (dp, tp, pp, cp, ep); the rest is searched"
     )
     sp: bool | None = Field(default=None, description="sequence parallelism fixed on or off; None = searched")
-    vpp: int | None = Field(default=None, gt=0, description="virtual stages per pipeline rank fixed; None = searched")
-    microbatch_size: int | None = Field(default=None, gt=0, description="micro-batch size fixed; None = searched")
+    vpp: int | None = Field(default=None, gt=0, le=L.MAX_LAYERS, description="virtual stages per pipeline rank fixed; None = searched")
+    microbatch_size: int | None = Field(default=None, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE, description="micro-batch size fixed; None = searched")
 
 
-class PlanRequest(Schema):
+class PlanRequest(InputSchema):
     """What the user asked: a model on a cluster with a global batch. `estimate` adds a fixed configuration."""
 
     model: ModelSpec
     topology: Topology = Field(description="resolved and scaled: num_nodes is what the job uses")
-    gpus: int = Field(gt=0)
-    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
-    seq_len: int = Field(gt=0)
+    gpus: int = Field(gt=0, le=L.MAX_GPUS)
+    global_batch_size: int = Field(gt=0, le=L.MAX_GLOBAL_BATCH_SIZE, description="sequences per optimizer step")
+    seq_len: int = Field(gt=0, le=L.MAX_SEQ_LEN)
     precision: Precision = "bf16"
     profile: str | None = Field(default=None, description="measured profile file used for compute costs; None = analytic")
     search: SearchLimits | None = None

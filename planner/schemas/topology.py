@@ -9,12 +9,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from planner.schemas.base import Schema
+from planner.schemas import limits as L
+from planner.schemas.base import InputSchema, Schema
 
 TOPOLOGY_SCHEMA_VERSION = "1"
 
 
-class DeviceSpec(Schema):
+class DeviceSpec(InputSchema):
     """One accelerator type. Peak rates are dense (no sparsity)."""
 
     name: str
@@ -27,14 +28,14 @@ class DeviceSpec(Schema):
     reserved_memory_bytes: int = Field(default=0, ge=0, description="taken by the CUDA context/driver, unusable by tensors")
 
 
-class CollectiveRate(Schema):
+class CollectiveRate(InputSchema):
     """Measured alpha-beta rates of one collective inside a node (planner.profiling.calibration)."""
 
     bandwidth_GBps: float = Field(gt=0, description="fitted bus bandwidth (nccl-tests convention)")
     latency_s: float = Field(ge=0, description="fitted fixed time per ring step")
 
 
-class IntraNodeFabric(Schema):
+class IntraNodeFabric(InputSchema):
     kind: Literal["nvswitch", "nvlink_mesh", "pcie", "infinity_fabric", "loopback"]
     bandwidth_GBps: float = Field(gt=0, description="achieved per-GPU per-direction bus bandwidth inside a node")
     latency_s: float = Field(ge=0)
@@ -44,16 +45,16 @@ class IntraNodeFabric(Schema):
                     "a collective not listed uses bandwidth_GBps and latency_s")
 
 
-class InterNodeFabric(Schema):
+class InterNodeFabric(InputSchema):
     kind: Literal["infiniband", "roce", "efa", "ethernet", "omnipath", "none"]
-    nics_per_node: int = Field(ge=0)
+    nics_per_node: int = Field(ge=0, le=L.MAX_GPUS_PER_NODE)
     nic_bandwidth_GBps: float = Field(ge=0, description="achieved per-NIC per-direction bandwidth")
     latency_s: float = Field(ge=0)
     topology: Literal["fat_tree", "rail_optimized", "none"] = "fat_tree"
     oversubscription: float = Field(default=1.0, ge=1.0, description="core-to-edge oversubscription ratio; 1 = non-blocking")
 
 
-class Topology(Schema):
+class Topology(InputSchema):
     """A cluster of `num_nodes` identical nodes with `gpus_per_node` devices each."""
 
     schema_version: Literal["1"] = TOPOLOGY_SCHEMA_VERSION
@@ -61,8 +62,8 @@ class Topology(Schema):
     description: str = ""
     source: str = Field(default="", description="where the bandwidth/latency numbers come from")
     device: DeviceSpec
-    gpus_per_node: int = Field(gt=0)
-    num_nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, le=L.MAX_GPUS_PER_NODE)
+    num_nodes: int = Field(gt=0, le=L.MAX_NODES)
     intra_node: IntraNodeFabric
     inter_node: InterNodeFabric
     comm_calibration: str | None = Field(default=None, description="path of a `planner profile comm` calibration file")

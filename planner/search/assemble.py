@@ -26,6 +26,9 @@ def space_notes(result) -> list[str]:
     ]
     if opts.fixed:
         notes.append("fixed by the request: " + ", ".join(f"{k}={v}" for k, v in sorted(opts.fixed.items())))
+    if getattr(result, "timed_out", False):
+        notes.append("the search reached its time limit: this is the best plan found by then, not proven the fastest; "
+                     "raise the time limit (--time-limit, time_limit_s) for the full search")
     return notes
 
 

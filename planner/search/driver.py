@@ -25,20 +25,24 @@
    (embedding/head imbalance, in-flight memory falling with the stage); when the DP finds no split that fits,
    the joint assignment ILP (B) chooses the split and the recompute set together (small problems only).
 4. No configuration is dropped silently: configurations_considered = evaluated-and-fitting + sum(pruned).
+5. The whole search is bounded by SearchLimits.time_limit_s (not each ILP): past it the heap's remaining entries
+   are counted as pruned ("search_time_limit") and the best plan found so far is returned with a note saying so,
+   or SolverTimeoutError when none was found; a search that ends in time is unaffected (and deterministic).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from planner.errors import InfeasibleError, SolverTimeoutError
 from planner.frameworks import config_of, refusal
-from planner.errors import InfeasibleError
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search.floors import Floors
 from planner.search.group_bounds import MARGIN_BYTES
@@ -62,6 +66,7 @@ class SearchResult:
     memory_floor: tuple[float, str] | None
     capacity_bytes: float
     opts: Options
+    timed_out: bool = False
 
 
 class _Search:
@@ -79,6 +84,8 @@ class _Search:
         self.partial_ok = "full" in opts.recompute_modes
         self.floors = Floors(self)
         self.members = Members(self)
+        self.deadline = time.monotonic() + self.limits.time_limit_s
+        self.timed_out = False
 
     def candidate(self, group: Group, **member):
         from planner.cost.model import Candidate
@@ -135,12 +142,16 @@ class _Search:
         self.heap = self.bounded_groups()
         while self.heap:
             lower, tie, stage, group, payload = heapq.heappop(self.heap)
-            if lower > self.ranking.threshold_s:
+            if time.monotonic() > self.deadline:
+                self.timed_out = True
+                self.prune(stage, group, payload, "search_time_limit")
+            elif lower > self.ranking.threshold_s:
                 self.prune(stage, group, payload)
             else:
                 self.advance(lower, tie, stage, group, payload)
 
-    def prune(self, stage: int, group: Group | None, payload) -> None:
+    def prune(self, stage: int, group: Group | None, payload, reason: str = "time_lower_bound") -> None:
+        """Count everything an entry stands for as pruned for `reason`."""
         if stage == FAMILY:
             sp, overlap, facts = payload
             copies = len(self.opts.recompute_modes)
@@ -151,16 +162,16 @@ class _Search:
                     entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(axis_orders(fact))), [fact, m, 0])
                     entry[2] += copies
             for fact, m, count in alike.values():
-                self.space.prune_members(fact, m, "time_lower_bound", count)
+                self.space.prune_members(fact, m, reason, count)
                 self.done(count)
         elif stage == SHAPE:
-            self.space.prune_groups(payload, "time_lower_bound")
+            self.space.prune_groups(payload, reason)
             self.done(len(payload))
         elif stage <= VISIT:
-            self.space.prune_group(group, "time_lower_bound")
+            self.space.prune_group(group, reason)
             self.done(1)
         else:
-            self.space.pruned["time_lower_bound"] += 1
+            self.space.pruned[reason] += 1
 
     def advance(self, lower: float, tie: tuple, stage: int, group: Group | None, payload) -> None:
         def push(*entry):
@@ -261,7 +272,8 @@ class _Search:
             lc = self.cost.layer_costs(cand)
             excess = rank_excess_bytes(self.cost, cand, lc, split)
             if max(excess) > 0:
-                counts = partial_recompute(self.cost, cand, lc, split, self.counters, self.limits.time_limit_s, excess)
+                left_s = max(0.1, self.deadline - time.monotonic())  # the ILP gets what is left of the search's time
+                counts = partial_recompute(self.cost, cand, lc, split, self.counters, left_s, excess)
                 if counts is not None and any(counts):
                     ev = self.cost.evaluate(cand, stage_layers=split, full_recompute_layers=counts)
                     if ev.fits:
@@ -295,7 +307,7 @@ def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progres
     return SearchResult(
         ranked=ranked, closest=state.closest, pruned=state.space.pruned, considered=state.space.considered,
         evaluated=state.evaluated, counters=state.counters, memory_floor=state.floor, capacity_bytes=state.capacity,
-        opts=opts,
+        opts=opts, timed_out=state.timed_out,
     )
 
 
@@ -315,8 +327,12 @@ def make_cost_model(request: PlanRequest):
 def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dict[str, int] | None = None) -> LaunchPlan:
     """The fastest plan that fits, as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is."""
     result = search(request, fixed=fixed, progress=progress)
+    limits = request.search or SearchLimits()
+    if not result.ranked and result.timed_out:
+        raise SolverTimeoutError(
+            f"the search reached its time limit of {limits.time_limit_s:g} s ({result.evaluated:,} configurations evaluated, "
+            f"none fitting yet): raise --time-limit (time_limit_s), fix --tp/--pp, or use more GPUs")
     if not result.ranked:
-        limits = request.search or SearchLimits()
         message, shortfall, closest = infeasible_message(
             gpus=request.gpus, gpus_per_node=request.topology.gpus_per_node, capacity_bytes=result.capacity_bytes,
             closest=result.closest, floor=result.memory_floor, zero_stages=tuple(limits.zero_stages),

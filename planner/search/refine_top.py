@@ -5,10 +5,13 @@ DP (planner.search.partition) re-splits the layers to minimise the slowest stage
 (the embedding and LM head make the end stages heavier; 1F1B's first stage holds pp micro-batches, the last one);
 when no split fits with the base recompute, ILP (B) (planner.search.ilp) chooses the split and the fully
 recomputed layers together. A refined split replaces the balanced one only when `evaluate` predicts it faster
-(or equal and lighter), so refinement never makes a plan worse under the cost model.
+(or equal and lighter), so refinement never makes a plan worse under the cost model. Refinement counts against
+the search's time limit: past it, the remaining winners keep their balanced split (and the plan says so).
 """
 
 from __future__ import annotations
+
+import time
 
 from planner.errors import InfeasibleError
 from planner.search.outcome import Scored, rank_key
@@ -27,6 +30,9 @@ def refine_top(state, items: list[Scored]) -> list[Scored]:
 def _refine(state, item: Scored) -> Scored:
     cand = item.cand
     if cand.pp == 1 or cand.vpp > 1:
+        return item
+    if time.monotonic() > getattr(state, "deadline", float("inf")):
+        state.timed_out = True
         return item
     cost, counters = state.cost, state.counters
     lc = cost.layer_costs(cand)
@@ -48,7 +54,7 @@ def _joint(state, cand, lc, problem) -> Scored | None:
     try:
         assignment = solve_assignment(
             problem, lc.full_recompute_s[1:-1], lc.full_recompute_activation_bytes[1:-1],
-            time_limit_s=min(state.limits.time_limit_s, 10.0),
+            time_limit_s=min(max(0.1, getattr(state, "deadline", 0.0) - time.monotonic()), 10.0),
         )
     except InfeasibleError:
         return None

@@ -3,40 +3,52 @@
 Routes: POST /v1/plan, POST /v1/estimate, GET /v1/plans/{id}, GET /v1/models, GET /v1/topologies,
 GET /healthz; OpenAPI docs at /docs. Statuses: 200 plan (the LaunchPlan JSON; headers X-Plan-Id,
 X-Cache hit|miss, Location), 401 missing/wrong bearer token (when PLANNER_TOKEN is set), 404 unknown
-plan id, 409 infeasible, 413 body over the size limit, 422 bad input (the field, or the planner's
-message), 504 past the per-request time limit.
+plan id, 409 infeasible, 413 body over the size limit (counted as it arrives, chunked or not), 422 bad
+input (the field, or the planner's message; NaN and Infinity included), 504 past the per-request time limit.
+Every error body is `{"detail": ...}` (planner.service.schemas.ErrorBody).
 Identical requests (same sha256 of the canonical request JSON) are answered from the store, and
-concurrent identical requests share one solve.
+concurrent identical requests share one solve. A solve is stopped at its own time limit plus the grace
+(planner.service.pool kills its worker), and a solve that finishes after its client gave up (504 from
+queueing) is still stored, so the retry is a cache hit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import math
 import os
 import secrets
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from planner.service.schemas import EstimateBody, PlanBody, request_key
+from planner.service.pool import ProcessPool, ThreadPool
+from planner.service.schemas import ErrorBody, EstimateBody, PlanBody, request_key
 from planner.service.store import PlanStore
-from planner.service.worker import solve
 
 TOKEN_ENV = "PLANNER_TOKEN"
 DB_ENV = "PLANNER_DB"
-DEFAULT_DB = "planner-service.sqlite"
+
+
+def default_db_path() -> str:
+    """$PLANNER_DB, else $XDG_DATA_HOME/planner/service.sqlite (~/.local/share/...): not the working directory."""
+    if os.environ.get(DB_ENV):
+        return os.environ[DB_ENV]
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "planner", "service.sqlite")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Service limits and wiring; defaults suit one machine."""
+    """Service limits and wiring; defaults suit one machine (see benchmarks/service_load.py for `workers`)."""
 
-    db_path: str = DEFAULT_DB
+    db_path: str = ""
     workers: int = 2
     use_processes: bool = True
     token: str | None = None
@@ -44,17 +56,60 @@ class Settings:
     max_gpus: int = 16384
     max_time_limit_s: float = 300.0
     grace_s: float = 30.0
+    worker_memory_mb: int = 4096
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
         """PLANNER_DB and PLANNER_TOKEN from the environment unless given explicitly."""
-        values = {"db_path": os.environ.get(DB_ENV, DEFAULT_DB), "token": os.environ.get(TOKEN_ENV) or None}
+        values = {"db_path": default_db_path(), "token": os.environ.get(TOKEN_ENV) or None}
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)
 
 
+ERRORS = {
+    401: "missing or wrong bearer token (when PLANNER_TOKEN is set)",
+    404: "no stored plan with this id",
+    409: "valid input, but no configuration fits (the detail says how far the closest is)",
+    413: "request body over the service's size limit",
+    422: "bad input: one line naming the field, the value and the fix, or the list of schema problems",
+    504: "no answer within time_limit_s + the service's grace (a solve that finishes later is still stored)",
+}
+
+
+def _responses(*codes: int) -> dict:
+    return {code: {"model": ErrorBody, "description": ERRORS[code]} for code in codes}
+
+
 def _json(status: int, body: str, **headers: str) -> Response:
     return Response(content=body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _json_safe(value):
+    """A validation error's `input` as JSON can carry it: NaN/Infinity as strings, long values cut."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (dict, list)):
+        return None  # the loc names the place; echoing whole sub-documents back is noise
+    if isinstance(value, str) and len(value) > 200:
+        return value[:200] + "..."
+    if isinstance(value, int) and abs(value) > 2**63:
+        return str(value)
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)[:200]
+
+
+MAX_FIELD_ERRORS = 20  # a body of 50,000 unknown keys must not get a 5 MB answer
+
+
+def field_errors(exc: RequestValidationError) -> list[dict]:
+    """The 422 `detail` list: loc, msg, type and a JSON-safe input per problem (never a 500 on NaN), at most
+    MAX_FIELD_ERRORS of them and then one saying how many more."""
+    errors = exc.errors()
+    out = [{"loc": [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
+            "type": str(err.get("type", "")), "input": _json_safe(err.get("input"))} for err in errors[:MAX_FIELD_ERRORS]]
+    if len(errors) > MAX_FIELD_ERRORS:
+        out.append({"loc": ["body"], "msg": f"and {len(errors) - MAX_FIELD_ERRORS} more problems", "type": "too_many_errors",
+                    "input": None})
+    return out
 
 
 def _check_limits(body: PlanBody, settings: Settings) -> None:
@@ -96,46 +151,45 @@ async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:
     headers = {"X-Plan-Id": key, "Location": f"/v1/plans/{key}"}
     if stored is not None:
         return _json(200, stored.plan_json, **headers, **{"X-Cache": "hit"})
-    inflight: dict[str, asyncio.Future] = app.state.inflight
+    inflight: dict[str, asyncio.Task] = app.state.inflight
     if key not in inflight:
-        future = asyncio.wrap_future(app.state.pool.submit(solve, kind, body.model_dump_json(), settings.max_gpus))
-        inflight[key] = future
-        future.add_done_callback(lambda _f: inflight.pop(key, None))
+        task = asyncio.get_running_loop().create_task(_solve_and_store(app, key, kind, body))
+        inflight[key] = task
+        task.add_done_callback(lambda _t: inflight.pop(key, None))
     try:
         status, text = await asyncio.wait_for(asyncio.shield(inflight[key]), timeout=body.time_limit_s + settings.grace_s)
     except asyncio.TimeoutError:
-        raise HTTPException(504, f"no answer within time_limit_s={body.time_limit_s} + {settings.grace_s} s grace") from None
+        raise HTTPException(504, f"no answer within time_limit_s={body.time_limit_s:g} + {settings.grace_s:g} s grace "
+                                 f"({app.state.pool.queued} requests waiting for a worker): the solve goes on and its plan "
+                                 f"will be at GET /v1/plans/{key}", headers=headers) from None
     if status == 200:
-        await asyncio.to_thread(app.state.store.put, key, kind, body.model_dump_json(), text)
         return _json(200, text, **headers, **{"X-Cache": "miss"})
     return _json(status, text)
 
 
-def _make_pool(settings: Settings) -> Executor:
+async def _solve_and_store(app: FastAPI, key: str, kind: str, body: PlanBody) -> tuple[int, str]:
+    """Solve in the pool (stopped at time_limit_s + grace after it starts) and store a plan, whether or not
+    the client that asked is still waiting."""
+    settings: Settings = app.state.settings
+    status, text = await app.state.pool.solve(kind, body.model_dump_json(), settings.max_gpus,
+                                              deadline_s=body.time_limit_s + settings.grace_s)
+    if status == 200:
+        await asyncio.to_thread(app.state.store.put, key, kind, body.model_dump_json(), text)
+    return status, text
+
+
+def _make_pool(settings: Settings):
     if settings.use_processes:
-        # spawn, not fork: the server process has threads (event loop, to_thread pool) that fork would copy mid-lock
-        return ProcessPoolExecutor(max_workers=settings.workers, mp_context=multiprocessing.get_context("spawn"))
-    return ThreadPoolExecutor(max_workers=settings.workers)
+        return ProcessPool(settings.workers, memory_bytes=settings.worker_memory_mb << 20)
+    return ThreadPool(settings.workers)
 
 
-def _stop_pool(pool: Executor) -> None:
-    """Cancel queued solves and stop the workers now: a solve past its time limit must not outlive the server."""
-    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
-    if terminate is not None:
-        terminate()
-        return
-    processes = list((getattr(pool, "_processes", None) or {}).values())  # read before shutdown() clears it
-    pool.shutdown(wait=False, cancel_futures=True)
-    for process in processes:  # idle workers exit on the shutdown sentinel; busy ones are stopped
-        process.join(timeout=2)
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=5)
-
-
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The ASGI app; pool and store are opened at startup and closed at shutdown."""
+def create_app(settings: Settings | None = None, *, on_ready: Callable[[Settings], None] | None = None) -> FastAPI:
+    """The ASGI app; pool and store are opened at startup and closed at shutdown; `on_ready` runs once the
+    workers are up (`planner serve` prints its address there)."""
     settings = settings or Settings.from_env()
+    if not settings.db_path:
+        settings = Settings(**{**settings.__dict__, "db_path": default_db_path()})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -143,13 +197,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = PlanStore(Path(settings.db_path))
         app.state.inflight = {}
         app.state.pool = _make_pool(settings)
+        await app.state.pool.start()
+        if on_ready is not None:
+            on_ready(settings)
         try:
             yield
         finally:
-            _stop_pool(app.state.pool)
+            for task in list(app.state.inflight.values()):
+                task.cancel()
+            await app.state.pool.close()
 
     app = FastAPI(title="planner optimizer service", version="1", lifespan=lifespan,
-                  description="Auto-parallel plans for LLM training over HTTP: the same API as the `planner` CLI.")
+                  description="Auto-parallel plans for LLM training over HTTP: the same API as the `planner` CLI. "
+                              "Every error answer is {\"detail\": ...}: one line naming the field, the value and the fix.")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": field_errors(exc)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """As FastAPI's own handler, but a body it cannot decode (its 400) is bad input like any other: 422."""
+        if exc.status_code == 400:
+            return JSONResponse({"detail": "the request body could not be parsed (not UTF-8 JSON, nested too deeply, or a "
+                                           "number too long): send a JSON object"}, status_code=422)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     def authorize(request: Request) -> None:
         if settings.token is None:
@@ -158,50 +230,52 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not secrets.compare_digest(given.encode(), f"Bearer {settings.token}".encode()):
             raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer $PLANNER_TOKEN)", headers={"WWW-Authenticate": "Bearer"})
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            return JSONResponse({"detail": f"request body of {declared} bytes exceeds the {settings.max_body_bytes}-byte limit"}, status_code=413)
-        if request.method == "POST" and declared is None:
-            if len(await request.body()) > settings.max_body_bytes:
-                return JSONResponse({"detail": f"request body exceeds the {settings.max_body_bytes}-byte limit"}, status_code=413)
-        return await call_next(request)
+    from planner.service.body_limit import BodyLimit
 
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     _add_routes(app, [Depends(authorize)])
     return app
 
 
 def _add_routes(app: FastAPI, guard: list) -> None:
     """The HTTP routes; `guard` (the bearer-token check) protects everything under /v1."""
+    solve_errors = _responses(401, 409, 413, 422, 504)
 
     @app.get("/healthz")
     async def healthz() -> dict:
-        return {"status": "ok", "stored_plans": await asyncio.to_thread(app.state.store.count)}
+        pool = app.state.pool
+        return {"status": "ok", "stored_plans": await asyncio.to_thread(app.state.store.count),
+                "workers": pool.size, "queued": pool.queued, "solving": len(app.state.inflight),
+                "workers_replaced": pool.replaced}
 
-    @app.post("/v1/plan", dependencies=guard, summary="Search for the fastest plan that fits (returns a LaunchPlan)")
+    @app.post("/v1/plan", dependencies=guard, responses=solve_errors,
+              summary="Search for the fastest plan that fits (returns a LaunchPlan)")
     async def post_plan(body: PlanBody) -> Response:
         return await _answer(app, "plan", body)
 
-    @app.post("/v1/estimate", dependencies=guard, summary="Estimate one fixed configuration (returns a LaunchPlan)")
+    @app.post("/v1/estimate", dependencies=guard, responses=solve_errors,
+              summary="Estimate one fixed configuration (returns a LaunchPlan)")
     async def post_estimate(body: EstimateBody) -> Response:
         return await _answer(app, "estimate", body)
 
-    @app.get("/v1/plans/{plan_id}", dependencies=guard, summary="A stored plan by id (the X-Plan-Id of its answer)")
+    @app.get("/v1/plans/{plan_id}", dependencies=guard, responses=_responses(401, 404, 422),
+             summary="A stored plan by id (the X-Plan-Id of its answer)")
     async def get_plan(plan_id: str) -> Response:
+        if len(plan_id) > 128:
+            raise HTTPException(404, f"no stored plan with id {plan_id[:16]!r}...: ids are 64 hex digits")
         stored = await asyncio.to_thread(app.state.store.get, plan_id)
         if stored is None:
             raise HTTPException(404, f"no stored plan with id {plan_id!r}")
         return _json(200, stored.plan_json, **{"X-Plan-Id": plan_id})
 
-    @app.get("/v1/models", dependencies=guard, summary="Model presets")
+    @app.get("/v1/models", dependencies=guard, responses=_responses(401), summary="Model presets")
     async def get_models() -> dict:
         return {"models": _presets()}
 
-    @app.get("/v1/frameworks", dependencies=guard, summary="Framework profiles a plan can be made for")
+    @app.get("/v1/frameworks", dependencies=guard, responses=_responses(401), summary="Framework profiles a plan can be made for")
     async def get_frameworks() -> dict:
         return {"frameworks": _frameworks()}
 
-    @app.get("/v1/topologies", dependencies=guard, summary="Topology presets")
+    @app.get("/v1/topologies", dependencies=guard, responses=_responses(401), summary="Topology presets")
     async def get_topologies() -> dict:
         return {"topologies": _topologies()}

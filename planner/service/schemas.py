@@ -8,29 +8,34 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.schemas import limits as L
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Precision, RecomputeMode, Schedule, TpOverlap
 from planner.schemas.topology import Topology
 
 
+PresetName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class PlanBody(BaseModel):
     """POST /v1/plan: what `planner plan` takes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
 
-    model: str | ModelSpec = Field(default="llama3-8b", description="preset name or inline model spec")
-    topology: str | Topology = Field(default="dgx-h100", description="preset name or inline topology")
-    gpus: int | None = Field(default=None, gt=0)
-    nodes: int | None = Field(default=None, gt=0)
-    global_batch_size: int | None = Field(default=None, gt=0)
-    seq_len: int | None = Field(default=None, gt=0)
+    model: PresetName | ModelSpec = Field(default="llama3-8b", description="preset name (GET /v1/models) or inline model spec")
+    topology: PresetName | Topology = Field(default="dgx-h100", description="preset name (GET /v1/topologies) or inline topology")
+    gpus: int | None = Field(default=None, gt=0, le=L.MAX_GPUS, description="also bounded by the service's --max-gpus")
+    nodes: int | None = Field(default=None, gt=0, le=L.MAX_NODES)
+    global_batch_size: int | None = Field(default=None, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE, description="sequences per step")
+    seq_len: int | None = Field(default=None, gt=0, le=L.MAX_SEQ_LEN)
     precision: Precision = "bf16"
-    time_limit_s: float = Field(default=30.0, gt=0)
-    top_k: int = Field(default=3, ge=0, le=50)
+    time_limit_s: float = Field(default=30.0, gt=0, le=L.MAX_TIME_LIMIT_S,
+                                description="the whole solve stops by then (+ the service's grace); also bounded by the service's limit")
+    top_k: int = Field(default=3, ge=0, le=L.MAX_TOP_K)
     framework: str = Field(default="planner", pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
                            description="shipped framework profile the plan is made for (GET /v1/frameworks lists them)")
     allow_stale_weights: bool = Field(default=False, description="let the search choose PipeDream-2BW where the framework runs it")
@@ -39,18 +44,34 @@ class PlanBody(BaseModel):
 class EstimateBody(PlanBody):
     """POST /v1/estimate: `planner estimate`'s fixed configuration on top of the plan fields."""
 
-    dp: int | None = Field(default=None, gt=0, description="None = gpus / (tp * pp * cp)")
-    tp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    ep: int = Field(default=1, gt=0)
-    cp: int = Field(default=1, gt=0)
+    dp: int | None = Field(default=None, gt=0, le=L.MAX_DEGREE, description="None = gpus / (tp * pp * cp)")
+    tp: int = Field(default=1, gt=0, le=L.MAX_DEGREE)
+    pp: int = Field(default=1, gt=0, le=L.MAX_DEGREE)
+    ep: int = Field(default=1, gt=0, le=L.MAX_DEGREE)
+    cp: int = Field(default=1, gt=0, le=L.MAX_DEGREE)
     sp: bool = False
-    vpp: int = Field(default=1, gt=0)
-    microbatch_size: int = Field(default=1, gt=0)
+    vpp: int = Field(default=1, gt=0, le=L.MAX_LAYERS)
+    microbatch_size: int = Field(default=1, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE)
     zero_stage: Literal[0, 1, 2, 3] = 0
     schedule: Schedule = "1f1b"
     recompute: RecomputeMode = "none"
     tp_overlap: TpOverlap = "none"
+
+
+class FieldError(BaseModel):
+    """One problem of a request body: where (`loc`), what (`msg`, `type`) and the value given (`input`)."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+    input: object | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: `detail` is one line (the field, the value and the fix), or for a body that does not
+    match the schema (422) the list of field problems."""
+
+    detail: str | list[FieldError]
 
 
 def request_key(kind: str, body: BaseModel) -> str:

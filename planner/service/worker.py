@@ -1,13 +1,19 @@
 """The solve function the worker pool runs: a request body in, (HTTP status, body text) out.
 
-It runs in a worker process (concurrent.futures.ProcessPoolExecutor), so it takes and returns plain
-strings and ints: nothing unpicklable crosses the process boundary. User errors map to statuses here:
-BadInputError -> 422, InfeasibleError / SolverTimeoutError / an infeasible estimate -> 409.
+It runs in a worker process (`python -m planner.service.worker MEMORY_BYTES PARENT_PID`, planner.service.pool),
+saying `["ready", pid]` once imported, then reading one JSON line `[kind, body_json, max_gpus]` at a time on stdin and answering one JSON line
+`[status, text, rss_bytes]` on its own copy of stdout (fd 1 itself goes to stderr, so a stray print cannot corrupt the
+protocol). User errors map to statuses here: BadInputError -> 422, InfeasibleError / SolverTimeoutError / an
+infeasible estimate -> 409, MemoryError (over the worker's address-space limit) -> 422. Any other exception is
+a bug: 500 with its one-line summary, its traceback on the server's stderr, and the worker lives on.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+import traceback
 
 from planner.errors import BadInputError, InfeasibleError, PlannerError, SolverTimeoutError
 from planner.io import canonical_json
@@ -60,4 +66,79 @@ def solve(kind: str, body_json: str, max_gpus: int) -> tuple[int, str]:
     except PlannerError as exc:
         status = next((code for cls, code in STATUS_OF_ERROR if isinstance(exc, cls)), 422)
         return status, json.dumps({"detail": str(exc)})
+    except MemoryError:
+        return 422, json.dumps({"detail": "the solve needs more memory than the worker's limit (planner serve --worker-memory-mb): "
+                                          "ask for a smaller model, fewer GPUs or a shorter sequence"})
     return 200, canonical_json(plan)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Exit when the server exits, even by SIGKILL: PR_SET_PDEATHSIG on Linux, and a watch thread everywhere."""
+    import signal
+    import threading
+    import time
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(0)
+
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _limit_memory(memory_bytes: int) -> None:
+    """Cap this process's address space: a solve that outgrows it raises MemoryError instead of growing the box."""
+    if memory_bytes <= 0:
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory now (the pool replaces a worker that a big solve left large)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def main(argv: list[str]) -> None:
+    """The worker loop: one request line in, one answer line out, until stdin closes."""
+    memory_bytes, parent_pid = int(argv[0]), int(argv[1])
+    _die_with_parent(parent_pid)
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    import planner.api  # noqa: F401 - import before the memory cap, and before the first request
+    import planner.search.driver  # noqa: F401
+
+    _limit_memory(memory_bytes)
+    answers.write(json.dumps(["ready", os.getpid()]) + "\n")
+    answers.flush()
+    for line in sys.stdin:
+        try:
+            kind, body_json, max_gpus = json.loads(line)
+            status, text = solve(kind, body_json, max_gpus)
+        except MemoryError:
+            status, text = 422, json.dumps({"detail": "the solve needs more memory than the worker's limit"})
+        except Exception as exc:  # a bug: answer 500 in one line, keep the traceback for the server log
+            traceback.print_exc()
+            status, text = 500, json.dumps({"detail": f"internal error: {type(exc).__name__}: {exc}"[:500]})
+        answers.write(json.dumps([status, text, _rss_bytes()]) + "\n")
+        answers.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from planner.errors import BadInputError
-from planner.io import load_file, validate
+from planner.io import is_file, load_file, validate
 from planner.schemas.topology import Topology
 
 TOPOLOGIES_ENV = "PLANNER_TOPOLOGIES"
@@ -48,10 +48,10 @@ def _unknown_topology_message(ref: str) -> str:
 
 def _resolve(ref: str) -> Topology:
     preset = topologies_dir() / f"{ref}{PRESET_SUFFIX}"
-    if preset.is_file():
+    if "/" not in ref and is_file(preset):
         return load_file(Topology, preset)
     path = Path(ref).expanduser()
-    if path.is_file():
+    if is_file(path):
         return load_file(Topology, path)
     raise BadInputError(_unknown_topology_message(ref))
 

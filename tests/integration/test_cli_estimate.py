@@ -33,9 +33,9 @@ def test_does_not_fit_exit_1():
     assert "does not fit" in result.output and "GiB" in result.output
 
 
-def test_batch_not_divisible_exit_1():
+def test_batch_not_divisible_exit_2():
     result = runner.invoke(app, BASE + ["--tp", "8", "--global-batch-size", "63"])
-    assert result.exit_code == 1 and "not divisible" in result.output
+    assert result.exit_code == 2 and "not divisible" in result.output
 
 
 def test_bad_input_exit_2_one_line():

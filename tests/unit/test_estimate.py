@@ -51,8 +51,8 @@ def test_does_not_fit_is_a_plan_with_reasons():
     assert not plan.feasible and plan.infeasible_reasons and "activations" in plan.infeasible_reasons[0]
 
 
-def test_batch_that_does_not_divide_is_infeasible():
-    with pytest.raises(InfeasibleError, match="global_batch_size=63 is not divisible by dp\\*microbatch_size"):
+def test_batch_that_does_not_divide_is_bad_input():
+    with pytest.raises(BadInputError, match="global_batch_size=63 is not divisible by dp\\*microbatch_size"):
         api.estimate(_request(global_batch_size=63), _config())
 
 
