@@ -121,6 +121,19 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
     return parallel_refusal(profile, c) or _exclusion(profile, c)
 
 
+GROUP_FIELDS = frozenset({"dp", "tp", "pp", "cp", "ep", "sp", "recompute", "tp_overlap", "is_moe", "precision",
+                          "microbatch_size"})
+
+
+def group_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
+    """The exclusions that read only a search group's fields (no ZeRO stage, schedule or vpp): they refuse every
+    member of the group alike, so the search prunes the whole group before bounding it."""
+    for rule in profile.capabilities.exclusions:
+        if set(rule.when) <= GROUP_FIELDS and all(_holds(getattr(c, f), v) for f, v in rule.when.items()):
+            return rule.key, f"{rule.reason} (framework {profile.name!r})"
+    return None
+
+
 def parallel_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
     caps, name = profile.capabilities, profile.name
     if c.sp and not caps.sequence_parallel.supported:

@@ -193,7 +193,7 @@ class _Search:
                 self.memory_pruned(group)
                 self.done(1)
         elif stage == COUPLE:
-            coupled = self.floors.coupled(group, self.opts.zero_stages)
+            coupled = self.floors.coupled(group, self.opts.zero_stages_for(group.fact.pp))
             if coupled:
                 push(max(lower, self.floors.placed_floor(group, coupled)), tie, COUPLED, group, coupled)
             else:

@@ -65,10 +65,14 @@ class Floors(BoundsState):
     def shapes(self, sp: bool, overlap: str, facts: list[Factorisation]) -> dict[tuple[int, bool], list[Group]]:
         """The groups of a family by shape (micro-batch size, pp > 1): one ModuleArrays key but the recompute."""
         out: dict[tuple[int, bool], list[Group]] = {}
+        space = self.state.space
         for fact in facts:
-            for mbs in self.state.space.group_options(fact)[0]:
-                out.setdefault((mbs, fact.pp > 1), []).extend(
-                    self.group(fact, mbs, sp, recompute, overlap) for recompute in self.opts.recompute_modes)
+            for mbs in space.group_options(fact)[0]:
+                groups = [self.group(fact, mbs, sp, recompute, overlap) for recompute in self.opts.recompute_modes]
+                kept = [g for g in groups if not space.refuses_group(g)]
+                self.state.done(len(groups) - len(kept))
+                if kept:
+                    out.setdefault((mbs, fact.pp > 1), []).extend(kept)
         return out
 
     def family_lower(self, fact: Factorisation, sp: bool, overlap: str) -> float:
@@ -141,7 +145,9 @@ class Floors(BoundsState):
         of the group fits."""
         f, m = group.fact, group.num_microbatches
         arrays, best = self.arrays(group), np.inf
-        zeros = self.opts.zero_stages
+        zeros = self.opts.zero_stages_for(f.pp)
+        if not zeros:
+            return np.inf
         for vpp, schedules in self.variants(group):
             ranks = self.shape(f.pp, vpp).ranks
             inflight, fixed = self._cached(("least", f, m, group.microbatch_size, group.sp, vpp), lambda: (

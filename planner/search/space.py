@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import BadInputError
-from planner.frameworks import Config, interleaved_split_reason, load_framework, parallel_refusal, precision_refusal
+from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, parallel_refusal,
+                                precision_refusal)
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
 
@@ -66,6 +67,12 @@ class Options:
     sp: bool | None = None  # fixed sequence parallelism (None: both)
     vpp: int | None = None  # fixed virtual stages per rank (None: every valid one)
     microbatch_size: int | None = None  # fixed micro-batch size (None: every divisor up to max_microbatch_size)
+
+    def zero_stages_for(self, pp: int) -> tuple[int, ...]:
+        """The ZeRO stages the framework runs at this pp (bounds need hold only for members it can run)."""
+        zero = self.profile.capabilities.zero
+        allowed = zero.stages_with_pp if pp > 1 else zero.stages
+        return tuple(z for z in self.zero_stages if z in allowed)
 
     @staticmethod
     def from_request(request: PlanRequest, fixed: dict[str, int] | None = None) -> Options:
@@ -274,12 +281,27 @@ class Space:
         return len(sizes) * len(sps) * len(overlaps) * len(self.opts.recompute_modes) * self.members_per_group(fact)
 
     def fact_groups(self, fact: Factorisation) -> list[Group]:
-        """The groups of a valid factorisation, in a fixed order."""
+        """The groups of a valid factorisation, in a fixed order; a group every member of which the framework
+        refuses for its group-level fields (sp, recompute, tp_overlap, micro-batch) is counted under the rule."""
         sizes, sps, overlaps = self.group_options(fact)
         out = []
         for mbs, sp, rec, overlap in itertools.product(sizes, sps, self.opts.recompute_modes, overlaps):
-            out.append(Group(fact, mbs, self.request.global_batch_size // (fact.dp * mbs), sp, rec, overlap))
+            group = Group(fact, mbs, self.request.global_batch_size // (fact.dp * mbs), sp, rec, overlap)
+            if not self.refuses_group(group):
+                out.append(group)
         return out
+
+    def refuses_group(self, group: Group) -> bool:
+        """True (and the group's members counted under the rule's key) when the framework refuses every member of
+        the group for its group-level fields (planner.frameworks.group_refusal)."""
+        f = group.fact
+        config = Config(dp=f.dp, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep, sp=group.sp, recompute=group.recompute,
+                        tp_overlap=group.tp_overlap, is_moe=self.model.moe is not None, precision=self.request.precision,
+                        microbatch_size=group.microbatch_size)
+        refused = group_refusal(self.opts.profile, config)
+        if refused is not None:
+            self.prune_group(group, refused[0])
+        return refused is not None
 
     def groups(self) -> Iterator[Group]:
         """Valid groups in a fixed order; invalid factorisations are counted into `pruned` and `considered`."""

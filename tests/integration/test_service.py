@@ -94,13 +94,15 @@ def server(tmp_path_factory):
 
 
 def estimate_body(tp: int, pp: int, mbs: int) -> dict:
-    return SMALL | {"gpus": 16, "tp": tp, "pp": pp, "microbatch_size": mbs, "zero_stage": 1, "sp": tp > 1}
+    return SMALL | {"gpus": 16, "tp": tp, "pp": pp, "microbatch_size": mbs, "zero_stage": 1, "sp": tp > 1,
+                    "framework": "megatron-core"}
 
 
 def local_estimate(body: dict) -> str:
     """The same estimate computed in this process: what the service must return byte for byte."""
     request = api.build_request(model=body["model"], topology=body["topology"], gpus=body["gpus"], global_batch_size=body["global_batch_size"],
-                                seq_len=body["seq_len"], search=SearchLimits(time_limit_s=30.0, top_k=3))
+                                seq_len=body["seq_len"], search=SearchLimits(time_limit_s=30.0, top_k=3),
+                                framework=body["framework"])
     par = Parallelism(dp=body["gpus"] // (body["tp"] * body["pp"]), tp=body["tp"], pp=body["pp"], sp=body["sp"], zero_stage=body["zero_stage"])
     return canonical_json(api.estimate(request, Configuration(parallelism=par, microbatch_size=body["microbatch_size"])))
 

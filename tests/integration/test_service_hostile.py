@@ -19,7 +19,7 @@ from test_service import PLAN, SMALL, Server, _session_pids
 
 DEEP = {"name": "deep", "num_layers": 1024, "hidden_size": 8192, "ffn_hidden_size": 28672, "num_attention_heads": 64,
         "num_kv_heads": 8, "vocab_size": 128256, "seq_len": 8192, "activation": "swiglu", "norm": "rmsnorm"}
-ESTIMATE = SMALL | {"gpus": 8, "tp": 2, "zero_stage": 1, "time_limit_s": 10}
+ESTIMATE = SMALL | {"gpus": 8, "tp": 2, "zero_stage": 1, "time_limit_s": 10, "framework": "megatron-core"}
 
 
 def rss_kib(pid: int) -> int:
@@ -107,7 +107,8 @@ def test_a_solve_over_the_worker_memory_limit_is_422_and_the_worker_replaced(ser
     moe = DEEP | {"moe": {"num_experts": 4096, "top_k": 8, "expert_ffn_hidden_size": 2048}}
     before = httpx.get(server.url + "/healthz", timeout=10).json()["workers_replaced"]
     # ~6 s on a quiet 2-core box to reach 640 MiB; the time limit is generous so a loaded box meets the cap first
-    response = httpx.post(server.url + "/v1/plan", json={"model": moe, "nodes": 64, "time_limit_s": 120}, timeout=180)
+    response = httpx.post(server.url + "/v1/plan", json={"model": moe, "nodes": 64, "time_limit_s": 120, "framework": "torchtitan"},
+                          timeout=180)
     assert response.status_code == 422 and "memory" in response.json()["detail"], response.text
     assert httpx.get(server.url + "/healthz", timeout=10).json()["workers_replaced"] > before
     deadline = time.monotonic() + 5  # the replaced worker is killed as the answer goes out
@@ -151,7 +152,8 @@ def test_openapi_documents_every_status(server):
 def test_a_solve_whose_client_gave_up_is_still_stored(tmp_path):
     srv = Server(tmp_path / "late.sqlite", extra=("--workers", "1", "--grace-s", "1"))
     try:
-        blocker = threading.Thread(target=lambda: httpx.post(srv.url + "/v1/plan", json={"model": DEEP, "nodes": 512, "time_limit_s": 3}, timeout=60))
+        blocker = threading.Thread(target=lambda: httpx.post(srv.url + "/v1/plan", json={"model": DEEP, "nodes": 512, "time_limit_s": 3,
+                                                                                          "framework": "torchtitan"}, timeout=60))
         blocker.start()
         time.sleep(0.5)  # the only worker is busy: the next request queues past its own time limit
         late = httpx.post(srv.url + "/v1/estimate", json=ESTIMATE | {"time_limit_s": 0.5}, timeout=30)
