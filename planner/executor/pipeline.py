@@ -118,5 +118,19 @@ def sync_tied_embeddings(parts: list[nn.Module], group) -> None:
     for part in parts:
         for holder in (part.tok_embeddings, part.output):
             grad = holder.weight.grad if holder is not None else None
-            if grad is not None:
-                dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+            if grad is None:
+                continue
+            grad = _grad_like_weight(holder.weight, grad)
+            holder.weight.grad = grad
+            dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+
+
+def _grad_like_weight(weight, grad):
+    """The gradient with its weight's DTensor placements. Under TP the vocab-sharded embedding's gradient comes
+    back from a pipeline stage's backward as a Replicate DTensor (the full V x h gradient) while the head's is
+    Shard(0): reducing the two local tensors then mismatches in size (the gloo abort of issue 14). Replicate ->
+    Shard is a local slice, no communication."""
+    placements = getattr(weight, "placements", None)
+    if placements is None or not hasattr(grad, "placements") or tuple(grad.placements) == tuple(placements):
+        return grad
+    return grad.redistribute(weight.device_mesh, placements)

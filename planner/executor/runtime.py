@@ -148,6 +148,7 @@ def build_parts(job: Job) -> None:
     for stage in job.local_stages:
         module = cut_stage(full, stage.layers) if par.pp > 1 else full
         module.to_empty(device=job.device)
+        module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
         module.init_weights(job.options.seed)
         init_tied_head(module, job.options.seed)
         train_module = parallelize_part(job, module, stage, groups, par_fns)

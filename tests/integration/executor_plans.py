@@ -21,6 +21,8 @@ TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=32, ffn_hidden_s
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
                      vocab_size=64, seq_len=SEQ, activation="gelu", norm="layernorm", position="learned",
                      linear_bias=True, tied_embeddings=True)
+TINY_TIED = ModelSpec(name="tiny-llama-tied", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
+                      num_kv_heads=2, vocab_size=64, seq_len=SEQ, activation="swiglu", norm="rmsnorm", tied_embeddings=True)
 CPU = Topology(
     name="cpu-test", device=DeviceSpec(name="cpu", memory_bytes=2**31, peak_bf16_tflops=0.05, peak_fp32_tflops=0.05,
                                        hbm_bandwidth_GBps=10.0),
