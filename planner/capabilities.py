@@ -7,7 +7,7 @@ words. Each rule says why torch cannot do it here, so the message can name the f
 
 from __future__ import annotations
 
-RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble")
+RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
 RUNNABLE_PRECISIONS = ("fp32", "bf16", "amp-bf16")
 
 
@@ -35,8 +35,12 @@ def refusal(*, cp: int, ep: int, dp: int, tp: int, pp: int, sp: bool, zero_stage
         )
     if schedule not in RUNNABLE_SCHEDULES:
         return "schedule_not_runnable", (
-            f"schedule={schedule!r} is not runnable by the executor: torch.distributed.pipelining has no "
-            f"PipeDream-2BW (it keeps two weight versions); choose one of {list(RUNNABLE_SCHEDULES)} (plan --runnable)"
+            f"schedule={schedule!r} is not runnable by the executor: choose one of {list(RUNNABLE_SCHEDULES)} (plan --runnable)"
+        )
+    if schedule == "2bw" and pp > 1 and zero_stage > 0:
+        return "2bw_with_zero_not_runnable", (
+            f"schedule=2bw with zero_stage={zero_stage} is not runnable by the executor (its two weight versions are "
+            f"full per-rank copies of the stage, updated by one optimizer state): use zero_stage=0 with 2bw, or 1f1b"
         )
     if schedule == "zero-bubble" and pp > 1 and recompute == "selective":
         return "zero_bubble_selective_not_runnable", "selective recompute fails under zero-bubble schedules in torch: use recompute full or none"

@@ -39,7 +39,7 @@ def plan_command(
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured profile for compute costs (default: analytic)."),
     top_k: int = typer.Option(3, "--top-k", min=0, help="Alternatives to keep in the plan."),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Solver time limit in seconds (per ILP)."),
-    runnable: bool = typer.Option(False, "--runnable", help="Only what the executor can run (no 2bw, no domino)."),
+    runnable: bool = typer.Option(False, "--runnable", help="Only what the executor can run (planner.capabilities: no cp, no fp8, no domino with sp or MoE)."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Fix the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Fix the pipeline-parallel degree."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),

@@ -45,6 +45,7 @@ class RankResult(Schema):
     step_times_s: tuple[float, ...]
     peak_memory_bytes: int = Field(ge=0)
     memory_kind: MemoryKind
+    weights_bytes: int = Field(default=0, ge=0, description="bytes of the distinct parameter storages this rank holds, every weight version counted (2BW: two)")
     dropped_tokens: int = Field(default=0, ge=0, description="MoE assignments over expert capacity, summed over steps")
     routed_tokens: int = Field(default=0, ge=0, description="MoE (token, expert) assignments, summed over steps")
     checkpoints: tuple[str, ...] = Field(default=(), description="checkpoint folders committed during the run")
@@ -65,6 +66,7 @@ class RankMemory(Schema):
     rank: int = Field(ge=0)
     peak_bytes: int = Field(ge=0)
     kind: MemoryKind
+    weights_bytes: int = Field(default=0, ge=0, description="parameter storage held (all weight versions), counted from the tensors")
 
 
 class Predicted(Schema):
@@ -150,7 +152,8 @@ def build_report(
         steps=holder.first_step + num_steps - 1, first_step=holder.first_step, warmup_steps=warmup_steps,
         losses=holder.losses, step_times_s=step_times, step_time_s=step_time_s, tokens_per_step=tokens_per_step,
         tokens_per_s=tokens_per_s, mfu=mfu,
-        memory=tuple(RankMemory(rank=r.rank, peak_bytes=r.peak_memory_bytes, kind=r.memory_kind) for r in sorted(results, key=lambda r: r.rank)),
+        memory=tuple(RankMemory(rank=r.rank, peak_bytes=r.peak_memory_bytes, kind=r.memory_kind, weights_bytes=r.weights_bytes)
+                     for r in sorted(results, key=lambda r: r.rank)),
         dropped_tokens=sum(r.dropped_tokens for r in routers), routed_tokens=sum(r.routed_tokens for r in routers),
         checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap,
         predicted=Predicted(step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s, peak_bytes=plan.memory.peak_bytes, mfu=pred.mfu),

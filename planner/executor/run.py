@@ -19,7 +19,7 @@ from planner.errors import PlannerError
 from planner.executor.checkpoint import remove_partial
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
-from planner.executor.runnable import check_runnable
+from planner.executor.runnable import check_options, check_runnable
 from planner.io import atomic_write_text, canonical_json, load_file
 from planner.schemas.plan import LaunchPlan
 
@@ -73,6 +73,7 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     refused by every rank, which is how the tests check that refusal. `env` adds environment variables."""
     plan = plan_ref if isinstance(plan_ref, LaunchPlan) else load_file(LaunchPlan, plan_ref)
     notes = check_runnable(plan)
+    check_options(plan, options)
     world = plan.parallelism.world_size
     started = nproc if nproc is not None else world
     results_dir = Path(tempfile.mkdtemp(prefix="planner-run-"))

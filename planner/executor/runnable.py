@@ -12,7 +12,7 @@ from planner.capabilities import precision_refusal, refusal
 from planner.errors import BadInputError
 from planner.schemas.plan import LaunchPlan
 
-SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b", "2bw")
 EMBEDDING_PARTS = ("tok_embeddings",)
 HEAD_PARTS = ("norm", "output")
 
@@ -92,8 +92,21 @@ def _check_schedule(plan: LaunchPlan) -> None:
         raise BadInputError(f"vpp={par.vpp} with pp=1: virtual stages need pipeline parallelism; set vpp=1")
     if par.pp > 1 and par.vpp > 1 and plan.schedule in SINGLE_STAGE_SCHEDULES:
         raise BadInputError(f"vpp={par.vpp} needs schedule interleaved or zero-bubble, not {plan.schedule!r}")
+    if par.pp > 1 and plan.schedule == "2bw" and plan.batch.num_microbatches < par.pp:
+        raise BadInputError(
+            f"schedule=2bw needs num_microbatches={plan.batch.num_microbatches} >= pp={par.pp} (two weight versions "
+            f"suffice only when m >= d, Narayanan et al. 2021 sec. 3.1): raise num_microbatches or use 1f1b"
+        )
     if par.pp > 1 and plan.schedule == "interleaved" and par.vpp == 1:
         raise BadInputError("schedule=interleaved needs vpp > 1: set vpp=2 or schedule=1f1b")
+
+
+def check_options(plan: LaunchPlan, options) -> None:
+    """What the run options cannot do with this plan: 2BW trains in one continuous pipeline (no flush), so it has
+    no step boundary at which a checkpoint holds both weight versions consistently."""
+    if plan.schedule == "2bw" and plan.parallelism.pp > 1 and (options.checkpoint_every or options.resume):
+        raise BadInputError("--checkpoint-every/--resume with schedule=2bw: the executor's 2BW pipeline is never flushed, so it "
+                            "does not checkpoint; run without checkpoints or use schedule 1f1b")
 
 
 def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:

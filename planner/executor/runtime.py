@@ -33,7 +33,7 @@ from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
-from planner.executor.runnable import check_runnable
+from planner.executor.runnable import check_options, check_runnable
 from planner.io import atomic_write_text, load_file
 from planner.schemas.plan import LaunchPlan
 
@@ -145,7 +145,8 @@ def build_parts(job: Job) -> None:
     groups = ep_groups(plan, job.mesh) if par.ep > 1 else (None, None)
     job.dp_group = job.mesh["dp"].get_group()
     job.tied_group = tied_embedding_group(plan, job.mesh)
-    for stage in job.local_stages:
+    copies = 2 if is_2bw(plan) else 1  # PipeDream-2BW: two weight versions of the stage
+    for stage in [s for s in job.local_stages for _ in range(copies)]:
         module = cut_stage(full, stage.layers) if par.pp > 1 else full
         module.to_empty(device=job.device)
         module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
@@ -157,10 +158,18 @@ def build_parts(job: Job) -> None:
         job.optimizers.append(par_fns.build_optimizer(
             train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr
         ))
-    if par.pp > 1:
+    if is_2bw(plan):
+        from planner.executor.twobw_run import make_2bw_stage
+
+        job.schedule = make_2bw_stage(job)
+    elif par.pp > 1:
         job.schedule = build_schedule(
             plan, job.train_parts, job.local_stages, pp_group=job.mesh["pp"].get_group(), device=job.device, loss_fn=cross_entropy
         )
+
+
+def is_2bw(plan: LaunchPlan) -> bool:
+    return plan.schedule == "2bw" and plan.parallelism.pp > 1
 
 
 def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Module:
@@ -279,21 +288,26 @@ def run(job: Job) -> RankResult:
     source = BatchSource(vocab_size=job.plan.request.model.vocab_size, global_batch_size=batch.global_batch_size,
                          seq_len=batch.seq_len, seed=opts.seed, path=opts.data, dtype=opts.data_dtype)
     batches, losses, times, saved = Batches(source), [], [], []
-    for step in range(first, opts.steps + 1):
-        loss, seconds = train_step(job, step, batches)
-        times.append(seconds)
-        if loss is not None:
-            losses.append(loss)
-        if opts.checkpoint_every and step % opts.checkpoint_every == 0:
-            folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys,
-                               fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"))
-            saved.append(str(folder))
+    if is_2bw(job.plan):  # one continuous pipeline over all steps (no flush); checkpoints refused before launch
+        from planner.executor.twobw_run import train_2bw
+
+        losses, times = train_2bw(job, batches)
+    else:
+        for step in range(first, opts.steps + 1):
+            loss, seconds = train_step(job, step, batches)
+            times.append(seconds)
+            if loss is not None:
+                losses.append(loss)
+            if opts.checkpoint_every and step % opts.checkpoint_every == 0:
+                folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys,
+                                   fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"))
+                saved.append(str(folder))
     counts = [dropped_tokens(part) for part in job.parts]
     overlap = measure_tp_overlap(job)
     return RankResult(
         rank=dist.get_rank(), coords=job.coords, device=str(job.device), backend=job.backend, first_step=first,
         losses=tuple(losses), step_times_s=tuple(times), peak_memory_bytes=peak_memory_bytes(job.device),
-        memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak",
+        memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak", weights_bytes=weights_bytes(job.parts),
         dropped_tokens=sum(c[0] for c in counts), routed_tokens=sum(c[1] for c in counts), checkpoints=tuple(saved),
         tp_overlap=overlap,
     )
@@ -310,6 +324,17 @@ def measure_tp_overlap(job: Job) -> TpOverlapTiming | None:
     timing = time_tp_overlap(job.plan.request.model, job.mesh["tp"].get_group(), batch_size=batch.microbatch_size,
                              seq_len=batch.seq_len, seed=job.options.seed, device=str(job.device))
     return TpOverlapTiming(none_s=timing["none_s"], domino_s=timing["domino_s"], gain=timing["gain"])
+
+
+def weights_bytes(parts: list[nn.Module]) -> int:
+    """Bytes of the distinct parameter storages of this rank's modules (local shards; every weight version)."""
+    storages = {}
+    for part in parts:
+        for param in part.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            storage = local.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -339,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         results_dir = Path(options.results_dir)
         plan = load_file(LaunchPlan, plan_path)
         check_runnable(plan)
+        check_options(plan, options)
         check_world_size(plan, rank)
         job = make_job(plan, options)
         result = run(job)

@@ -50,3 +50,35 @@ def assert_close(got, ref, name: str, rel_tol: float = REL_TOL) -> float:
     movement = max(ref) - min(ref)
     assert movement > 100 * rel_tol * max(abs(r) for r in ref), f"{name}: the loss moved by {movement:.3g} only"
     return max(abs(g - r) for g, r in zip(got, ref)) / movement
+
+
+def reference_2bw_losses(plan, steps: int, *, lr: float = LR) -> list[float]:
+    """PipeDream-2BW's delayed update in one process (Narayanan et al. 2021, sec. 3.1), written independently of
+    the executor: `model` holds W(t) and the only optimizer; `shadow` holds W(t-1), on which step t's global batch
+    (split into the plan's micro-batches) is evaluated; its gradient is moved onto `model` and stepped:
+    W(t+1) = W(t) - lr * grad f(W(t-1)), with W(0) = W(1). Returns step t's loss at W(t-1)."""
+    import torch
+
+    from planner.executor.parallelize import build_optimizer
+    from planner.executor.train import cross_entropy
+
+    spec, m = plan.request.model, plan.batch.num_microbatches
+    model, shadow = reference_model(spec, plan.batch.seq_len), reference_model(spec, plan.batch.seq_len)
+    opt = build_optimizer(model, zero_stage=0, lr=lr)
+    batches, losses = batches_of(plan), []
+    for step in range(1, steps + 1):
+        inputs, targets = batches.global_batch(step)
+        shadow.zero_grad(set_to_none=True)
+        total = 0.0
+        for x, y in zip(inputs.chunk(m), targets.chunk(m)):
+            loss = cross_entropy(shadow(x), y) / m
+            loss.backward()
+            total += float(loss.detach())
+        losses.append(total)
+        with torch.no_grad():
+            for p, s in zip(model.parameters(), shadow.parameters()):
+                p.grad = s.grad.clone()
+                s.copy_(p)  # shadow <- W(t), the weights step t+1 evaluates
+        opt.step()  # model: W(t+1)
+        opt.zero_grad(set_to_none=True)
+    return losses

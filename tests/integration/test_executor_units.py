@@ -17,7 +17,7 @@ from planner.schemas.plan import Stage
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(pp=2, schedule="2bw"), "PipeDream-2BW"),
+        (dict(pp=2, dp=2, zero_stage=1, schedule="2bw"), "schedule=2bw with zero_stage=1"),
         (dict(pp=2, vpp=2, schedule="1f1b", num_microbatches=4), "vpp=2 needs schedule interleaved"),
         (dict(pp=2, schedule="interleaved"), "interleaved needs vpp > 1"),
         (dict(dp=2, ep=2), "has no MoE layers"),

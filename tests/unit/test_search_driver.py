@@ -98,10 +98,12 @@ def test_fixed_degrees_narrow_the_space():
         search(small_request(limits=NARROW.model_copy(update=dict(fixed={"tp": 3}))))
 
 
-def test_runnable_excludes_2bw_and_domino():
-    limits = SearchLimits(max_microbatch_size=1, zero_stages=(0,), runnable=True, top_k=5)
+def test_runnable_excludes_domino_and_2bw_with_zero():
+    """The executor runs 2BW with zero_stage 0 only (planner.capabilities) and Domino only without SP/MoE."""
+    limits = SearchLimits(max_microbatch_size=1, zero_stages=(1,), runnable=True, top_k=5)
     result = search(small_request(limits=limits))
-    assert all(s.cand.schedule != "2bw" and s.cand.tp_overlap == "none" for s in result.ranked)
+    assert result.ranked
+    assert all(not (s.cand.schedule == "2bw" and s.cand.pp > 1) and s.cand.tp_overlap == "none" for s in result.ranked)
 
 
 def test_nothing_fits_says_how_far_and_what_to_do():
