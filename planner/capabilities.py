@@ -29,10 +29,6 @@ def refusal(*, cp: int, ep: int, dp: int, tp: int, pp: int, sp: bool, zero_stage
         return "domino_moe_not_runnable", "tp_overlap=domino is not runnable on an MoE model (no expert TP in the executor): use tp_overlap=none"
     if tp_overlap == "domino" and sp:
         return "domino_sp_not_runnable", "tp_overlap=domino runs without sequence parallelism: set sp=false or tp_overlap=none"
-    if zero_stage == 1 and tp > 1:
-        return "zero1_with_tp_not_runnable", (
-            "zero_stage=1 with tp > 1 is not runnable by the executor (ZeroRedundancyOptimizer takes no DTensors): use zero_stage 2 or 3"
-        )
     if schedule not in RUNNABLE_SCHEDULES:
         return "schedule_not_runnable", (
             f"schedule={schedule!r} is not runnable by the executor: choose one of {list(RUNNABLE_SCHEDULES)} (plan --runnable)"

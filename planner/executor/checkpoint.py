@@ -10,7 +10,7 @@ Model and optimizer state come from `torch.distributed.checkpoint.state_dict` wi
 the parameters' FQNs, so the stages' dicts merge into one). FSDP2 and TP parameters are DTensors and
 DCP stores each shard once. Tensors that differ between ranks but are plain tensors (EP-sharded experts,
 Domino's hand-sharded TP weights) get their shard coordinate in the key (`experts@ep1of2`), or DCP would
-keep one rank's copy. ZeRO-1's ZeroRedundancyOptimizer is not supported by DCP's state-dict helpers:
+keep one rank's copy. ZeRO-1's ZeroRedundancyOptimizer (and planner.executor.zero1 under TP) is not supported by DCP's state-dict helpers:
 its local partition's state is saved per rank (`optim-rank<r>.pt`), so resuming needs the same layout.
 """
 
@@ -85,8 +85,10 @@ def remove_partial(root: str | Path) -> list[str]:
 def _is_zero1(optimizer) -> bool:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    from planner.executor.zero1 import ShardedStateOptimizer
+
     parts = getattr(optimizer, "optimizers", [optimizer])
-    return any(isinstance(o, ZeroRedundancyOptimizer) for o in parts)
+    return any(isinstance(o, (ZeroRedundancyOptimizer, ShardedStateOptimizer)) for o in parts)
 
 
 def _local_optimizers(optimizer) -> list:
