@@ -38,6 +38,4 @@ def refusal(*, cp: int, ep: int, dp: int, tp: int, pp: int, sp: bool, zero_stage
             f"schedule=2bw with zero_stage={zero_stage} is not runnable by the executor (its two weight versions are "
             f"full per-rank copies of the stage, updated by one optimizer state): use zero_stage=0 with 2bw, or 1f1b"
         )
-    if schedule == "zero-bubble" and pp > 1 and recompute == "selective":
-        return "zero_bubble_selective_not_runnable", "selective recompute fails under zero-bubble schedules in torch: use recompute full or none"
     return None

@@ -23,7 +23,6 @@ from planner.schemas.plan import Stage
         (dict(dp=2, ep=2), "has no MoE layers"),
         (dict(spec=TINY_MOE, dp=2, ep=2, tp=2, tp_overlap="domino"), "domino is not runnable on an MoE model"),
         (dict(tp=2, sp=True, tp_overlap="domino"), "without sequence parallelism"),
-        (dict(pp=2, vpp=2, schedule="zero-bubble", recompute="selective", num_microbatches=4), "selective recompute fails"),
     ],
 )
 def test_check_runnable_refuses_with_the_reason(kwargs, message):
