@@ -70,6 +70,35 @@ def latest_step(root: str | Path) -> int | None:
     return max(steps) if steps else None
 
 
+LAYOUT_FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero_stage", "tp_overlap")
+
+
+def layout_of(plan) -> dict:
+    """What a checkpoint's shards depend on: the parallel layout, the GPU count and the model (torch-free)."""
+    par = plan.parallelism
+    return {"gpus": plan.request.gpus, "model": plan.request.model.name, "schedule": plan.schedule,
+            **{name: getattr(par, name) for name in LAYOUT_FIELDS}}
+
+
+def check_resume(root: str | Path, plan) -> int:
+    """Before launch (torch-free): the newest committed checkpoint under `root` was written by this plan's layout;
+    returns its step. A different layout is bad input (exit 2), named field by field: the executor resumes only
+    the layout that wrote the shards (per-rank ZeRO-1 states, pipeline stage cuts, EP/TP shard keys)."""
+    step = latest_step(root)
+    if step is None:
+        raise BadInputError(f"--resume: no committed checkpoint (step-NNNNNN/) under {root}: run without --resume first")
+    saved = json.loads((step_dir(root, step) / STEP_FILE).read_text())
+    now, before = layout_of(plan), saved.get("layout", {})
+    changed = [f"{key}={before[key]!r} -> {now[key]!r}" for key in now if key in before and before[key] != now[key]]
+    if changed:
+        raise BadInputError(f"--resume: {step_dir(root, step)} was written with another layout ({', '.join(changed)}): "
+                            f"resume with the plan that wrote it, or start without --resume")
+    if saved.get("world_size", plan.parallelism.world_size) != plan.parallelism.world_size:
+        raise BadInputError(f"--resume: {step_dir(root, step)} was written by {saved['world_size']} processes, the plan has "
+                            f"{plan.parallelism.world_size}: resume with the plan that wrote it")
+    return step
+
+
 def remove_partial(root: str | Path) -> list[str]:
     """Delete uncommitted `.step-*.tmp` folders (after a failed run); returns what was removed."""
     folder = Path(root)
@@ -113,7 +142,7 @@ def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys) -> dict:
 
 
 def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys,
-         fail_hook=None) -> Path:
+         fail_hook=None, layout: dict | None = None) -> Path:
     """Collective: every rank calls it. Writes `.step-N.tmp`, then rank 0 commits it as `step-N`."""
     import torch
     import torch.distributed as dist
@@ -134,7 +163,7 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
         fail_hook()
     dist.barrier()
     if rank == 0:
-        (tmp / STEP_FILE).write_text(json.dumps({"step": step, "world_size": dist.get_world_size()}) + "\n")
+        (tmp / STEP_FILE).write_text(json.dumps({"step": step, "world_size": dist.get_world_size(), "layout": layout or {}}, sort_keys=True) + "\n")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

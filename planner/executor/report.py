@@ -46,6 +46,7 @@ class RankResult(Schema):
     peak_memory_bytes: int = Field(ge=0)
     memory_kind: MemoryKind
     weights_bytes: int = Field(default=0, ge=0, description="bytes of the distinct parameter storages this rank holds, every weight version counted (2BW: two)")
+    threads: int = Field(default=0, ge=0, description="torch CPU threads of this process (torch.get_num_threads())")
     dropped_tokens: int = Field(default=0, ge=0, description="MoE assignments over expert capacity, summed over steps")
     routed_tokens: int = Field(default=0, ge=0, description="MoE (token, expert) assignments, summed over steps")
     checkpoints: tuple[str, ...] = Field(default=(), description="checkpoint folders committed during the run")
@@ -110,6 +111,7 @@ class RunReport(Schema):
     routed_tokens: int = Field(default=0, ge=0)
     checkpoints: tuple[str, ...] = ()
     tp_overlap: TpOverlapTiming | None = Field(default=None, description="measured Domino gain (tp_overlap=domino only)")
+    threads_per_rank: int | None = Field(default=None, description="torch CPU threads per process (the same for every world size)")
     predicted: Predicted
     errors: Errors
     notes: tuple[str, ...] = ()
@@ -155,7 +157,7 @@ def build_report(
         memory=tuple(RankMemory(rank=r.rank, peak_bytes=r.peak_memory_bytes, kind=r.memory_kind, weights_bytes=r.weights_bytes)
                      for r in sorted(results, key=lambda r: r.rank)),
         dropped_tokens=sum(r.dropped_tokens for r in routers), routed_tokens=sum(r.routed_tokens for r in routers),
-        checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap,
+        checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap, threads_per_rank=max(r.threads for r in results) or None,
         predicted=Predicted(step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s, peak_bytes=plan.memory.peak_bytes, mfu=pred.mfu),
         errors=Errors(
             step_time_rel=rel_error(pred.step_time_s, step_time_s),

@@ -38,6 +38,7 @@ from planner.io import atomic_write_text, load_file
 from planner.schemas.plan import LaunchPlan
 
 FAIL_RANK_ENV, FAIL_STEP_ENV, FAIL_WHERE_ENV = "PLANNER_FAIL_RANK", "PLANNER_FAIL_STEP", "PLANNER_FAIL_WHERE"
+FAIL_SIGNAL_ENV = "PLANNER_FAIL_SIGNAL"  # kill the process with this signal instead of raising (a crash that reports nothing)
 
 
 @dataclass
@@ -269,11 +270,14 @@ def train_step(job: Job, step: int, batches: Batches) -> tuple[float | None, flo
 
 
 def _maybe_fail(step: int, where: str) -> None:
-    """Fault injection for tests: PLANNER_FAIL_RANK=r [PLANNER_FAIL_STEP=s] [PLANNER_FAIL_WHERE=step|checkpoint]."""
+    """Fault injection for tests: PLANNER_FAIL_RANK=r [PLANNER_FAIL_STEP=s] [PLANNER_FAIL_WHERE=step|checkpoint]
+    [PLANNER_FAIL_SIGNAL=9: die by that signal, writing nothing, as an OOM kill or a segfault does]."""
     target = os.environ.get(FAIL_RANK_ENV)
     if target is None or int(target) != dist.get_rank():
         return
     if int(os.environ.get(FAIL_STEP_ENV, str(step))) == step and os.environ.get(FAIL_WHERE_ENV, "step") == where:
+        if os.environ.get(FAIL_SIGNAL_ENV):
+            os.kill(os.getpid(), int(os.environ[FAIL_SIGNAL_ENV]))
         raise RuntimeError(f"injected failure ({FAIL_RANK_ENV}={target}) at step {step} ({where})")
 
 
@@ -284,6 +288,7 @@ def run(job: Job) -> RankResult:
     opts, batch = job.options, job.plan.batch
     first = 1
     if opts.resume:
+        ckpt.check_resume(opts.checkpoint_dir, job.plan)
         first = ckpt.load(opts.checkpoint_dir, job.parts, job.optimizers, keys=job.keys) + 1
     source = BatchSource(vocab_size=job.plan.request.model.vocab_size, global_batch_size=batch.global_batch_size,
                          seq_len=batch.seq_len, seed=opts.seed, path=opts.data, dtype=opts.data_dtype)
@@ -300,7 +305,7 @@ def run(job: Job) -> RankResult:
                 losses.append(loss)
             if opts.checkpoint_every and step % opts.checkpoint_every == 0:
                 folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys,
-                                   fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"))
+                                   fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"), layout=ckpt.layout_of(job.plan))
                 saved.append(str(folder))
     counts = [dropped_tokens(part) for part in job.parts]
     overlap = measure_tp_overlap(job)
@@ -308,6 +313,7 @@ def run(job: Job) -> RankResult:
         rank=dist.get_rank(), coords=job.coords, device=str(job.device), backend=job.backend, first_step=first,
         losses=tuple(losses), step_times_s=tuple(times), peak_memory_bytes=peak_memory_bytes(job.device),
         memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak", weights_bytes=weights_bytes(job.parts),
+        threads=torch.get_num_threads(),
         dropped_tokens=sum(c[0] for c in counts), routed_tokens=sum(c[1] for c in counts), checkpoints=tuple(saved),
         tp_overlap=overlap,
     )
@@ -366,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         check_runnable(plan)
         check_options(plan, options)
         check_world_size(plan, rank)
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # the same threads per rank for every world size
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         job = make_job(plan, options)
         result = run(job)
         atomic_write_text(results_dir / f"rank-{rank}.json", result.model_dump_json(indent=2))

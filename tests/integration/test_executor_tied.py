@@ -9,6 +9,8 @@ far above the 1e-5 tolerance, so these comparisons catch untying.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -48,4 +50,5 @@ def test_tied_embeddings_match_the_tied_single_process_reference(name, layout, t
     plan = make_plan(SPECS[name], **layout)
     report = run_plan(write_plan(plan, tmp_path / "plan.json"), options=RunOptions(lr=LR, seed=SEED, timeout_s=60, steps=STEPS))
     ratio = assert_close(report.losses, reference_losses(plan, STEPS), f"{name} {layout}")
+    assert report.threads_per_rank == int(os.environ.get("OMP_NUM_THREADS", "1"))  # the same for every world size
     print(f"{name} {layout}: max |diff| / loss movement = {ratio:.2e}")
