@@ -8,6 +8,19 @@ words. Each rule says why torch cannot do it here, so the message can name the f
 from __future__ import annotations
 
 RUNNABLE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
+# torch.distributed.pipelining schedules the executor also runs by torch's name (plan files, `planner run`):
+# ScheduleInterleavedZeroBubble (= zero-bubble), ScheduleZBVZeroBubble and ScheduleDualPipeV (V placement:
+# pipeline rank r holds virtual stages r and 2*pp-1-r, so vpp must be 2).
+TORCH_SCHEDULES = ("interleaved-zero-bubble", "zbv", "dualpipev")
+V_SCHEDULES = ("zbv", "dualpipev")
+ZERO_BUBBLE_SCHEDULES = ("zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
+
+
+def stage_rank(stage: int, *, pp: int, schedule: str) -> int:
+    """Pipeline rank of virtual stage `stage`: looped (s % pp), or V-shaped for zbv/dualpipev."""
+    if schedule in V_SCHEDULES:
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
 RUNNABLE_PRECISIONS = ("fp32", "bf16", "amp-bf16")
 
 
@@ -29,7 +42,7 @@ def refusal(*, cp: int, ep: int, dp: int, tp: int, pp: int, sp: bool, zero_stage
         return "domino_moe_not_runnable", "tp_overlap=domino is not runnable on an MoE model (no expert TP in the executor): use tp_overlap=none"
     if tp_overlap == "domino" and sp:
         return "domino_sp_not_runnable", "tp_overlap=domino runs without sequence parallelism: set sp=false or tp_overlap=none"
-    if schedule not in RUNNABLE_SCHEDULES:
+    if schedule not in RUNNABLE_SCHEDULES + TORCH_SCHEDULES:
         return "schedule_not_runnable", (
             f"schedule={schedule!r} is not runnable by the executor: choose one of {list(RUNNABLE_SCHEDULES)} (plan --runnable)"
         )

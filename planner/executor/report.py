@@ -123,7 +123,10 @@ def rel_error(predicted: float, measured: float) -> float | None:
 
 def loss_rank(plan: LaunchPlan) -> int:
     """The rank whose losses the report shows: last pipeline stage, first of every other axis."""
-    last = plan.parallelism.pp - 1
+    from planner.capabilities import stage_rank
+
+    par = plan.parallelism
+    last = stage_rank(par.pp * par.vpp - 1, pp=par.pp, schedule=plan.schedule)  # 0 for the V schedules
     for entry in sorted(plan.ranks, key=lambda e: e.rank):
         if entry.coords.get("pp", 0) == last and all(v == 0 for k, v in entry.coords.items() if k != "pp"):
             return entry.rank

@@ -8,7 +8,7 @@ shared with the search's `--runnable` filter.
 
 from __future__ import annotations
 
-from planner.capabilities import precision_refusal, refusal
+from planner.capabilities import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES, precision_refusal, refusal
 from planner.errors import BadInputError
 from planner.schemas.plan import LaunchPlan
 
@@ -97,6 +97,11 @@ def _check_schedule(plan: LaunchPlan) -> None:
             f"schedule=2bw needs num_microbatches={plan.batch.num_microbatches} >= pp={par.pp} (two weight versions "
             f"suffice only when m >= d, Narayanan et al. 2021 sec. 3.1): raise num_microbatches or use 1f1b"
         )
+    if par.pp > 1 and plan.schedule in V_SCHEDULES and par.vpp != 2:
+        raise BadInputError(f"schedule={plan.schedule} places two stages per pipeline rank in a V: set vpp=2 (got vpp={par.vpp})")
+    if par.pp > 1 and plan.schedule == "dualpipev" and plan.batch.num_microbatches < par.pp * par.vpp:
+        raise BadInputError(f"schedule=dualpipev needs num_microbatches={plan.batch.num_microbatches} >= pp*vpp={par.pp * par.vpp}: "
+                            "raise num_microbatches or use zbv")
     if par.pp > 1 and plan.schedule == "interleaved" and par.vpp == 1:
         raise BadInputError("schedule=interleaved needs vpp > 1: set vpp=2 or schedule=1f1b")
 
@@ -125,8 +130,8 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     _check_stages(plan)
     _check_ranks(plan)
     notes = []
-    if par.pp > 1 and plan.schedule == "zero-bubble" and par.zero_stage == 3:
-        notes.append("zero-bubble with FSDP2: parameters are not resharded after forward (ZeRO-3 runs as ZeRO-2), else torch trains on wrong gradients")
+    if par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3:
+        notes.append(f"{plan.schedule} with FSDP2: parameters are not resharded after forward (ZeRO-3 runs as ZeRO-2), else torch trains on wrong gradients")
     if par.pp == 1 and plan.schedule != "1f1b":
         notes.append(f"pp=1: schedule {plan.schedule!r} has no effect (gradient accumulation over {batch.num_microbatches} micro-batches)")
     return tuple(notes)

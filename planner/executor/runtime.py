@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from planner.capabilities import ZERO_BUBBLE_SCHEDULES
 from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
@@ -191,7 +192,7 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
         fns.apply_tp(module, mesh["tp"], sp=par.sp, loss_parallel=job.loss_parallel)
     fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
     precision = plan.request.precision
-    zero = 2 if (par.pp > 1 and plan.schedule == "zero-bubble" and par.zero_stage == 3) else par.zero_stage
+    zero = 2 if (par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3) else par.zero_stage
     if zero in (0, 1) and precision != "fp32":
         job.autocast_dtype = torch.bfloat16  # FSDP2 carries the recipe itself (MixedPrecisionPolicy)
     if par.dp == 1 and ep_group is None:

@@ -17,7 +17,10 @@ from planner.schemas.topology import Topology
 PLAN_SCHEMA_VERSION = "1"
 
 Precision = Literal["bf16", "amp-bf16", "fp32", "fp8"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble",
+                   # torch.distributed.pipelining's names, accepted by the executor (the search does not propose them):
+                   # "interleaved-zero-bubble" = "zero-bubble"; "zbv" and "dualpipev" place 2 stages per rank in a V
+                   "interleaved-zero-bubble", "zbv", "dualpipev"]
 RecomputeMode = Literal["none", "selective", "full"]
 TpOverlap = Literal["none", "domino"]
 AXES = ("pp", "dp", "cp", "tp")
@@ -105,7 +108,7 @@ class StageTime(Schema):
 
 
 class Stage(Schema):
-    stage: int = Field(ge=0, description="virtual stage index; pipeline rank = stage % pp")
+    stage: int = Field(ge=0, description="virtual stage index; pipeline rank = stage % pp (zbv/dualpipev: V, stage or 2*pp-1-stage)")
     layers: tuple[str, ...] = Field(description="module FQNs of the executor model, in order")
     recompute: Recompute = Recompute()
     memory: StageMemory | None = None

@@ -1,7 +1,8 @@
 """Layouts the executor refused before issue 14, now run and equal to the single-process reference within
 1e-5 relative (fp32): ZeRO-1 with TP (optimizer states of DTensor shards sharded over dp, planner.executor.zero1),
 with a checkpoint resumed bit-identically; selective recompute under the zero-bubble schedule (torch 2.13 runs
-it; the refusal came from an older torch), with FSDP2 inside the stages."""
+it; the refusal came from an older torch), with FSDP2 inside the stages; torch's schedule names (ZBV zero-bubble and
+DualPipeV with their V stage placement, InterleavedZeroBubble)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor_plans import TINY, make_plan, write_plan  # noqa: E402
+from executor_plans import TINY, TINY_GPT, make_plan, write_plan  # noqa: E402
 from executor_reference import LR, SEED, assert_close, reference_losses  # noqa: E402
 
+from planner.capabilities import stage_rank  # noqa: E402
+from planner.errors import BadInputError  # noqa: E402
 from planner.executor.options import RunOptions  # noqa: E402
+from planner.executor.runnable import check_runnable  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
 
 
@@ -50,3 +54,27 @@ def test_zero_bubble_with_selective_recompute_and_fsdp_matches_single_process(tm
     report = run_plan(write_plan(plan, tmp_path / "plan.json"), options=options(steps=3))
     ratio = assert_close(report.losses, reference_losses(plan, 3), "zero-bubble selective")
     print(f"zero-bubble selective: max |diff| / loss movement = {ratio:.2e}")
+
+
+def test_torch_schedule_names_place_stages_and_refuse_what_they_cannot_run():
+    from planner.executor.pipeline import SCHEDULE_CLASSES
+
+    assert [stage_rank(s, pp=2, schedule="zbv") for s in range(4)] == [0, 1, 1, 0]  # V: rank 0 holds 0 and 3
+    assert [stage_rank(s, pp=2, schedule="zero-bubble") for s in range(4)] == [0, 1, 0, 1]  # looped
+    assert SCHEDULE_CLASSES["interleaved-zero-bubble"] == SCHEDULE_CLASSES["zero-bubble"] == "ScheduleInterleavedZeroBubble"
+    assert (SCHEDULE_CLASSES["zbv"], SCHEDULE_CLASSES["dualpipev"]) == ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    with pytest.raises(BadInputError, match="set vpp=2"):
+        check_runnable(make_plan(pp=2, schedule="zbv", num_microbatches=4))
+    with pytest.raises(BadInputError, match="dualpipev needs num_microbatches=2 >= pp\\*vpp=4"):
+        check_runnable(make_plan(pp=2, vpp=2, schedule="dualpipev", num_microbatches=2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_v_schedules_with_tied_embeddings_match_single_process(schedule, tmp_path):
+    """pp2 x vpp2 in a V: rank 0 holds the first and the last stage, so the tied embedding's two copies are
+    summed on that rank (no embedding group)."""
+    plan = make_plan(TINY_GPT, pp=2, vpp=2, schedule=schedule, num_microbatches=4)
+    report = run_plan(write_plan(plan, tmp_path / "plan.json"), options=options(steps=3))
+    ratio = assert_close(report.losses, reference_losses(plan, 3), schedule)
+    print(f"{schedule} tied: max |diff| / loss movement = {ratio:.2e}")
