@@ -32,8 +32,14 @@ def precision_refusal(precision: str) -> str | None:
 
 
 def refusal(*, cp: int, ep: int, dp: int, tp: int, pp: int, sp: bool, zero_stage: int, schedule: str,
-            recompute: str, tp_overlap: str, is_moe: bool) -> tuple[str, str] | None:
+            recompute: str, tp_overlap: str, is_moe: bool, dp_replicate: int = 1) -> tuple[str, str] | None:
     """(pruned key, message) of the first rule a configuration breaks; None when the executor can run it."""
+    if dp_replicate > 1 and zero_stage not in (2, 3):
+        return "hsdp_without_fsdp", f"dp_replicate={dp_replicate} (HSDP) shards with FSDP2: use zero_stage 2 or 3, or dp_replicate=1"
+    if dp_replicate > 1 and ep > 1:
+        return "hsdp_with_ep_not_runnable", f"dp_replicate={dp_replicate} (HSDP) with ep={ep}: experts shard inside the flat dp axis; use dp_replicate=1"
+    if dp_replicate > 1 and schedule == "2bw" and pp > 1:
+        return "hsdp_with_2bw_not_runnable", f"dp_replicate={dp_replicate} (HSDP) with schedule=2bw: 2BW runs with zero_stage 0; use dp_replicate=1"
     if cp > 1:
         return "cp_not_runnable", f"cp={cp}: context parallelism is not runnable by the executor: re-plan with cp=1 (plan --runnable)"
     if ep > 1 and dp % ep:

@@ -81,6 +81,7 @@ def _check_parallelism(plan: LaunchPlan) -> None:
         refused = refusal(
             cp=par.cp, ep=par.ep, dp=par.dp, tp=par.tp, pp=par.pp, sp=par.sp, zero_stage=par.zero_stage,
             schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
+            dp_replicate=par.dp_replicate,
         )
         if refused is not None:
             raise BadInputError(refused[1])

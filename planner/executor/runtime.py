@@ -62,6 +62,7 @@ class Job:
     loss_parallel: bool = False  # vocab-sharded logits, loss under torch's loss_parallel (TP without PP)
     keys: ckpt.ShardKeys = ckpt.ShardKeys()
     tied_group: object = None
+    dp_mesh: object = None  # HSDP: the 2-D (dp_replicate, dp_shard) mesh; None = the flat dp axis
 
 
 # ------------------------------------------------------------------------------------ process group / mesh
@@ -117,6 +118,20 @@ def build_mesh(plan: LaunchPlan, device_type: str):
         coords = rank_coords(plan, rank)
         layout[tuple(coords[a] for a in par.axis_order)] = rank
     return DeviceMesh(device_type, layout, mesh_dim_names=tuple(par.axis_order))
+
+
+def hsdp_mesh(plan: LaunchPlan, mesh, device_type: str):
+    """HSDP's 2-D dp mesh (Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2 hybrid sharding): the plan's dp coordinate d
+    splits into (d // dp_shard, d % dp_shard), shard groups being consecutive dp coordinates. A second DeviceMesh
+    over all ranks (collective: every rank builds it) with dp split in two; returns its (dp_replicate, dp_shard) slice."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    par = plan.parallelism
+    dims = list(par.axis_order)
+    layout = mesh.mesh.movedim(dims.index("dp"), -1)
+    layout = layout.reshape(*layout.shape[:-1], par.dp_replicate, par.dp // par.dp_replicate)
+    names = tuple(d for d in dims if d != "dp") + ("dp_replicate", "dp_shard")
+    return DeviceMesh(device_type, layout, mesh_dim_names=names)["dp_replicate", "dp_shard"]
 
 
 def ep_groups(plan: LaunchPlan, mesh) -> tuple[object, object]:
@@ -198,7 +213,7 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
     if par.dp == 1 and ep_group is None:
         return module
     # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards
-    return fns.apply_dp(module, mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group,
+    return fns.apply_dp(module, job.dp_mesh if job.dp_mesh is not None else mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group,
                         use_ddp=par.pp == 1)
 
 
@@ -358,7 +373,8 @@ def make_job(plan: LaunchPlan, options: RunOptions) -> Job:
     coords = rank_coords(plan, dist.get_rank())
     keys = ckpt.ShardKeys(ep_rank=coords["dp"] % par.ep, ep=par.ep, tp_rank=coords["tp"], tp=par.tp,
                           manual_tp=par.tp_overlap == "domino")
-    job = Job(plan=plan, options=options, device=device, backend=backend, mesh=mesh, coords=coords, keys=keys)
+    job = Job(plan=plan, options=options, device=device, backend=backend, mesh=mesh, coords=coords, keys=keys,
+              dp_mesh=hsdp_mesh(plan, mesh, device.type) if par.dp_replicate > 1 else None)
     build_parts(job)
     return job
 

@@ -78,3 +78,28 @@ def test_v_schedules_with_tied_embeddings_match_single_process(schedule, tmp_pat
     report = run_plan(write_plan(plan, tmp_path / "plan.json"), options=options(steps=3))
     ratio = assert_close(report.losses, reference_losses(plan, 3), schedule)
     print(f"{schedule} tied: max |diff| / loss movement = {ratio:.2e}")
+
+
+def test_hsdp_field_is_optional_and_omitted_when_plain():
+    from planner.schemas.plan import Parallelism
+
+    assert "dp_replicate" not in Parallelism(dp=4, tp=1, pp=1).model_dump()  # old plan files stay byte-identical
+    hsdp = Parallelism(dp=4, tp=1, pp=1, zero_stage=3, dp_replicate=2)
+    assert Parallelism.model_validate_json(hsdp.model_dump_json()) == hsdp
+    with pytest.raises(ValueError, match="dp_replicate=3 must divide dp=4"):
+        Parallelism(dp=4, tp=1, pp=1, dp_replicate=3)
+    with pytest.raises(BadInputError, match=r"dp_replicate=2 \(HSDP\) shards with FSDP2"):
+        check_runnable(make_plan(dp=4, zero_stage=1, dp_replicate=2, num_microbatches=1))
+
+
+@pytest.mark.slow
+def test_hsdp_2x2_matches_single_process_and_shards_over_two_ranks(tmp_path):
+    """dp=4 as 2 replicas x 2 shards (FSDP2 on a 2-D mesh): each rank holds half the weights (plain FSDP over
+    4 ranks would hold a quarter), and the losses equal a single process's."""
+    from planner.nn.model import Transformer, count_parameters
+
+    plan = make_plan(TINY, dp=4, zero_stage=3, dp_replicate=2, num_microbatches=1)
+    report = run_plan(write_plan(plan, tmp_path / "plan.json"), options=options(steps=3))
+    ratio = assert_close(report.losses, reference_losses(plan, 3), "hsdp 2x2")
+    assert all(m.weights_bytes == count_parameters(Transformer(TINY)) * 4 // 2 for m in report.memory)
+    print(f"hsdp 2x2: max |diff| / loss movement = {ratio:.2e}")
