@@ -24,10 +24,18 @@ def stage_rank(stage: int, *, pp: int, schedule: str) -> int:
 RUNNABLE_PRECISIONS = ("fp32", "bf16", "amp-bf16")
 
 
+FP8_REASON = ("fp8 training needs fp8 tensor cores (NVIDIA sm89+: L4/L40, H100) through torchao float8 or Transformer "
+              "Engine; a CPU has no fp8 matmul, and the executor does not wire torchao's float8 training in yet")
+CP_REASON = ("torch 2.13's context_parallel (ring attention) has no CPU attention kernel: "
+             "aten._scaled_dot_product_flash_attention_for_cpu has no sharding rule, and the MATH backend mixes Tensor "
+             "and DTensor (measured on gloo); its CUDA path (flash/efficient SDPA) is not wired into the executor yet")
+
+
 def precision_refusal(precision: str) -> str | None:
-    """fp8 needs TransformerEngine/torchao float8 kernels the executor does not wire in."""
+    """fp8: see FP8_REASON."""
     if precision not in RUNNABLE_PRECISIONS:
-        return f"precision={precision!r} is not runnable by the executor: choose one of {list(RUNNABLE_PRECISIONS)}"
+        reason = f" ({FP8_REASON})" if precision == "fp8" else ""
+        return f"precision={precision!r} is not runnable by the executor{reason}: choose one of {list(RUNNABLE_PRECISIONS)}"
     return None
 
 
@@ -41,7 +49,7 @@ def refusal(*, cp: int, ep: int, dp: int, tp: int, pp: int, sp: bool, zero_stage
     if dp_replicate > 1 and schedule == "2bw" and pp > 1:
         return "hsdp_with_2bw_not_runnable", f"dp_replicate={dp_replicate} (HSDP) with schedule=2bw: 2BW runs with zero_stage 0; use dp_replicate=1"
     if cp > 1:
-        return "cp_not_runnable", f"cp={cp}: context parallelism is not runnable by the executor: re-plan with cp=1 (plan --runnable)"
+        return "cp_not_runnable", f"cp={cp}: context parallelism is not runnable by the executor ({CP_REASON}): re-plan with cp=1 (plan --runnable)"
     if ep > 1 and dp % ep:
         return "ep_not_dividing_dp", f"ep={ep} must divide dp={dp} (experts are sharded inside the dp group): choose ep in a divisor of dp"
     if tp_overlap == "domino" and is_moe:

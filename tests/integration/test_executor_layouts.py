@@ -103,3 +103,48 @@ def test_hsdp_2x2_matches_single_process_and_shards_over_two_ranks(tmp_path):
     ratio = assert_close(report.losses, reference_losses(plan, 3), "hsdp 2x2")
     assert all(m.weights_bytes == count_parameters(Transformer(TINY)) * 4 // 2 for m in report.memory)
     print(f"hsdp 2x2: max |diff| / loss movement = {ratio:.2e}")
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    (dict(precision="fp8"), r"precision='fp8' is not runnable by the executor \(fp8 training needs fp8 tensor cores"),
+    (dict(cp=2), r"cp=2: context parallelism is not runnable by the executor \(torch 2.13's context_parallel"),
+])
+def test_fp8_and_cp_are_refused_with_the_reason(kwargs, reason):
+    plan = make_plan(TINY, num_microbatches=1)
+    if "precision" in kwargs:
+        plan = plan.model_copy(update={"request": plan.request.model_copy(update=kwargs)})
+    else:
+        plan = plan.model_copy(update={"parallelism": plan.parallelism.model_copy(update=kwargs)})
+    with pytest.raises(BadInputError, match=reason):
+        check_runnable(plan)
+
+
+@pytest.mark.slow
+def test_torch_context_parallel_still_fails_on_cpu(tmp_path):
+    """The CP refusal's premise, re-measured: torch's context_parallel around causal SDPA on 2 gloo ranks raises.
+    When a torch release makes this pass, CP can be wired in on CPU and this test tells."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "cp.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist, torch.nn.functional as F
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+        dist.init_process_group("gloo")
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
+        x, w = torch.randn(1, 16, 16), torch.randn(16, 48, requires_grad=True)
+        try:
+            with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]):
+                q, k, v = (x @ w).view(1, 16 // 2, 3, 2, 8).unbind(2)
+                F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            print("CP-RAN")
+        except Exception as exc:
+            print("CP-FAILED", type(exc).__name__, exc)
+        dist.destroy_process_group()
+    """))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
+                         capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.stdout.count("CP-FAILED") == 2, out.stdout + out.stderr[-2000:]
+    assert "_scaled_dot_product_flash_attention_for_cpu" in out.stdout
