@@ -148,3 +148,17 @@ def test_torch_context_parallel_still_fails_on_cpu(tmp_path):
                          capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert out.stdout.count("CP-FAILED") == 2, out.stdout + out.stderr[-2000:]
     assert "_scaled_dot_product_flash_attention_for_cpu" in out.stdout
+
+
+def test_estimate_prices_zero_bubble_with_vpp2_which_the_executor_runs():
+    """`estimate` refused zero-bubble with vpp=2 although the executor runs it (ScheduleInterleavedZeroBubble)."""
+    from executor_plans import CPU
+
+    from planner.api import build_request, estimate
+    from planner.schemas.plan import Configuration, Parallelism
+
+    request = build_request(model=TINY, topology=CPU, gpus=2, global_batch_size=4, seq_len=16, precision="fp32")
+    config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=2, vpp=2), microbatch_size=1, schedule="zero-bubble")
+    plan = estimate(request, config)
+    assert plan.feasible and len(plan.stages) == 4 and plan.schedule == "zero-bubble"
+    check_runnable(plan)
