@@ -5,8 +5,9 @@ Stage placement follows the LaunchPlan: virtual stage s lives on pipeline rank s
 Narayanan et al. 2021, sec. 2.2), so pipeline rank r holds stages r, r + pp, ..., r + (vpp-1)*pp.
 Schedules: gpipe -> ScheduleGPipe (Huang et al. 2019), 1f1b -> Schedule1F1B (PipeDream-flush, Narayanan
 et al. 2021), interleaved -> ScheduleInterleaved1F1B (sec. 2.2 of the same), zero-bubble ->
-ScheduleInterleavedZeroBubble (Qi et al. 2024, looped placement; torch's ZBV variant needs a V placement
-the plan does not describe). PipeDream-2BW is refused before launch (planner.executor.runnable).
+ScheduleInterleavedZeroBubble (Qi et al. 2024, looped placement; also by torch's name interleaved-zero-bubble),
+zbv -> ScheduleZBVZeroBubble and dualpipev -> ScheduleDualPipeV (V placement, planner.capabilities.stage_rank).
+PipeDream-2BW runs on its own send/recv loop (planner.executor.twobw).
 
 The loss is the mean next-token cross entropy of each micro-batch; the schedule divides gradients by the
 number of micro-batches (`scale_grads`), so a step's gradient is the mean over the rank's local batch,

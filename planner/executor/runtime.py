@@ -6,9 +6,11 @@ Reads only the plan (and the run options). Per rank: check the plan is runnable 
 started the plan's world size; initialise the process group (NCCL on CUDA, gloo on CPU); build a
 DeviceMesh whose named dims are the plan's `axis_order` and whose rank layout is exactly the plan's
 `ranks` coordinates; build the reference model on the meta device and materialise only this rank's
-pipeline stages (`stages` layer lists, virtual stages for interleaved); apply EP, TP/SP (or Domino),
-activation checkpointing and DP per the plan (planner.executor.parallelize); train with the plan's
-pipeline schedule or plain gradient accumulation; checkpoint with DCP every K steps; write this rank's
+pipeline stages (`stages` layer lists, virtual stages for interleaved; two copies of the stage for 2BW),
+re-tying a tied LM head to its embedding after `to_empty`; apply EP, TP/SP (or Domino), activation
+checkpointing and DP (DDP, ZeRO-1, FSDP2, HSDP on a 2-D dp mesh) per the plan (planner.executor.parallelize);
+train with the plan's pipeline schedule, PipeDream-2BW's continuous pipeline (planner.executor.twobw) or plain
+gradient accumulation; checkpoint with DCP every K steps; write this rank's
 result atomically. A rank that raises writes `rank-<r>.error.json` (rank, cause) and exits 1; torchrun
 then stops the others and `planner run` reports that rank and cause.
 """
