@@ -133,6 +133,12 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     notes = []
     if par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3:
         notes.append(f"{plan.schedule} with FSDP2: parameters are not resharded after forward (ZeRO-3 runs as ZeRO-2), else torch trains on wrong gradients")
+    if par.pp > 1 and plan.schedule == "2bw":
+        notes.append("2bw: one pipeline over all steps, never flushed; a step's time is the time between a rank's weight "
+                     "updates (step 1 includes the pipeline fill), its loss is on weights one step old")
+    if par.dp_replicate > 1:
+        notes.append(f"HSDP: dp={par.dp} runs as {par.dp_replicate} replicas x {par.dp // par.dp_replicate} FSDP shards; "
+                     "the planner's prediction prices FSDP over all dp ranks")
     if par.pp == 1 and plan.schedule != "1f1b":
         notes.append(f"pp=1: schedule {plan.schedule!r} has no effect (gradient accumulation over {batch.num_microbatches} micro-batches)")
     return tuple(notes)
