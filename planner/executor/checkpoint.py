@@ -126,14 +126,17 @@ def _local_optimizers(optimizer) -> list:
     return [getattr(o, "optim", o) for o in parts]
 
 
-def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys) -> dict:
+def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys, versions: bool = False) -> dict:
+    """`versions`: parts are PipeDream-2BW's two weight versions of one stage; their keys get a `v<i>:` prefix and
+    the optimizer state (shared by the two optimizers) is taken once, from version 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     model_sd, optim_sd = {}, {}
-    for part, opt in zip(parts, optimizers):
-        model_sd.update(get_model_state_dict(part, options=options))
-        if not _is_zero1(opt):
+    for index, (part, opt) in enumerate(zip(parts, optimizers)):
+        prefix = f"v{index}:" if versions else ""
+        model_sd.update({prefix + k: v for k, v in get_model_state_dict(part, options=options).items()})
+        if not _is_zero1(opt) and not (versions and index > 0):
             optim_sd.update(get_optimizer_state_dict(part, opt, options=options))
     state = {"model": {keys.rename(k): v for k, v in model_sd.items()}}
     if optim_sd:
@@ -142,7 +145,7 @@ def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys) -> dict:
 
 
 def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys,
-         fail_hook=None, layout: dict | None = None) -> Path:
+         fail_hook=None, layout: dict | None = None, versions: bool = False) -> Path:
     """Collective: every rank calls it. Writes `.step-N.tmp`, then rank 0 commits it as `step-N`."""
     import torch
     import torch.distributed as dist
@@ -154,7 +157,7 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_state(parts, optimizers, keys), checkpoint_id=str(tmp))
+    dcp.save(_state(parts, optimizers, keys, versions), checkpoint_id=str(tmp))
     for index, opt in enumerate(optimizers):
         if _is_zero1(opt):
             local = [o.state_dict() for o in _local_optimizers(opt)]
@@ -171,7 +174,7 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
     return final
 
 
-def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys) -> int:
+def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys, versions: bool = False) -> int:
     """Collective: load the newest committed checkpoint into the (already parallelised) parts and
     optimizers; returns its step. Raises BadInputError when there is none or it has another world size."""
     import torch
@@ -186,13 +189,17 @@ def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: Sh
     saved_world = json.loads((folder / STEP_FILE).read_text())["world_size"]
     if saved_world != dist.get_world_size():
         raise BadInputError(f"--resume: {folder} was written by {saved_world} processes, this job has {dist.get_world_size()}: resume with the same plan")
-    state = _state(parts, optimizers, keys)
+    state = _state(parts, optimizers, keys, versions)
     dcp.load(state, checkpoint_id=str(folder))
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     model_sd = {keys.restore(k): v for k, v in state["model"].items()}
     optim_sd = {keys.restore(k): v for k, v in state.get("optim", {}).items()}
     for index, (part, opt) in enumerate(zip(parts, optimizers)):
-        set_model_state_dict(part, model_sd, options=StateDictOptions(strict=False))
+        prefix = f"v{index}:" if versions else ""
+        mine = {k[len(prefix):]: v for k, v in model_sd.items() if k.startswith(prefix)} if versions else model_sd
+        set_model_state_dict(part, mine, options=StateDictOptions(strict=False))
+        if versions and index > 0:
+            continue  # 2BW: one optimizer state, loaded into version 0's optimizer (the caller shares it again)
         if _is_zero1(opt):
             local = torch.load(folder / f"optim-rank{dist.get_rank()}-part{index}.pt", weights_only=False)
             for inner, sd in zip(_local_optimizers(opt), local):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from planner.errors import BadInputError
 from planner.executor.options import RunOptions
-from planner.executor.runnable import check_options, check_runnable
+from planner.executor.runnable import check_runnable
 from planner.export.scripts import node_layout
 from planner.schemas.plan import LaunchPlan
 
@@ -105,7 +105,6 @@ def launch_scripts(plan: LaunchPlan, *, plan_path: str = "plan.json", hosts: lis
     or torchrun's rank placement would contradict the plan's rank map)."""
     notes = check_runnable(plan)
     options = options or RunOptions()
-    check_options(plan, options)
     nnodes, nproc = node_layout(plan, "torchrun")
     if hosts is not None and len(hosts) != nnodes:
         raise BadInputError(f"--hosts lists {len(hosts)} host(s) but the plan places its {plan.request.gpus} ranks on "

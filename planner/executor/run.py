@@ -24,7 +24,7 @@ from planner.errors import BadInputError, PlannerError
 from planner.executor.checkpoint import check_resume, remove_partial
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
-from planner.executor.runnable import check_options, check_runnable
+from planner.executor.runnable import check_runnable
 from planner.io import atomic_write_text, canonical_json, load_file
 from planner.schemas.plan import LaunchPlan
 
@@ -128,7 +128,6 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     refused by every rank, which is how the tests check that refusal. `env` adds environment variables."""
     plan = plan_ref if isinstance(plan_ref, LaunchPlan) else load_file(LaunchPlan, plan_ref)
     notes = check_runnable(plan)
-    check_options(plan, options)
     if options.resume:
         check_resume(options.checkpoint_dir, plan)  # a changed layout is bad input (exit 2), found before launch
     world = plan.parallelism.world_size

@@ -107,14 +107,6 @@ def _check_schedule(plan: LaunchPlan) -> None:
         raise BadInputError("schedule=interleaved needs vpp > 1: set vpp=2 or schedule=1f1b")
 
 
-def check_options(plan: LaunchPlan, options) -> None:
-    """What the run options cannot do with this plan: 2BW trains in one continuous pipeline (no flush), so it has
-    no step boundary at which a checkpoint holds both weight versions consistently."""
-    if plan.schedule == "2bw" and plan.parallelism.pp > 1 and (options.checkpoint_every or options.resume):
-        raise BadInputError("--checkpoint-every/--resume with schedule=2bw: the executor's 2BW pipeline is never flushed, so it "
-                            "does not checkpoint; run without checkpoints or use schedule 1f1b")
-
-
 def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     """Raise BadInputError for what the executor cannot run; return notes on what it adjusts."""
     par, batch = plan.parallelism, plan.batch

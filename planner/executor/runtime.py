@@ -36,7 +36,7 @@ from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
-from planner.executor.runnable import check_options, check_runnable
+from planner.executor.runnable import check_runnable
 from planner.io import atomic_write_text, load_file
 from planner.schemas.plan import LaunchPlan
 
@@ -305,16 +305,25 @@ def run(job: Job) -> RankResult:
 
     opts, batch = job.options, job.plan.batch
     first = 1
+    versions = is_2bw(job.plan)  # 2BW: parts are the stage's two weight versions
     if opts.resume:
         ckpt.check_resume(opts.checkpoint_dir, job.plan)
-        first = ckpt.load(opts.checkpoint_dir, job.parts, job.optimizers, keys=job.keys) + 1
+        first = ckpt.load(opts.checkpoint_dir, job.parts, job.optimizers, keys=job.keys, versions=versions) + 1
     source = BatchSource(vocab_size=job.plan.request.model.vocab_size, global_batch_size=batch.global_batch_size,
                          seq_len=batch.seq_len, seed=opts.seed, path=opts.data, dtype=opts.data_dtype)
     batches, losses, times, saved = Batches(source), [], [], []
-    if is_2bw(job.plan):  # one continuous pipeline over all steps (no flush); checkpoints refused before launch
-        from planner.executor.twobw_run import train_2bw
 
-        losses, times = train_2bw(job, batches)
+    def save(step: int) -> None:
+        folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys, versions=versions,
+                           fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"), layout=ckpt.layout_of(job.plan))
+        saved.append(str(folder))
+
+    if versions:  # one continuous pipeline, flushed only at checkpoints
+        from planner.executor.twobw_run import reshare, train_2bw
+
+        if opts.resume:
+            reshare(job)
+        losses, times = train_2bw(job, batches, first, save)
     else:
         for step in range(first, opts.steps + 1):
             loss, seconds = train_step(job, step, batches)
@@ -322,9 +331,7 @@ def run(job: Job) -> RankResult:
             if loss is not None:
                 losses.append(loss)
             if opts.checkpoint_every and step % opts.checkpoint_every == 0:
-                folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys,
-                                   fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"), layout=ckpt.layout_of(job.plan))
-                saved.append(str(folder))
+                save(step)
     counts = [dropped_tokens(part) for part in job.parts]
     overlap = measure_tp_overlap(job)
     return RankResult(
@@ -389,7 +396,6 @@ def main(argv: list[str] | None = None) -> int:
         results_dir = Path(options.results_dir)
         plan = load_file(LaunchPlan, plan_path)
         check_runnable(plan)
-        check_options(plan, options)
         check_world_size(plan, rank)
         if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # the same threads per rank for every world size
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

@@ -45,7 +45,9 @@ def one_f_one_b_order(stage: int, num_stages: int, total: int) -> list[tuple[str
 
 def share_optimizer_state(first: torch.optim.Optimizer, second: torch.optim.Optimizer) -> None:
     """Make `second`'s per-parameter state the same dict objects as `first`'s (parameters paired in order):
-    the optimizer's moments and step count belong to the logical weight, whichever buffer holds it."""
+    the optimizer's moments and step count belong to the logical weight, whichever buffer holds it. Called after
+    `first` stepped (never on empty states: an entry created empty would stop torch's state-dict helpers from
+    initialising the state before a checkpoint load)."""
     pairs = list(zip((p for g in first.param_groups for p in g["params"]), (p for g in second.param_groups for p in g["params"])))
     for a, b in pairs:
         if a.shape != b.shape:
@@ -129,7 +131,6 @@ class TwoBWStage:
             self.prev = Channel(ranks[self.stage - 1], self.pp_group, self.device)
         if self.stage < self.num_stages - 1:
             self.next = Channel(ranks[self.stage + 1], self.pp_group, self.device)
-        share_optimizer_state(self.optimizers[0], self.optimizers[1])
 
     @property
     def is_last(self) -> bool:
@@ -165,6 +166,7 @@ class TwoBWStage:
         copy_weights(used, other)
         self.optimizers[v].step()
         self.optimizers[v].zero_grad(set_to_none=True)
+        share_optimizer_state(self.optimizers[v], self.optimizers[1 - v])
 
     def drain(self) -> None:
         for channel in (self.prev, self.next):
@@ -172,16 +174,18 @@ class TwoBWStage:
                 channel.drain()
 
 
-def run_2bw(stage: TwoBWStage, steps: int, batch_of: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+def run_2bw(stage: TwoBWStage, first: int, last: int, batch_of: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
             on_step: Callable[[int, torch.Tensor | None, float], None]) -> None:
-    """Train `steps` steps (0-based indices passed to `batch_of`/`on_step`) in one continuous 1F1B stream.
+    """Train steps first..last-1 (0-based indices, passed to `batch_of`/`on_step`; the weight version of step t is
+    t % 2) in one continuous 1F1B stream, drained at the end (the only flush: at checkpoints and the run's end).
     `on_step(t, loss or None, seconds)` runs after this rank's update of step t (loss: the step's mean
     micro-batch loss on the last stage)."""
     m = stage.num_microbatches
     chunks: dict[int, tuple[list, list]] = {}
     losses: list[torch.Tensor] = []
     start = time.perf_counter()
-    for kind, k in one_f_one_b_order(stage.stage, stage.num_stages, steps * m):
+    for kind, local in one_f_one_b_order(stage.stage, stage.num_stages, (last - first) * m):
+        k = first * m + local
         t = k // m
         if kind == "F":
             if t not in chunks:

@@ -3,10 +3,12 @@ TwoBWStage and train the run's steps through it, with the same per-step loss and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
-from planner.executor.twobw import TwoBWStage, run_2bw
+from planner.executor.twobw import TwoBWStage, run_2bw, share_optimizer_state
 
 
 def make_2bw_stage(job) -> TwoBWStage:
@@ -29,10 +31,17 @@ def make_2bw_stage(job) -> TwoBWStage:
     )
 
 
-def train_2bw(job, batches) -> tuple[list[float], list[float]]:
-    """(losses on last-stage ranks, step seconds) of steps 1..options.steps; the loss of step t is the mean
-    over the global batch, computed on weights W(t-1)."""
-    par = job.plan.parallelism
+def reshare(job) -> None:
+    """After loading a checkpoint into version 0's optimizer: version 1's optimizer shares that state again."""
+    share_optimizer_state(job.optimizers[0], job.optimizers[1])
+
+
+def train_2bw(job, batches, first: int, save: Callable[[int], None]) -> tuple[list[float], list[float]]:
+    """(losses on last-stage ranks, step seconds) of steps first..options.steps; the loss of step t is the mean
+    over the global batch, computed on weights W(t-1). The pipeline runs unflushed between checkpoints: it is
+    drained only at a checkpoint step (then `save(step)`, both versions and the shared optimizer state) and at
+    the end."""
+    par, opts = job.plan.parallelism, job.options
     losses: list[float] = []
     times: list[float] = []
 
@@ -49,7 +58,14 @@ def train_2bw(job, batches) -> tuple[list[float], list[float]]:
             losses.append(float(loss))
         times.append(seconds)
 
-    run_2bw(job.schedule, job.options.steps, batch_of, on_step)
+    every = opts.checkpoint_every or opts.steps
+    start = first
+    while start <= opts.steps:
+        end = min(opts.steps, ((start - 1) // every + 1) * every)
+        run_2bw(job.schedule, start - 1, end, batch_of, on_step)  # 1-based steps start..end
+        if opts.checkpoint_every and end % opts.checkpoint_every == 0:
+            save(end)
+        start = end + 1
     if job.device.type == "cuda":
         torch.cuda.synchronize(job.device)
     return losses, times
