@@ -157,6 +157,18 @@ def apply_ac(model: nn.Module, mode: str, full_layers: int = 0) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- DP
+def hsdp_mesh(plan, mesh, device_type: str):
+    """HSDP's 2-D dp mesh (Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2 hybrid sharding): the plan's dp coordinate d
+    splits into (d // dp_shard, d % dp_shard), shard groups being consecutive dp coordinates. A second DeviceMesh
+    over all ranks (collective: every rank builds it) with dp split in two; returns its (dp_replicate, dp_shard) slice."""
+    par = plan.parallelism
+    dims = list(par.axis_order)
+    layout = mesh.mesh.movedim(dims.index("dp"), -1)
+    layout = layout.reshape(*layout.shape[:-1], par.dp_replicate, par.dp // par.dp_replicate)
+    names = tuple(d for d in dims if d != "dp") + ("dp_replicate", "dp_shard")
+    return DeviceMesh(device_type, layout, mesh_dim_names=names)["dp_replicate", "dp_shard"]
+
+
 def mp_policy(precision: str):
     """The plan's precision recipe as an FSDP2 MixedPrecisionPolicy (None = fp32 throughout)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -122,20 +122,6 @@ def build_mesh(plan: LaunchPlan, device_type: str):
     return DeviceMesh(device_type, layout, mesh_dim_names=tuple(par.axis_order))
 
 
-def hsdp_mesh(plan: LaunchPlan, mesh, device_type: str):
-    """HSDP's 2-D dp mesh (Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2 hybrid sharding): the plan's dp coordinate d
-    splits into (d // dp_shard, d % dp_shard), shard groups being consecutive dp coordinates. A second DeviceMesh
-    over all ranks (collective: every rank builds it) with dp split in two; returns its (dp_replicate, dp_shard) slice."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    par = plan.parallelism
-    dims = list(par.axis_order)
-    layout = mesh.mesh.movedim(dims.index("dp"), -1)
-    layout = layout.reshape(*layout.shape[:-1], par.dp_replicate, par.dp // par.dp_replicate)
-    names = tuple(d for d in dims if d != "dp") + ("dp_replicate", "dp_shard")
-    return DeviceMesh(device_type, layout, mesh_dim_names=names)["dp_replicate", "dp_shard"]
-
-
 def ep_groups(plan: LaunchPlan, mesh) -> tuple[object, object]:
     """(ep group, expert-replica group): the dp axis splits into (dp/ep, ep); an ep group is ep consecutive
     dp coordinates (experts sharded over it), the replica group the dp ranks holding the same experts."""
@@ -376,6 +362,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def make_job(plan: LaunchPlan, options: RunOptions) -> Job:
+    from planner.executor.parallelize import hsdp_mesh
+
     device, backend = init_distributed(options)
     mesh = build_mesh(plan, device.type)
     par = plan.parallelism
