@@ -75,13 +75,15 @@ class Config:
     is_moe: bool = False
     precision: str = "bf16"
     microbatch_size: int = 1
+    dp_replicate: int = 1  # HSDP replicas of the dp axis (1: plain dp / FSDP over all dp ranks)
 
 
 def config_of(cand, *, is_moe: bool, precision: str) -> Config:
     """The Config of anything with the candidate's fields (a cost-model Candidate, a search candidate)."""
     return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
                   zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
-                  is_moe=is_moe, precision=precision, microbatch_size=cand.microbatch_size)
+                  is_moe=is_moe, precision=precision, microbatch_size=cand.microbatch_size,
+                  dp_replicate=getattr(cand, "dp_replicate", 1))
 
 
 def _holds(actual, expected) -> bool:
@@ -94,8 +96,10 @@ def _holds(actual, expected) -> bool:
 
 
 def precision_refusal(profile: FrameworkProfile, precision: str) -> str | None:
+    """A precision the stack does not run; the reason of an exclusion on that precision alone, when it has one."""
     if precision not in profile.capabilities.precisions:
-        return (f"precision={precision!r} is not run by framework {profile.name!r}: choose one of "
+        why = next((f" ({rule.reason})" for rule in profile.capabilities.exclusions if rule.when == {"precision": precision}), "")
+        return (f"precision={precision!r} is not run by framework {profile.name!r}{why}: choose one of "
                 f"{list(profile.capabilities.precisions)} or another --framework")
     return None
 
@@ -122,7 +126,7 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
 
 
 GROUP_FIELDS = frozenset({"dp", "tp", "pp", "cp", "ep", "sp", "recompute", "tp_overlap", "is_moe", "precision",
-                          "microbatch_size"})
+                          "microbatch_size", "dp_replicate"})
 
 
 def group_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:

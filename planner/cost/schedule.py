@@ -12,7 +12,8 @@
   two weight versions (the extra copy is counted with the weights) and 1F1B's activations.
 - Zero bubble ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Sec. 3.1): splits backward into input and
   weight gradients and fills the bubble with the latter; same peak activations as 1F1B, bubble about a third
-  of 1F1B's: (p - 1) * t / 3.
+  of 1F1B's: (p - 1) * t / 3. With vpp > 1 (torch's ScheduleInterleavedZeroBubble, which the executor runs) the
+  bubble is kept at that third (not divided by v: conservative) and activations follow the interleaved warm-up.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def inflight_microbatches(schedule: str, *, pp: int, stage: int, num_microbatche
     m = num_microbatches
     if schedule == "gpipe":
         return float(m)
-    if schedule == "interleaved" and vpp > 1:
+    if schedule in ("interleaved", "zero-bubble") and vpp > 1:  # torch's InterleavedZeroBubble warms up alike
         warmup = (pp - stage - 1) * 2 + (vpp - 1) * pp
         return min(m * vpp, warmup + 1) / vpp
     return float(min(pp - stage, m))
@@ -59,5 +60,5 @@ def p2p_transfers(schedule: str, *, pp: int, vpp: int, num_microbatches: int, ov
         return 0
     if overlapped:
         return pp - 1
-    chunks = vpp if schedule == "interleaved" else 1
+    chunks = vpp if schedule in ("interleaved", "zero-bubble") else 1
     return num_microbatches * chunks + pp - 1

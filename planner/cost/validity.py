@@ -79,8 +79,11 @@ def _schedule_reasons(c: "Candidate") -> list[str]:
     if c.schedule == "interleaved":
         if c.pp < 2 or c.vpp < 2:
             out.append(f"the interleaved schedule needs pp>1 and vpp>1 (got pp={c.pp}, vpp={c.vpp}): use 1f1b or raise vpp")
+    elif c.vpp > 1 and c.schedule == "zero-bubble":
+        if c.pp < 2:  # torch's ScheduleInterleavedZeroBubble runs vpp stages per rank, as the executor does
+            out.append(f"vpp={c.vpp} with pp={c.pp}: virtual stages need pp>1; set vpp=1")
     elif c.vpp > 1:
-        out.append(f"vpp={c.vpp} needs schedule=interleaved (got {c.schedule})")
+        out.append(f"vpp={c.vpp} needs schedule=interleaved or zero-bubble (got {c.schedule})")
     if c.schedule == "2bw" and c.pp > 1 and c.num_microbatches < c.pp:
         # Narayanan et al. 2021 (PipeDream-2BW) Sec. 3.1: two weight versions suffice only when each update
         # accumulates m >= d micro-batches (d = pipeline depth); with fewer, in-flight inputs span more versions.

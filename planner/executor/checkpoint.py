@@ -10,7 +10,7 @@ Model and optimizer state come from `torch.distributed.checkpoint.state_dict` wi
 the parameters' FQNs, so the stages' dicts merge into one). FSDP2 and TP parameters are DTensors and
 DCP stores each shard once. Tensors that differ between ranks but are plain tensors (EP-sharded experts,
 Domino's hand-sharded TP weights) get their shard coordinate in the key (`experts@ep1of2`), or DCP would
-keep one rank's copy. ZeRO-1's ZeroRedundancyOptimizer is not supported by DCP's state-dict helpers:
+keep one rank's copy. ZeRO-1's ZeroRedundancyOptimizer (and planner.executor.zero1 under TP) is not supported by DCP's state-dict helpers:
 its local partition's state is saved per rank (`optim-rank<r>.pt`), so resuming needs the same layout.
 """
 
@@ -70,6 +70,35 @@ def latest_step(root: str | Path) -> int | None:
     return max(steps) if steps else None
 
 
+LAYOUT_FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero_stage", "tp_overlap")
+
+
+def layout_of(plan) -> dict:
+    """What a checkpoint's shards depend on: the parallel layout, the GPU count and the model (torch-free)."""
+    par = plan.parallelism
+    return {"gpus": plan.request.gpus, "model": plan.request.model.name, "schedule": plan.schedule,
+            **{name: getattr(par, name) for name in LAYOUT_FIELDS}}
+
+
+def check_resume(root: str | Path, plan) -> int:
+    """Before launch (torch-free): the newest committed checkpoint under `root` was written by this plan's layout;
+    returns its step. A different layout is bad input (exit 2), named field by field: the executor resumes only
+    the layout that wrote the shards (per-rank ZeRO-1 states, pipeline stage cuts, EP/TP shard keys)."""
+    step = latest_step(root)
+    if step is None:
+        raise BadInputError(f"--resume: no committed checkpoint (step-NNNNNN/) under {root}: run without --resume first")
+    saved = json.loads((step_dir(root, step) / STEP_FILE).read_text())
+    now, before = layout_of(plan), saved.get("layout", {})
+    changed = [f"{key}={before[key]!r} -> {now[key]!r}" for key in now if key in before and before[key] != now[key]]
+    if changed:
+        raise BadInputError(f"--resume: {step_dir(root, step)} was written with another layout ({', '.join(changed)}): "
+                            f"resume with the plan that wrote it, or start without --resume")
+    if saved.get("world_size", plan.parallelism.world_size) != plan.parallelism.world_size:
+        raise BadInputError(f"--resume: {step_dir(root, step)} was written by {saved['world_size']} processes, the plan has "
+                            f"{plan.parallelism.world_size}: resume with the plan that wrote it")
+    return step
+
+
 def remove_partial(root: str | Path) -> list[str]:
     """Delete uncommitted `.step-*.tmp` folders (after a failed run); returns what was removed."""
     folder = Path(root)
@@ -85,8 +114,10 @@ def remove_partial(root: str | Path) -> list[str]:
 def _is_zero1(optimizer) -> bool:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    from planner.executor.zero1 import ShardedStateOptimizer
+
     parts = getattr(optimizer, "optimizers", [optimizer])
-    return any(isinstance(o, ZeroRedundancyOptimizer) for o in parts)
+    return any(isinstance(o, (ZeroRedundancyOptimizer, ShardedStateOptimizer)) for o in parts)
 
 
 def _local_optimizers(optimizer) -> list:
@@ -95,14 +126,17 @@ def _local_optimizers(optimizer) -> list:
     return [getattr(o, "optim", o) for o in parts]
 
 
-def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys) -> dict:
+def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys, versions: bool = False) -> dict:
+    """`versions`: parts are PipeDream-2BW's two weight versions of one stage; their keys get a `v<i>:` prefix and
+    the optimizer state (shared by the two optimizers) is taken once, from version 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     model_sd, optim_sd = {}, {}
-    for part, opt in zip(parts, optimizers):
-        model_sd.update(get_model_state_dict(part, options=options))
-        if not _is_zero1(opt):
+    for index, (part, opt) in enumerate(zip(parts, optimizers)):
+        prefix = f"v{index}:" if versions else ""
+        model_sd.update({prefix + k: v for k, v in get_model_state_dict(part, options=options).items()})
+        if not _is_zero1(opt) and not (versions and index > 0):
             optim_sd.update(get_optimizer_state_dict(part, opt, options=options))
     state = {"model": {keys.rename(k): v for k, v in model_sd.items()}}
     if optim_sd:
@@ -111,7 +145,7 @@ def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys) -> dict:
 
 
 def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys,
-         fail_hook=None) -> Path:
+         fail_hook=None, layout: dict | None = None, versions: bool = False) -> Path:
     """Collective: every rank calls it. Writes `.step-N.tmp`, then rank 0 commits it as `step-N`."""
     import torch
     import torch.distributed as dist
@@ -123,7 +157,7 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_state(parts, optimizers, keys), checkpoint_id=str(tmp))
+    dcp.save(_state(parts, optimizers, keys, versions), checkpoint_id=str(tmp))
     for index, opt in enumerate(optimizers):
         if _is_zero1(opt):
             local = [o.state_dict() for o in _local_optimizers(opt)]
@@ -132,7 +166,7 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
         fail_hook()
     dist.barrier()
     if rank == 0:
-        (tmp / STEP_FILE).write_text(json.dumps({"step": step, "world_size": dist.get_world_size()}) + "\n")
+        (tmp / STEP_FILE).write_text(json.dumps({"step": step, "world_size": dist.get_world_size(), "layout": layout or {}}, sort_keys=True) + "\n")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -140,7 +174,7 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
     return final
 
 
-def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys) -> int:
+def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys, versions: bool = False) -> int:
     """Collective: load the newest committed checkpoint into the (already parallelised) parts and
     optimizers; returns its step. Raises BadInputError when there is none or it has another world size."""
     import torch
@@ -155,13 +189,17 @@ def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: Sh
     saved_world = json.loads((folder / STEP_FILE).read_text())["world_size"]
     if saved_world != dist.get_world_size():
         raise BadInputError(f"--resume: {folder} was written by {saved_world} processes, this job has {dist.get_world_size()}: resume with the same plan")
-    state = _state(parts, optimizers, keys)
+    state = _state(parts, optimizers, keys, versions)
     dcp.load(state, checkpoint_id=str(folder))
     options = StateDictOptions(flatten_optimizer_state_dict=True)
     model_sd = {keys.restore(k): v for k, v in state["model"].items()}
     optim_sd = {keys.restore(k): v for k, v in state.get("optim", {}).items()}
     for index, (part, opt) in enumerate(zip(parts, optimizers)):
-        set_model_state_dict(part, model_sd, options=StateDictOptions(strict=False))
+        prefix = f"v{index}:" if versions else ""
+        mine = {k[len(prefix):]: v for k, v in model_sd.items() if k.startswith(prefix)} if versions else model_sd
+        set_model_state_dict(part, mine, options=StateDictOptions(strict=False))
+        if versions and index > 0:
+            continue  # 2BW: one optimizer state, loaded into version 0's optimizer (the caller shares it again)
         if _is_zero1(opt):
             local = torch.load(folder / f"optim-rank{dist.get_rank()}-part{index}.pt", weights_only=False)
             for inner, sd in zip(_local_optimizers(opt), local):

@@ -157,6 +157,18 @@ def apply_ac(model: nn.Module, mode: str, full_layers: int = 0) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- DP
+def hsdp_mesh(plan, mesh, device_type: str):
+    """HSDP's 2-D dp mesh (Zhao et al. 2023, PyTorch FSDP, sec. 3.2.2 hybrid sharding): the plan's dp coordinate d
+    splits into (d // dp_shard, d % dp_shard), shard groups being consecutive dp coordinates. A second DeviceMesh
+    over all ranks (collective: every rank builds it) with dp split in two; returns its (dp_replicate, dp_shard) slice."""
+    par = plan.parallelism
+    dims = list(par.axis_order)
+    layout = mesh.mesh.movedim(dims.index("dp"), -1)
+    layout = layout.reshape(*layout.shape[:-1], par.dp_replicate, par.dp // par.dp_replicate)
+    names = tuple(d for d in dims if d != "dp") + ("dp_replicate", "dp_shard")
+    return DeviceMesh(device_type, layout, mesh_dim_names=names)["dp_replicate", "dp_shard"]
+
+
 def mp_policy(precision: str):
     """The plan's precision recipe as an FSDP2 MixedPrecisionPolicy (None = fp32 throughout)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -282,8 +294,8 @@ def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.Process
                     weight_decay: float = 0.0, eps: float = 1e-8):
     """AdamW (Loshchilov & Hutter 2019), or plain SGD (`optimizer="sgd"`: its update is proportional to the
     gradient, so tests catch gradient-scale errors that Adam's normalisation hides). ZeRO-1 shards the
-    optimizer state over `dp_group` with ZeroRedundancyOptimizer (EP experts, different on each rank, keep
-    a local optimizer)."""
+    optimizer state over `dp_group` with ZeroRedundancyOptimizer, or with planner.executor.zero1 when TP made the
+    parameters DTensors (EP experts, different on each rank, keep a local optimizer)."""
     if optimizer == "adamw":
         cls, kwargs = torch.optim.AdamW, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps}
     elif optimizer == "sgd":
@@ -297,7 +309,10 @@ def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.Process
 
     experts = expert_params(model)
     dense = [p for p in params if all(p is not e for e in experts)]
-    if any(isinstance(p, DTensor) for p in dense):
-        raise BadInputError("zero_stage=1 with tensor parallelism is not runnable by the executor: use zero_stage=2 or 3 with tp > 1")
-    zero = ZeroRedundancyOptimizer(dense, optimizer_class=cls, process_group=dp_group, **kwargs)
+    if any(isinstance(p, DTensor) for p in dense):  # ZeroRedundancyOptimizer takes no DTensors: shard the local shards
+        from planner.executor.zero1 import ShardedStateOptimizer
+
+        zero = ShardedStateOptimizer(dense, cls, process_group=dp_group, **kwargs)
+    else:
+        zero = ZeroRedundancyOptimizer(dense, optimizer_class=cls, process_group=dp_group, **kwargs)
     return CombinedOptimizer([zero, cls(experts, **kwargs)]) if experts else zero

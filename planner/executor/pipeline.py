@@ -5,8 +5,9 @@ Stage placement follows the LaunchPlan: virtual stage s lives on pipeline rank s
 Narayanan et al. 2021, sec. 2.2), so pipeline rank r holds stages r, r + pp, ..., r + (vpp-1)*pp.
 Schedules: gpipe -> ScheduleGPipe (Huang et al. 2019), 1f1b -> Schedule1F1B (PipeDream-flush, Narayanan
 et al. 2021), interleaved -> ScheduleInterleaved1F1B (sec. 2.2 of the same), zero-bubble ->
-ScheduleInterleavedZeroBubble (Qi et al. 2024, looped placement; torch's ZBV variant needs a V placement
-the plan does not describe). PipeDream-2BW is refused before launch (planner.executor.runnable).
+ScheduleInterleavedZeroBubble (Qi et al. 2024, looped placement; also by torch's name interleaved-zero-bubble),
+zbv -> ScheduleZBVZeroBubble and dualpipev -> ScheduleDualPipeV (V placement, planner.executor.schedules.stage_rank).
+PipeDream-2BW runs on its own send/recv loop (planner.executor.twobw).
 
 The loss is the mean next-token cross entropy of each micro-batch; the schedule divides gradients by the
 number of micro-batches (`scale_grads`), so a step's gradient is the mean over the rank's local batch,
@@ -30,14 +31,19 @@ SCHEDULE_CLASSES = {
     "1f1b": "Schedule1F1B",
     "interleaved": "ScheduleInterleaved1F1B",
     "zero-bubble": "ScheduleInterleavedZeroBubble",
+    "interleaved-zero-bubble": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
 }
-MULTI_STAGE = ("interleaved", "zero-bubble")
+MULTI_STAGE = ("interleaved", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
 
 
 def local_stages(plan: LaunchPlan, pp_rank: int) -> list[Stage]:
-    """The plan's virtual stages held by pipeline rank `pp_rank`, in execution order."""
+    """The plan's virtual stages held by pipeline rank `pp_rank`, in execution order (looped, or V for zbv/dualpipev)."""
+    from planner.executor.schedules import stage_rank
+
     ordered = sorted(plan.stages, key=lambda s: s.stage)
-    return [s for s in ordered if s.stage % plan.parallelism.pp == pp_rank]
+    return [s for s in ordered if stage_rank(s.stage, pp=plan.parallelism.pp, schedule=plan.schedule) == pp_rank]
 
 
 def cut_stage(full: Transformer, names: tuple[str, ...]) -> Transformer:
@@ -88,9 +94,11 @@ def tied_embedding_group(plan: LaunchPlan, mesh):
     weight. One group per line of the pp axis pairs them; other ranks get None. Collective: every rank calls."""
     import torch.distributed as dist
 
+    from planner.executor.schedules import V_SCHEDULES
+
     par = plan.parallelism
-    if not plan.request.model.tied_embeddings or par.pp == 1:
-        return None
+    if not plan.request.model.tied_embeddings or par.pp == 1 or plan.schedule in V_SCHEDULES:
+        return None  # V placement: both copies on pipeline rank 0, summed locally by sync_tied_embeddings
     dims = list(par.axis_order)
     lines = mesh.mesh.movedim(dims.index("pp"), -1).reshape(-1, par.pp)
     group, _ = dist.new_subgroups_by_enumeration([[int(line[0]), int(line[-1])] for line in lines])
@@ -113,10 +121,28 @@ def sync_tied_embeddings(parts: list[nn.Module], group) -> None:
     dim, Shard(0), under TP and FSDP), so the local shards are reduced."""
     import torch.distributed as dist
 
+    if not any(part.spec.tied_embeddings for part in parts):
+        return
+    holders = [h for part in parts for h in (part.tok_embeddings, part.output) if h is not None and h.weight.grad is not None]
+    if len({id(h.weight) for h in holders}) == 2 and group is None:  # V placement (zbv, dualpipev): both copies on this rank, sum them
+        first, second = holders
+        total = _grad_like_weight(first.weight, first.weight.grad) + _grad_like_weight(second.weight, second.weight.grad)
+        first.weight.grad, second.weight.grad = total, total.clone()
+        return
     if group is None:
         return
-    for part in parts:
-        for holder in (part.tok_embeddings, part.output):
-            grad = holder.weight.grad if holder is not None else None
-            if grad is not None:
-                dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+    for holder in holders:
+        grad = _grad_like_weight(holder.weight, holder.weight.grad)
+        holder.weight.grad = grad
+        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+
+
+def _grad_like_weight(weight, grad):
+    """The gradient with its weight's DTensor placements. Under TP the vocab-sharded embedding's gradient comes
+    back from a pipeline stage's backward as a Replicate DTensor (the full V x h gradient) while the head's is
+    Shard(0): reducing the two local tensors then mismatches in size (the gloo abort of issue 14). Replicate ->
+    Shard is a local slice, no communication."""
+    placements = getattr(weight, "placements", None)
+    if placements is None or not hasattr(grad, "placements") or tuple(grad.placements) == tuple(placements):
+        return grad
+    return grad.redistribute(weight.device_mesh, placements)

@@ -45,6 +45,8 @@ class RankResult(Schema):
     step_times_s: tuple[float, ...]
     peak_memory_bytes: int = Field(ge=0)
     memory_kind: MemoryKind
+    weights_bytes: int = Field(default=0, ge=0, description="bytes of the distinct parameter storages this rank holds, every weight version counted (2BW: two)")
+    threads: int = Field(default=0, ge=0, description="torch CPU threads of this process (torch.get_num_threads())")
     dropped_tokens: int = Field(default=0, ge=0, description="MoE assignments over expert capacity, summed over steps")
     routed_tokens: int = Field(default=0, ge=0, description="MoE (token, expert) assignments, summed over steps")
     checkpoints: tuple[str, ...] = Field(default=(), description="checkpoint folders committed during the run")
@@ -65,6 +67,7 @@ class RankMemory(Schema):
     rank: int = Field(ge=0)
     peak_bytes: int = Field(ge=0)
     kind: MemoryKind
+    weights_bytes: int = Field(default=0, ge=0, description="parameter storage held (all weight versions), counted from the tensors")
 
 
 class Predicted(Schema):
@@ -108,6 +111,7 @@ class RunReport(Schema):
     routed_tokens: int = Field(default=0, ge=0)
     checkpoints: tuple[str, ...] = ()
     tp_overlap: TpOverlapTiming | None = Field(default=None, description="measured Domino gain (tp_overlap=domino only)")
+    threads_per_rank: int | None = Field(default=None, description="torch CPU threads per process (the same for every world size)")
     predicted: Predicted
     errors: Errors
     notes: tuple[str, ...] = ()
@@ -119,7 +123,10 @@ def rel_error(predicted: float, measured: float) -> float | None:
 
 def loss_rank(plan: LaunchPlan) -> int:
     """The rank whose losses the report shows: last pipeline stage, first of every other axis."""
-    last = plan.parallelism.pp - 1
+    from planner.executor.schedules import stage_rank
+
+    par = plan.parallelism
+    last = stage_rank(par.pp * par.vpp - 1, pp=par.pp, schedule=plan.schedule)  # 0 for the V schedules
     for entry in sorted(plan.ranks, key=lambda e: e.rank):
         if entry.coords.get("pp", 0) == last and all(v == 0 for k, v in entry.coords.items() if k != "pp"):
             return entry.rank
@@ -150,9 +157,10 @@ def build_report(
         steps=holder.first_step + num_steps - 1, first_step=holder.first_step, warmup_steps=warmup_steps,
         losses=holder.losses, step_times_s=step_times, step_time_s=step_time_s, tokens_per_step=tokens_per_step,
         tokens_per_s=tokens_per_s, mfu=mfu,
-        memory=tuple(RankMemory(rank=r.rank, peak_bytes=r.peak_memory_bytes, kind=r.memory_kind) for r in sorted(results, key=lambda r: r.rank)),
+        memory=tuple(RankMemory(rank=r.rank, peak_bytes=r.peak_memory_bytes, kind=r.memory_kind, weights_bytes=r.weights_bytes)
+                     for r in sorted(results, key=lambda r: r.rank)),
         dropped_tokens=sum(r.dropped_tokens for r in routers), routed_tokens=sum(r.routed_tokens for r in routers),
-        checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap,
+        checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap, threads_per_rank=max(r.threads for r in results) or None,
         predicted=Predicted(step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s, peak_bytes=plan.memory.peak_bytes, mfu=pred.mfu),
         errors=Errors(
             step_time_rel=rel_error(pred.step_time_s, step_time_s),

@@ -2,21 +2,26 @@
 
 Starts `torchrun --standalone` with the plan's world size running planner.executor.runtime, waits,
 collects every rank's result and writes the RunReport atomically (temporary file + rename). When a rank
-fails, nothing is written: the error names the rank that failed first and its cause (from its
-`rank-<r>.error.json`), and uncommitted checkpoint folders are removed. No torch import here.
+fails, nothing is written: the error names the rank that caused the failure and why (its
+`rank-<r>.error.json`, or, for a rank killed or crashed without one, the signal torchrun saw; the peers'
+lost-connection errors are consequences), and uncommitted checkpoint folders are removed. Every world size runs
+with the same CPU threads per rank (OMP_NUM_THREADS, default 1: what torchrun gives each of several processes),
+so a single-process run is timed like a multi-process one. No torch import here.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from planner.errors import PlannerError
-from planner.executor.checkpoint import remove_partial
+from planner.errors import BadInputError, PlannerError
+from planner.executor.checkpoint import check_resume, remove_partial
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
 from planner.executor.runnable import check_runnable
@@ -26,6 +31,18 @@ from planner.schemas.plan import LaunchPlan
 RUNTIME_MODULE = "planner.executor.runtime"
 STARTUP_ALLOWANCE_S = 120.0
 OUTPUT_TAIL_CHARS = 2000
+
+
+THREADS_ENV, DEFAULT_THREADS = "OMP_NUM_THREADS", "1"
+
+
+def thread_env(env: dict[str, str] | None) -> dict[str, str]:
+    """OMP_NUM_THREADS for every rank, whatever the world size: the caller's (env, then this process's), else 1.
+    torchrun sets 1 only when it starts several processes, so single-process runs used every core before."""
+    value = (env or {}).get(THREADS_ENV) or os.environ.get(THREADS_ENV) or DEFAULT_THREADS
+    if not value.isdigit() or int(value) < 1:
+        raise BadInputError(f"{THREADS_ENV}={value!r}: set a positive number of CPU threads per rank, e.g. {THREADS_ENV}=1")
+    return {THREADS_ENV: value}
 
 
 class RunFailedError(PlannerError):
@@ -42,19 +59,57 @@ def torchrun_argv(plan_path: str | Path, nproc: int, options: RunOptions) -> lis
     ]
 
 
+# A survivor's error when a peer died first: the consequence, not the cause.
+PEER_LOSS = re.compile(r"connection (reset|closed|refused)|broken pipe|socket closed|read error|write error|timed? ?out|"
+                       r"communicator was aborted|watchdog", re.IGNORECASE)
+# torchrun's failure summary: "rank : 1 (local_rank: 1)" then "exitcode : -9 (pid: ...)"
+EXIT_LINE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+ABORT_LINE = re.compile(r"what\(\):\s*(.+)")
+
+
+def signal_deaths(output: str) -> dict[int, int]:
+    """rank -> signal number of the ranks torchrun saw die by a signal other than its own SIGTERM (which it sends
+    to the survivors after the first failure): a kill (OOM, SIGKILL) or a crash (SIGABRT, SIGSEGV)."""
+    deaths = {int(rank): -int(code) for rank, code in EXIT_LINE.findall(output) if int(code) < 0}
+    return {rank: sig for rank, sig in deaths.items() if sig != signal.SIGTERM}
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _failure_message(results_dir: Path, returncode: int, output: str) -> str:
-    """The earliest rank failure (the cause; later ones are usually peers losing their connection)."""
+    """The rank whose failure caused the others: a rank's own error first, then a rank that died by a signal
+    without reporting (its peers then report only lost connections), then the earliest lost connection."""
     failures = sorted(
         (RankFailure.model_validate_json(p.read_text()) for p in results_dir.glob("rank-*.error.json")),
         key=lambda f: (f.time_s, f.rank),
     )
-    if failures:
+    own = [f for f in failures if not PEER_LOSS.search(f.message)]
+    reported = {f.rank for f in failures}
+    silent = {r: sig for r, sig in signal_deaths(output).items() if r not in reported}
+    if own:
+        first = own[0]
+        cause = f"rank {first.rank} failed: {first.error_type}: {first.message}"
+    elif silent:
+        rank = min(silent)
+        aborted = ABORT_LINE.findall(output)
+        detail = f": {aborted[-1].strip()}" if aborted and silent[rank] == signal.SIGABRT else ""
+        cause = (f"rank {rank} died by {_signal_name(silent[rank])} without reporting a cause (killed, e.g. out of "
+                 f"memory, or crashed){detail}")
+        first = None
+    elif failures:
         first = failures[0]
-        others = sorted({f.rank for f in failures[1:]})
-        tail = f" (then rank(s) {others} failed too)" if others else ""
-        return f"rank {first.rank} failed: {first.error_type}: {first.message}{tail}"
-    tail = output[-OUTPUT_TAIL_CHARS:].strip()
-    return f"torchrun exited with code {returncode} before any rank reported a cause; its last output:\n{tail}"
+        cause = f"rank {first.rank} failed: {first.error_type}: {first.message}"
+    else:
+        tail = output[-OUTPUT_TAIL_CHARS:].strip()
+        return f"torchrun exited with code {returncode} before any rank reported a cause; its last output:\n{tail}"
+    cause_rank = first.rank if first is not None else min(silent)
+    others = sorted(({f.rank for f in failures} | set(silent)) - {cause_rank})
+    return cause + (f" (then rank(s) {others} failed too)" if others else "")
 
 
 def _collect(results_dir: Path, world: int) -> list[RankResult]:
@@ -78,6 +133,8 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     plan = check_plan(loaded, source="plan" if isinstance(plan_ref, LaunchPlan) else str(plan_ref))
     notes = check_runnable(plan)
     preflight(plan, options, report_path)
+    if options.resume:
+        check_resume(options.checkpoint_dir, plan)  # a changed layout is bad input (exit 2), found before launch
     world = plan.parallelism.world_size
     started = nproc if nproc is not None else world
     results_dir = Path(tempfile.mkdtemp(prefix="planner-run-"))
@@ -85,7 +142,7 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     options = options.replace(results_dir=str(results_dir))
     try:
         completed = subprocess.run(
-            torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {})},
+            torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {}), **thread_env(env)},
             capture_output=True, text=True, timeout=options.timeout_s + STARTUP_ALLOWANCE_S, check=False,
         )
         if completed.returncode != 0:

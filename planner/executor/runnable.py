@@ -2,18 +2,19 @@
 
 `check_runnable(plan)` raises BadInputError naming the field, the value and the fix for anything the
 runtime would refuse, so `planner run` fails in a second instead of after torchrun start-up, and returns
-notes on what the runtime adjusts (said in the run report). The configuration rules are the `planner` framework
-profile (frameworks/planner.yaml), the same rules the search applies to `--framework planner` (the default).
+notes on what the runtime adjusts (said in the run report). The configuration rules are
+the `planner` framework profile (frameworks/planner.yaml), the rules the search applies with --framework planner.
 """
 
 from __future__ import annotations
 
-from planner.frameworks import Config, load_framework, precision_refusal, refusal
 from planner.errors import BadInputError
+from planner.executor.schedules import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
+from planner.frameworks import Config, load_framework, precision_refusal, refusal
 from planner.schemas.plan import LaunchPlan
 
 EXECUTOR_FRAMEWORK = "planner"
-SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b", "2bw")
 EMBEDDING_PARTS = ("tok_embeddings",)
 HEAD_PARTS = ("norm", "output")
 
@@ -83,7 +84,7 @@ def _check_parallelism(plan: LaunchPlan) -> None:
         config = Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp,
                         zero_stage=par.zero_stage, schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap,
                         is_moe=spec.moe is not None, precision=plan.request.precision,
-                        microbatch_size=plan.batch.microbatch_size)
+                        microbatch_size=plan.batch.microbatch_size, dp_replicate=par.dp_replicate)
         refused = refusal(profile, config)
         if refused is not None:
             raise BadInputError(refused[1] + (" (planner run executes the `planner` framework: re-plan with --framework planner)"
@@ -96,6 +97,16 @@ def _check_schedule(plan: LaunchPlan) -> None:
         raise BadInputError(f"vpp={par.vpp} with pp=1: virtual stages need pipeline parallelism; set vpp=1")
     if par.pp > 1 and par.vpp > 1 and plan.schedule in SINGLE_STAGE_SCHEDULES:
         raise BadInputError(f"vpp={par.vpp} needs schedule interleaved or zero-bubble, not {plan.schedule!r}")
+    if par.pp > 1 and plan.schedule == "2bw" and plan.batch.num_microbatches < par.pp:
+        raise BadInputError(
+            f"schedule=2bw needs num_microbatches={plan.batch.num_microbatches} >= pp={par.pp} (two weight versions "
+            f"suffice only when m >= d, Narayanan et al. 2021 sec. 3.1): raise num_microbatches or use 1f1b"
+        )
+    if par.pp > 1 and plan.schedule in V_SCHEDULES and par.vpp != 2:
+        raise BadInputError(f"schedule={plan.schedule} places two stages per pipeline rank in a V: set vpp=2 (got vpp={par.vpp})")
+    if par.pp > 1 and plan.schedule == "dualpipev" and plan.batch.num_microbatches < par.pp * par.vpp:
+        raise BadInputError(f"schedule=dualpipev needs num_microbatches={plan.batch.num_microbatches} >= pp*vpp={par.pp * par.vpp}: "
+                            "raise num_microbatches or use zbv")
     if par.pp > 1 and plan.schedule == "interleaved" and par.vpp == 1:
         raise BadInputError("schedule=interleaved needs vpp > 1: set vpp=2 or schedule=1f1b")
 
@@ -116,8 +127,14 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     _check_stages(plan)
     _check_ranks(plan)
     notes = []
-    if par.pp > 1 and plan.schedule == "zero-bubble" and par.zero_stage == 3:
-        notes.append("zero-bubble with FSDP2: parameters are not resharded after forward (ZeRO-3 runs as ZeRO-2), else torch trains on wrong gradients")
+    if par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3:
+        notes.append(f"{plan.schedule} with FSDP2: parameters are not resharded after forward (ZeRO-3 runs as ZeRO-2), else torch trains on wrong gradients")
+    if par.pp > 1 and plan.schedule == "2bw":
+        notes.append("2bw: one pipeline over all steps, never flushed; a step's time is the time between a rank's weight "
+                     "updates (step 1 includes the pipeline fill), its loss is on weights one step old")
+    if par.dp_replicate > 1:
+        notes.append(f"HSDP: dp={par.dp} runs as {par.dp_replicate} replicas x {par.dp // par.dp_replicate} FSDP shards; "
+                     "the planner's prediction prices FSDP over all dp ranks")
     if par.pp == 1 and plan.schedule != "1f1b":
         notes.append(f"pp=1: schedule {plan.schedule!r} has no effect (gradient accumulation over {batch.num_microbatches} micro-batches)")
     return tuple(notes)

@@ -6,9 +6,11 @@ Reads only the plan (and the run options). Per rank: check the plan is runnable 
 started the plan's world size; initialise the process group (NCCL on CUDA, gloo on CPU); build a
 DeviceMesh whose named dims are the plan's `axis_order` and whose rank layout is exactly the plan's
 `ranks` coordinates; build the reference model on the meta device and materialise only this rank's
-pipeline stages (`stages` layer lists, virtual stages for interleaved); apply EP, TP/SP (or Domino),
-activation checkpointing and DP per the plan (planner.executor.parallelize); train with the plan's
-pipeline schedule or plain gradient accumulation; checkpoint with DCP every K steps; write this rank's
+pipeline stages (`stages` layer lists, virtual stages for interleaved; two copies of the stage for 2BW),
+re-tying a tied LM head to its embedding after `to_empty`; apply EP, TP/SP (or Domino), activation
+checkpointing and DP (DDP, ZeRO-1, FSDP2, HSDP on a 2-D dp mesh) per the plan (planner.executor.parallelize);
+train with the plan's pipeline schedule, PipeDream-2BW's continuous pipeline (planner.executor.twobw) or plain
+gradient accumulation; checkpoint with DCP every K steps; write this rank's
 result atomically. A rank that raises writes `rank-<r>.error.json` (rank, cause) and exits 1; torchrun
 then stops the others and `planner run` reports that rank and cause.
 """
@@ -28,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from planner.executor.schedules import ZERO_BUBBLE_SCHEDULES
 from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
@@ -38,6 +41,7 @@ from planner.io import atomic_write_text, load_file
 from planner.schemas.plan import LaunchPlan
 
 FAIL_RANK_ENV, FAIL_STEP_ENV, FAIL_WHERE_ENV = "PLANNER_FAIL_RANK", "PLANNER_FAIL_STEP", "PLANNER_FAIL_WHERE"
+FAIL_SIGNAL_ENV = "PLANNER_FAIL_SIGNAL"  # kill the process with this signal instead of raising (a crash that reports nothing)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Job:
     loss_parallel: bool = False  # vocab-sharded logits, loss under torch's loss_parallel (TP without PP)
     keys: ckpt.ShardKeys = ckpt.ShardKeys()
     tied_group: object = None
+    dp_mesh: object = None  # HSDP: the 2-D (dp_replicate, dp_shard) mesh; None = the flat dp axis
 
 
 # ------------------------------------------------------------------------------------ process group / mesh
@@ -145,9 +150,11 @@ def build_parts(job: Job) -> None:
     groups = ep_groups(plan, job.mesh) if par.ep > 1 else (None, None)
     job.dp_group = job.mesh["dp"].get_group()
     job.tied_group = tied_embedding_group(plan, job.mesh)
-    for stage in job.local_stages:
+    copies = 2 if is_2bw(plan) else 1  # PipeDream-2BW: two weight versions of the stage
+    for stage in [s for s in job.local_stages for _ in range(copies)]:
         module = cut_stage(full, stage.layers) if par.pp > 1 else full
         module.to_empty(device=job.device)
+        module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
         module.init_weights(job.options.seed)
         init_tied_head(module, job.options.seed)
         train_module = parallelize_part(job, module, stage, groups, par_fns)
@@ -156,10 +163,18 @@ def build_parts(job: Job) -> None:
         job.optimizers.append(par_fns.build_optimizer(
             train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr
         ))
-    if par.pp > 1:
+    if is_2bw(plan):
+        from planner.executor.twobw_run import make_2bw_stage
+
+        job.schedule = make_2bw_stage(job)
+    elif par.pp > 1:
         job.schedule = build_schedule(
             plan, job.train_parts, job.local_stages, pp_group=job.mesh["pp"].get_group(), device=job.device, loss_fn=cross_entropy
         )
+
+
+def is_2bw(plan: LaunchPlan) -> bool:
+    return plan.schedule == "2bw" and plan.parallelism.pp > 1
 
 
 def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Module:
@@ -180,13 +195,13 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
         fns.apply_tp(module, mesh["tp"], sp=par.sp, loss_parallel=job.loss_parallel)
     fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
     precision = plan.request.precision
-    zero = 2 if (par.pp > 1 and plan.schedule == "zero-bubble" and par.zero_stage == 3) else par.zero_stage
+    zero = 2 if (par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3) else par.zero_stage
     if zero in (0, 1) and precision != "fp32":
         job.autocast_dtype = torch.bfloat16  # FSDP2 carries the recipe itself (MixedPrecisionPolicy)
     if par.dp == 1 and ep_group is None:
         return module
     # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards
-    return fns.apply_dp(module, mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group,
+    return fns.apply_dp(module, job.dp_mesh if job.dp_mesh is not None else mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group,
                         use_ddp=par.pp == 1)
 
 
@@ -259,11 +274,14 @@ def train_step(job: Job, step: int, batches: Batches) -> tuple[float | None, flo
 
 
 def _maybe_fail(step: int, where: str) -> None:
-    """Fault injection for tests: PLANNER_FAIL_RANK=r [PLANNER_FAIL_STEP=s] [PLANNER_FAIL_WHERE=step|checkpoint]."""
+    """Fault injection for tests: PLANNER_FAIL_RANK=r [PLANNER_FAIL_STEP=s] [PLANNER_FAIL_WHERE=step|checkpoint]
+    [PLANNER_FAIL_SIGNAL=9: die by that signal, writing nothing, as an OOM kill or a segfault does]."""
     target = os.environ.get(FAIL_RANK_ENV)
     if target is None or int(target) != dist.get_rank():
         return
     if int(os.environ.get(FAIL_STEP_ENV, str(step))) == step and os.environ.get(FAIL_WHERE_ENV, "step") == where:
+        if os.environ.get(FAIL_SIGNAL_ENV):
+            os.kill(os.getpid(), int(os.environ[FAIL_SIGNAL_ENV]))
         raise RuntimeError(f"injected failure ({FAIL_RANK_ENV}={target}) at step {step} ({where})")
 
 
@@ -273,26 +291,40 @@ def run(job: Job) -> RankResult:
 
     opts, batch = job.options, job.plan.batch
     first = 1
+    versions = is_2bw(job.plan)  # 2BW: parts are the stage's two weight versions
     if opts.resume:
-        first = ckpt.load(opts.checkpoint_dir, job.parts, job.optimizers, keys=job.keys) + 1
+        ckpt.check_resume(opts.checkpoint_dir, job.plan)
+        first = ckpt.load(opts.checkpoint_dir, job.parts, job.optimizers, keys=job.keys, versions=versions) + 1
     source = BatchSource(vocab_size=job.plan.request.model.vocab_size, global_batch_size=batch.global_batch_size,
                          seq_len=batch.seq_len, seed=opts.seed, path=opts.data, dtype=opts.data_dtype)
     batches, losses, times, saved = Batches(source), [], [], []
-    for step in range(first, opts.steps + 1):
-        loss, seconds = train_step(job, step, batches)
-        times.append(seconds)
-        if loss is not None:
-            losses.append(loss)
-        if opts.checkpoint_every and step % opts.checkpoint_every == 0:
-            folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys,
-                               fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"))
-            saved.append(str(folder))
+
+    def save(step: int) -> None:
+        folder = ckpt.save(opts.checkpoint_dir, step, job.parts, job.optimizers, keys=job.keys, versions=versions,
+                           fail_hook=lambda s=step: _maybe_fail(s, "checkpoint"), layout=ckpt.layout_of(job.plan))
+        saved.append(str(folder))
+
+    if versions:  # one continuous pipeline, flushed only at checkpoints
+        from planner.executor.twobw_run import reshare, train_2bw
+
+        if opts.resume:
+            reshare(job)
+        losses, times = train_2bw(job, batches, first, save)
+    else:
+        for step in range(first, opts.steps + 1):
+            loss, seconds = train_step(job, step, batches)
+            times.append(seconds)
+            if loss is not None:
+                losses.append(loss)
+            if opts.checkpoint_every and step % opts.checkpoint_every == 0:
+                save(step)
     counts = [dropped_tokens(part) for part in job.parts]
     overlap = measure_tp_overlap(job)
     return RankResult(
         rank=dist.get_rank(), coords=job.coords, device=str(job.device), backend=job.backend, first_step=first,
         losses=tuple(losses), step_times_s=tuple(times), peak_memory_bytes=peak_memory_bytes(job.device),
-        memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak",
+        memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak", weights_bytes=weights_bytes(job.parts),
+        threads=torch.get_num_threads(),
         dropped_tokens=sum(c[0] for c in counts), routed_tokens=sum(c[1] for c in counts), checkpoints=tuple(saved),
         tp_overlap=overlap,
     )
@@ -311,6 +343,17 @@ def measure_tp_overlap(job: Job) -> TpOverlapTiming | None:
     return TpOverlapTiming(none_s=timing["none_s"], domino_s=timing["domino_s"], gain=timing["gain"])
 
 
+def weights_bytes(parts: list[nn.Module]) -> int:
+    """Bytes of the distinct parameter storages of this rank's modules (local shards; every weight version)."""
+    storages = {}
+    for part in parts:
+        for param in part.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            storage = local.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """CUDA: the caching allocator's peak; CPU: the process's peak resident set (Linux reports KiB)."""
     if device.type == "cuda":
@@ -319,13 +362,16 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def make_job(plan: LaunchPlan, options: RunOptions) -> Job:
+    from planner.executor.parallelize import hsdp_mesh
+
     device, backend = init_distributed(options)
     mesh = build_mesh(plan, device.type)
     par = plan.parallelism
     coords = rank_coords(plan, dist.get_rank())
     keys = ckpt.ShardKeys(ep_rank=coords["dp"] % par.ep, ep=par.ep, tp_rank=coords["tp"], tp=par.tp,
                           manual_tp=par.tp_overlap == "domino")
-    job = Job(plan=plan, options=options, device=device, backend=backend, mesh=mesh, coords=coords, keys=keys)
+    job = Job(plan=plan, options=options, device=device, backend=backend, mesh=mesh, coords=coords, keys=keys,
+              dp_mesh=hsdp_mesh(plan, mesh, device.type) if par.dp_replicate > 1 else None)
     build_parts(job)
     return job
 
@@ -339,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_file(LaunchPlan, plan_path)
         check_runnable(plan)
         check_world_size(plan, rank)
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # the same threads per rank for every world size
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         job = make_job(plan, options)
         result = run(job)
         atomic_write_text(results_dir / f"rank-{rank}.json", result.model_dump_json(indent=2))

@@ -220,10 +220,20 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, i, dtype=dtype) for i in range(spec.num_layers)})
         self.norm = make_norm(spec.norm, dim, dtype=dtype)
         self.output = nn.Linear(dim, spec.vocab_size, bias=False, dtype=dtype)
-        if spec.tied_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.tie_weights()
         rope = rope_cache(self.max_seq_len, qk_head_dim(spec)) if spec.position == "rope" else torch.zeros(0)
         self.register_buffer("rope", rope, persistent=False)
+
+    def tie_weights(self) -> None:
+        """With spec.tied_embeddings, make the LM head's weight the embedding's Parameter (GPT-2 / tied Llama).
+        Call again after `to_empty`/`_apply` conversions: they replace each module's Parameter separately
+        (meta -> device creates new tensors), which silently unties the two."""
+        if self.spec.tied_embeddings and self.output is not None and self.tok_embeddings is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    def is_tied(self) -> bool:
+        """True when the head and the embedding share one Parameter (and so one storage)."""
+        return self.output is not None and self.tok_embeddings is not None and self.output.weight is self.tok_embeddings.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, seq) int64 -> logits (batch, seq, vocab); a stage without the embedding takes and

@@ -14,9 +14,12 @@ from planner.schemas.base import Schema
 
 FRAMEWORK_SCHEMA_VERSION = "1"
 
-CanonicalSchedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble"]
+# our schedule names (planner.schemas.plan.Schedule): the search proposes the first five; torch's V-shaped and
+# interleaved zero-bubble schedules are run by name where a stack has them
+CanonicalSchedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv",
+                            "dualpipev"]
 ConditionField = Literal["dp", "tp", "pp", "cp", "ep", "vpp", "sp", "zero_stage", "schedule", "recompute", "tp_overlap",
-                         "is_moe", "precision", "microbatch_size"]
+                         "is_moe", "precision", "microbatch_size", "dp_replicate"]
 Sourced = Field(min_length=1, description="the framework file, flag or document these facts come from")
 
 

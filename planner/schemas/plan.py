@@ -8,7 +8,7 @@ name the executor model's module FQNs: `tok_embeddings`, `layers.<i>`, `norm`, `
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from planner.schemas import limits as L
 from planner.schemas.base import InputSchema, Schema
@@ -18,7 +18,10 @@ from planner.schemas.topology import Topology
 PLAN_SCHEMA_VERSION = "1"
 
 Precision = Literal["bf16", "amp-bf16", "fp32", "fp8"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble",
+                   # torch.distributed.pipelining's names, accepted by the executor (the search does not propose them):
+                   # "interleaved-zero-bubble" = "zero-bubble"; "zbv" and "dualpipev" place 2 stages per rank in a V
+                   "interleaved-zero-bubble", "zbv", "dualpipev"]
 RecomputeMode = Literal["none", "selective", "full"]
 TpOverlap = Literal["none", "domino"]
 AXES = ("pp", "dp", "cp", "tp")
@@ -71,12 +74,25 @@ class Parallelism(Schema):
     zero_stage: Literal[0, 1, 2, 3] = 0
     tp_overlap: TpOverlap = "none"
     axis_order: tuple[str, ...] = Field(default=AXES, description="outermost to innermost; tp innermost keeps TP inside a node")
+    dp_replicate: int = Field(default=1, gt=0, description=(
+        "HSDP (zero_stage 2/3): the dp axis as dp_replicate x dp_shard, FSDP sharding over the inner dp/dp_replicate "
+        "ranks and replicating over dp_replicate; 1 = plain FSDP/DDP. Written only when > 1"))
 
     @model_validator(mode="after")
     def _check(self) -> "Parallelism":
         if sorted(self.axis_order) != sorted(AXES):
             raise ValueError(f"axis_order={list(self.axis_order)} must be a permutation of {list(AXES)}")
+        if self.dp % self.dp_replicate:
+            raise ValueError(f"dp_replicate={self.dp_replicate} must divide dp={self.dp}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_plain_dp(self, handler):
+        """Leave dp_replicate out when it is 1, so plans without HSDP serialise byte-identically to before."""
+        data = handler(self)
+        if self.dp_replicate == 1 and isinstance(data, dict):
+            data.pop("dp_replicate", None)
+        return data
 
     @property
     def world_size(self) -> int:
@@ -113,7 +129,7 @@ class StageTime(Schema):
 
 
 class Stage(Schema):
-    stage: int = Field(ge=0, description="virtual stage index; pipeline rank = stage % pp")
+    stage: int = Field(ge=0, description="virtual stage index; pipeline rank = stage % pp (zbv/dualpipev: V, stage or 2*pp-1-stage)")
     layers: tuple[str, ...] = Field(description="module FQNs of the executor model, in order")
     recompute: Recompute = Recompute()
     memory: StageMemory | None = None

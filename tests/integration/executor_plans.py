@@ -21,6 +21,8 @@ TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=32, ffn_hidden_s
 TINY_GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
                      vocab_size=64, seq_len=SEQ, activation="gelu", norm="layernorm", position="learned",
                      linear_bias=True, tied_embeddings=True)
+TINY_TIED = ModelSpec(name="tiny-llama-tied", num_layers=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=4,
+                      num_kv_heads=2, vocab_size=64, seq_len=SEQ, activation="swiglu", norm="rmsnorm", tied_embeddings=True)
 CPU = Topology(
     name="cpu-test", device=DeviceSpec(name="cpu", memory_bytes=2**31, peak_bf16_tflops=0.05, peak_fp32_tflops=0.05,
                                        hbm_bandwidth_GBps=10.0),
@@ -47,9 +49,9 @@ def stage_names(num_layers: int, num_stages: int) -> list[tuple[str, ...]]:
 
 def make_plan(spec: ModelSpec = TINY, *, dp=1, tp=1, pp=1, vpp=1, ep=1, sp=False, zero_stage=0, schedule="1f1b",
               microbatch_size=1, num_microbatches=2, recompute="none", tp_overlap="none",
-              axis_order=("pp", "dp", "cp", "tp"), step_time_s=1.0) -> LaunchPlan:
+              axis_order=("pp", "dp", "cp", "tp"), step_time_s=1.0, dp_replicate=1) -> LaunchPlan:
     par = Parallelism(dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, sp=sp, zero_stage=zero_stage, tp_overlap=tp_overlap,
-                      axis_order=axis_order)
+                      axis_order=axis_order, dp_replicate=dp_replicate)
     gbs = microbatch_size * num_microbatches * dp
     sizes = {"pp": pp, "dp": dp, "cp": 1, "tp": tp}
     ranks, world = [], par.world_size

@@ -48,9 +48,9 @@ def test_launch_json_and_refusals(tmp_path):
     assert [n["host"] for n in payload["nodes"]] == ["a", "b"] and payload["nnodes"] == 2 and payload["nproc_per_node"] == 4
     wrong = invoke("launch", path, "--hosts", "a,b,c")
     assert wrong.exit_code == 2 and "give exactly 2 hosts" in wrong.output
-    twobw = write_plan(make_plan(pp=2, schedule="2bw"), tmp_path / "2bw.json")
+    twobw = write_plan(make_plan(pp=2, dp=2, zero_stage=1, schedule="2bw"), tmp_path / "2bw.json")
     refused = invoke("launch", twobw)
-    assert refused.exit_code == 2 and "PipeDream-2BW" in refused.output and "Traceback" not in refused.output
+    assert refused.exit_code == 2 and "schedule=2bw with zero_stage=1" in refused.output and "Traceback" not in refused.output
 
 
 def test_run_failing_rank_is_one_line_exit_1_and_no_report(tmp_path):

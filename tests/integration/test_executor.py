@@ -130,8 +130,8 @@ def test_world_size_mismatch_is_refused_by_every_rank(tmp_path):
 def test_unrunnable_schedule_is_refused_before_launch(tmp_path):
     from planner.errors import BadInputError
 
-    plan = make_plan(pp=2, schedule="2bw", num_microbatches=2)
-    with pytest.raises(BadInputError, match="PipeDream-2BW"):
+    plan = make_plan(pp=2, dp=2, zero_stage=3, schedule="2bw", num_microbatches=2)
+    with pytest.raises(BadInputError, match="schedule=2bw with zero_stage=3"):
         run_plan(write_plan(plan, tmp_path / "plan.json"), options=options(steps=1))
 
 

@@ -17,14 +17,12 @@ from planner.schemas.plan import Stage
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(pp=2, schedule="2bw"), "PipeDream-2BW"),
+        (dict(pp=2, dp=2, zero_stage=1, schedule="2bw"), "schedule=2bw with zero_stage=1"),
         (dict(pp=2, vpp=2, schedule="1f1b", num_microbatches=4), "vpp=2 needs schedule interleaved"),
         (dict(pp=2, schedule="interleaved"), "interleaved needs vpp > 1"),
         (dict(dp=2, ep=2), "has no MoE layers"),
         (dict(spec=TINY_MOE, dp=2, ep=2, tp=2, tp_overlap="domino"), "domino is not runnable on an MoE model"),
         (dict(tp=2, sp=True, tp_overlap="domino"), "without sequence parallelism"),
-        (dict(dp=2, tp=2, zero_stage=1), "zero_stage=1 with tp > 1"),
-        (dict(pp=2, vpp=2, schedule="zero-bubble", recompute="selective", num_microbatches=4), "selective recompute fails"),
     ],
 )
 def test_check_runnable_refuses_with_the_reason(kwargs, message):

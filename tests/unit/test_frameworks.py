@@ -120,8 +120,9 @@ def _estimate(framework, **par):
 
 def test_estimate_refuses_with_the_frameworks_reason():
     assert _estimate("megatron-core").feasible
-    with pytest.raises(BadInputError, match="zero_stage=1 with tp > 1 is not runnable by the executor"):
-        _estimate("planner")
+    assert _estimate("planner").feasible  # ZeRO-1 with TP: the executor shards DTensor optimizer states
+    with pytest.raises(BadInputError, match="schedule=2bw runs with zero_stage 0"):
+        _estimate("planner", schedule="2bw")
     with pytest.raises(BadInputError, match="zero_stage=3 is not run by framework 'deepspeed' with pp > 1"):
         _estimate("deepspeed", zero_stage=3)
     with pytest.raises(BadInputError, match="schedule='gpipe' is not run by framework 'megatron-core'"):
@@ -206,3 +207,62 @@ def test_folded_expert_parallelism_is_priced_by_estimate():
         api.estimate(request.model_copy(update={"framework": "planner"}), config)
     with pytest.raises(BadInputError, match="choose ep in"):
         expert_fold({"dp": 32, "cp": 1, "tp": 2, "ep": 48})
+
+
+# Every capability frameworks/planner.yaml claims, and the executor test that runs it (file: test or layout name).
+EXECUTOR_EVIDENCE = {
+    "schedule gpipe": ("test_executor_capabilities.py", "test_gpipe_with_partial_full_recompute_matches_single_process"),
+    "schedule 1f1b": ("test_executor.py", "test_pp2_1f1b_matches_single_process_and_reports"),
+    "schedule interleaved": ("test_executor.py", "test_pp2_interleaved_vpp2_with_tied_embeddings_matches_single_process"),
+    "schedule zero-bubble": ("test_executor_layouts.py", "test_zero_bubble_with_selective_recompute_and_fsdp_matches_single_process"),
+    "schedule 2bw": ("test_executor_2bw.py", "test_2bw_matches_the_delayed_update_and_differs_from_the_synchronous_one"),
+    "schedule interleaved-zero-bubble": ("test_executor_layouts.py", "test_torch_schedule_names_place_stages_and_refuse_what_they_cannot_run"),
+    "schedule zbv": ("test_executor_layouts.py", "test_v_schedules_with_tied_embeddings_match_single_process"),
+    "schedule dualpipev": ("test_executor_layouts.py", "test_v_schedules_with_tied_embeddings_match_single_process"),
+    "zero 0": ("test_parallelize.py", "dp2_ddp"),
+    "zero 1": ("test_parallelize.py", "dp2_zero1"),
+    "zero 1 with tp": ("test_executor_layouts.py", "test_zero1_with_tp2_matches_single_process_and_resumes_bit_identically"),
+    "zero 2": ("test_parallelize.py", "dp2_zero2_fsdp"),
+    "zero 3": ("test_parallelize.py", "dp2_zero3_fsdp"),
+    "hsdp": ("test_executor_layouts.py", "test_hsdp_2x2_matches_single_process_and_shards_over_two_ranks"),
+    "recompute none": ("test_executor.py", "test_pp2_1f1b_matches_single_process_and_reports"),
+    "recompute selective": ("test_parallelize.py", "tp2_sp_selective_ac"),
+    "recompute full": ("test_parallelize.py", "dp2_zero3_full_ac"),
+    "recompute partial_full": ("test_executor_capabilities.py", "test_gpipe_with_partial_full_recompute_matches_single_process"),
+    "sequence_parallel": ("test_parallelize.py", "tp2_sp"),
+    "tp_overlap domino": ("test_parallelize.py", "domino_tp2"),
+    "expert_parallel": ("test_parallelize.py", "ep2_zero3_fsdp"),
+    "tied_embeddings_across_stages": ("test_executor_tied.py", "test_tied_embeddings_match_the_tied_single_process_reference"),
+    "stale_weights": ("test_executor_2bw.py", "test_2bw_matches_the_delayed_update_and_differs_from_the_synchronous_one"),
+    "precision fp32": ("test_executor.py", "test_pp2_1f1b_matches_single_process_and_reports"),
+    "precision bf16": ("test_parallelize.py", "dp2_zero3_bf16"),
+    "precision amp-bf16": ("test_executor_capabilities.py", "test_amp_bf16_dp2_tracks_the_fp32_reference_within_bf16_precision"),
+}
+
+
+def planner_claims() -> set[str]:
+    caps = load_framework("planner").capabilities
+    claims = {f"schedule {s.name}" for s in caps.schedules} | {f"zero {z}" for z in caps.zero.stages}
+    claims |= {f"recompute {m}" for m in caps.recompute.modes} | {f"precision {p}" for p in caps.precisions}
+    claims |= {f"tp_overlap {o}" for o in caps.tp_overlap if o != "none"}
+    claims |= {name for name, on in (("hsdp", caps.zero.hsdp), ("stale_weights", caps.stale_weights),
+                                     ("recompute partial_full", caps.recompute.partial_full),
+                                     ("sequence_parallel", caps.sequence_parallel.supported),
+                                     ("expert_parallel", caps.expert_parallel.supported),
+                                     ("context_parallel", caps.context_parallel.supported),
+                                     ("tied_embeddings_across_stages", caps.tied_embeddings_across_stages.supported)) if on}
+    if not any(rule.key.startswith("zero1_with_tp") for rule in caps.exclusions) and 1 in caps.zero.stages:
+        claims.add("zero 1 with tp")
+    return claims
+
+
+def test_every_planner_capability_is_exercised_by_an_executor_test():
+    """The `planner` profile claims exactly what the executor's tests run: a claim without a test, or a test
+    named here that does not exist, fails."""
+    folder = Path(__file__).resolve().parents[1] / "integration"
+    missing = sorted(planner_claims() - set(EXECUTOR_EVIDENCE))
+    assert not missing, f"the planner profile claims {missing} but no executor test is named for them"
+    for claim in planner_claims():
+        file, name = EXECUTOR_EVIDENCE[claim]
+        text = (folder / file).read_text()
+        assert (f"def {name}(" in text) or (f'"{name}"' in text), f"{claim}: {file} has no test or layout {name!r}"

@@ -104,10 +104,16 @@ def test_fixed_degrees_narrow_the_space():
         search(small_request(limits=NARROW.model_copy(update=dict(fixed={"tp": 3}))))
 
 
-def test_runnable_excludes_2bw_and_what_the_executor_refuses():
+def test_runnable_excludes_what_the_executor_refuses():
+    """--runnable = --framework planner: 2BW only when stale weights are allowed and then with zero_stage 0
+    (frameworks/planner.yaml), Domino only without SP/MoE."""
     limits = SearchLimits(max_microbatch_size=1, zero_stages=(0, 1), runnable=True, top_k=5)
     result = search(small_request(limits=limits, framework="planner"))
-    assert result.ranked and all(s.cand.schedule != "2bw" and not (s.cand.zero_stage == 1 and s.cand.tp > 1) for s in result.ranked)
+    assert result.ranked and all(s.cand.schedule != "2bw" and not (s.cand.tp_overlap == "domino" and s.cand.sp)
+                                 for s in result.ranked)
+    stale = search(small_request(limits=limits.model_copy(update={"allow_stale_weights": True}), framework="planner"))
+    assert stale.ranked and all(not (s.cand.schedule == "2bw" and s.cand.pp > 1 and s.cand.zero_stage > 0)
+                                for s in stale.ranked)
 
 
 def test_nothing_fits_says_how_far_and_what_to_do():
