@@ -8,6 +8,7 @@ one judge of "can this stack run this configuration": the search prunes with it 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from dataclasses import dataclass
@@ -134,7 +135,7 @@ def group_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | Non
     member of the group alike, so the search prunes the whole group before bounding it."""
     for rule in profile.capabilities.exclusions:
         if set(rule.when) <= GROUP_FIELDS and all(_holds(getattr(c, f), v) for f, v in rule.when.items()):
-            return rule.key, f"{rule.reason} (framework {profile.name!r})"
+            return rule.key, _reason(profile, rule, c)
     return None
 
 
@@ -161,8 +162,13 @@ def parallel_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | 
 def _exclusion(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
     for rule in profile.capabilities.exclusions:
         if all(_holds(getattr(c, field), expected) for field, expected in rule.when.items()):
-            return rule.key, f"{rule.reason} (framework {profile.name!r})"
+            return rule.key, _reason(profile, rule, c)
     return None
+
+
+def _reason(profile: FrameworkProfile, rule, c: Config) -> str:
+    """The rule's reason with the configuration's values in its {field} slots, naming the framework."""
+    return rule.reason.format(**dataclasses.asdict(c)) + f" (framework {profile.name!r})"
 
 
 def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp: int,

@@ -86,7 +86,8 @@ class Exclusion(Schema):
 
     key: str = Field(pattern=r"^[a-z0-9_]+$", description="the `pruned` counter this rule adds to")
     when: dict[ConditionField, bool | int | str | list[int | str]] = Field(min_length=1)
-    reason: str = Field(min_length=1, description="why, and what to change (shown to the user)")
+    reason: str = Field(min_length=1, description="why, and what to change (shown to the user); {field} slots take the "
+                                                  "configuration's values, e.g. {zero_stage}")
     source: str = Sourced
 
 

@@ -64,7 +64,7 @@ def test_threads_are_one_per_rank_unless_the_caller_says(monkeypatch):
 
 @pytest.mark.parametrize(("changed", "field"), [
     (dict(dp=4), "dp=2 -> 4"),
-    (dict(dp=2, gpus=8), "gpus=2 -> 8"),
+    (dict(dp=2, gpus=8), "!= request.gpus=8"),  # an inconsistent plan file: refused before the checkpoint is read
 ])
 def test_resume_under_another_layout_is_bad_input_before_launch(changed, field, tmp_path):
     """A DP2 checkpoint resumed under DP4, or under a request for another GPU count: exit 2, nothing started."""
@@ -84,7 +84,8 @@ def test_resume_under_another_layout_is_bad_input_before_launch(changed, field, 
     path = write_plan(plan, tmp_path / "plan.json")
     result = CliRunner().invoke(app, ["run", str(path), "--steps", "3", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume"])
     assert result.exit_code == 2, result.output
-    assert field in result.output and "resume with the plan that wrote it" in result.output
+    assert field in result.output
+    assert "resume with the plan that wrote it" in result.output or "write the plan again" in result.output
 
 
 @pytest.mark.slow
