@@ -121,7 +121,7 @@ def _estimate(framework, **par):
 def test_estimate_refuses_with_the_frameworks_reason():
     assert _estimate("megatron-core").feasible
     assert _estimate("planner").feasible  # ZeRO-1 with TP: the executor shards DTensor optimizer states
-    with pytest.raises(BadInputError, match="schedule=2bw runs with zero_stage 0"):
+    with pytest.raises(BadInputError, match="schedule=2bw with zero_stage=1 is not runnable by the executor"):
         _estimate("planner", schedule="2bw")
     with pytest.raises(BadInputError, match="zero_stage=3 is not run by framework 'deepspeed' with pp > 1"):
         _estimate("deepspeed", zero_stage=3)
