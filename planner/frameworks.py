@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from planner.errors import BadInputError
-from planner.io import load_file
+from planner.io import load_file, shipped_dir, shipped_names
 from planner.schemas.framework import FrameworkProfile
 
 FRAMEWORKS_ENV = "PLANNER_FRAMEWORKS"
@@ -26,17 +25,11 @@ PROFILE_SUFFIX = ".yaml"
 
 def frameworks_dir() -> Path:
     """The folder of shipped profiles: $PLANNER_FRAMEWORKS if set, else `frameworks/` next to the package."""
-    override = os.environ.get(FRAMEWORKS_ENV)
-    if override:
-        return Path(override).expanduser()
-    import planner
-
-    return Path(planner.__file__).resolve().parents[1] / "frameworks"
+    return shipped_dir(FRAMEWORKS_ENV, "frameworks")
 
 
 def list_frameworks() -> list[str]:
-    folder = frameworks_dir()
-    return sorted(p.stem for p in folder.glob(f"*{PROFILE_SUFFIX}")) if folder.is_dir() else []
+    return shipped_names(frameworks_dir(), PROFILE_SUFFIX)
 
 
 def load_framework(ref: str) -> FrameworkProfile:

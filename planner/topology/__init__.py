@@ -6,11 +6,10 @@ Topology fields. Presets are found in `<repo>/topologies/`, or in the folder nam
 """
 
 import difflib
-import os
 from pathlib import Path
 
 from planner.errors import BadInputError
-from planner.io import is_file, load_file, validate
+from planner.io import is_file, load_file, shipped_dir, shipped_names, validate
 from planner.schemas.topology import Topology
 
 TOPOLOGIES_ENV = "PLANNER_TOPOLOGIES"
@@ -19,20 +18,12 @@ PRESET_SUFFIX = ".yaml"
 
 def topologies_dir() -> Path:
     """The folder of shipped presets: $PLANNER_TOPOLOGIES if set, else `topologies/` next to the package."""
-    override = os.environ.get(TOPOLOGIES_ENV)
-    if override:
-        return Path(override).expanduser()
-    import planner
-
-    return Path(planner.__file__).resolve().parents[1] / "topologies"
+    return shipped_dir(TOPOLOGIES_ENV, "topologies")
 
 
 def list_topologies() -> list[str]:
     """Names of the shipped presets, sorted."""
-    folder = topologies_dir()
-    if not folder.is_dir():
-        return []
-    return sorted(path.stem for path in folder.glob(f"*{PRESET_SUFFIX}"))
+    return shipped_names(topologies_dir(), PRESET_SUFFIX)
 
 
 def _unknown_topology_message(ref: str) -> str:
