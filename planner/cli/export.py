@@ -8,12 +8,13 @@ from planner.cli.common import emit_text, guarded
 
 HELP = """Translate a LaunchPlan into a framework's own configuration.
 
-Each target checks that framework's rules and refuses (exit 2, one line saying why) what it cannot express;
-approximations are printed as warnings on stderr.
+Each target re-checks the plan against that framework's profile and rules and refuses (exit 2, one line saying
+why) what it cannot run or express; approximations are printed as warnings, and how to hand the file to the
+framework (e.g. DeepSpeed's mpu/topology for tp or pp > 1) as usage lines, on stderr.
 
 Examples:
 
-  planner export plan.json --to torchtitan -o train.toml
+  planner export plan.json --to torchtitan -o torchtitan_args.sh
 
   planner export plan.json --to megatron -o megatron_args.sh
 
@@ -40,7 +41,8 @@ def export_command(
     check_writable(output)
     result = api.export(plan, to)
     if json_output:
-        payload = {"target": result.target, "suffix": result.suffix, "text": result.text, "warnings": list(result.warnings)}
+        payload = {"target": result.target, "suffix": result.suffix, "text": result.text, "warnings": list(result.warnings),
+                   "usage": list(result.usage)}
         emit_text(canonical_json(payload), output)
         return
     emit_text(result.text, output)
@@ -49,5 +51,7 @@ def export_command(
     err = console(stderr=True)
     for warning in result.warnings:
         err.print(f"warning: {warning}", style="yellow", markup=False)
+    for line in result.usage:
+        err.print(f"usage: {line}", markup=False)
     if output is not None:
         err.print(f"wrote {output} ({result.target})", markup=False)

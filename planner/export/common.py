@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import BadInputError
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import LaunchPlan
 
 DECODER_PREFIX = "layers."
@@ -24,6 +25,7 @@ class Export:
     text: str
     suffix: str
     warnings: tuple[str, ...] = ()
+    usage: tuple[str, ...] = ()  # how to hand the artifact to the framework (what the file alone cannot carry)
 
 
 def refuse(target: str, reason: str, fix: str) -> BadInputError:
@@ -113,3 +115,66 @@ def axis_order_warning(plan: LaunchPlan, target: str, native: tuple[str, ...], s
         f"{target} lays ranks out as {spelled} but the plan's axis_order is {'>'.join(order)} (outermost first): "
         "process groups may use other links than predicted; re-plan or check with `planner estimate`"
     ]
+
+
+def target_profile(target: str) -> FrameworkProfile:
+    """The shipped framework profile whose `export.exporter` is `target` (megatron -> megatron-core, ...)."""
+    from planner.frameworks import list_frameworks, load_framework
+
+    for name in list_frameworks():
+        profile = load_framework(name)
+        if profile.export.exporter == target:
+            return profile
+    raise BadInputError(f"--to {target!r}: no framework profile under frameworks/ names exporter {target!r}; restore its profile")
+
+
+def plan_config(plan: LaunchPlan):
+    """The plan as the plain fields a framework's rules read (planner.frameworks.Config), one base recompute mode."""
+    from planner.frameworks import Config
+
+    par = plan.parallelism
+    return Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
+                  schedule=plan.schedule, recompute=base_recompute(plan), tp_overlap=par.tp_overlap,
+                  is_moe=plan.request.model.moe is not None, precision=plan.request.precision,
+                  microbatch_size=plan.batch.microbatch_size)
+
+
+def framework_refusal(plan: LaunchPlan, profile: FrameworkProfile) -> str | None:
+    """Why `profile`'s stack cannot run `plan` (its capabilities, exclusions and layer split), or None.
+
+    The same judge the search prunes with (planner.frameworks.refusal), so a plan made for one framework and
+    exported to another is re-checked against the target, not refused for its name."""
+    from planner.frameworks import interleaved_split_reason, precision_refusal, refusal
+
+    reason = precision_refusal(profile, plan.request.precision)
+    if reason is not None:
+        return reason
+    found = refusal(profile, plan_config(plan), allow_stale_weights=True)  # the plan already chose its schedule
+    if found is not None:
+        return found[1]
+    par, counts, full = plan.parallelism, stage_layer_counts(plan), full_recompute_layers(plan)
+    partial = any(full) and not all(f >= c for f, c in zip(full, counts) if c)
+    if partial and base_recompute(plan) != "full" and not profile.capabilities.recompute.partial_full:
+        return (f"full recompute of {sum(full)} of {sum(counts)} layers (per stage {full}) is not run by framework "
+                f"{profile.name!r}, which recomputes all layers or none ({profile.capabilities.recompute.source}): "
+                "re-plan with --recompute full or none")
+    if par.pp > 1 and par.vpp > 1:
+        found = interleaved_split_reason(profile, num_layers=plan.request.model.num_layers, pp=par.pp, vpp=par.vpp,
+                                         num_microbatches=plan.batch.num_microbatches)
+        if found is not None:
+            return found[1]
+    return None
+
+
+def check_framework(plan: LaunchPlan, target: str, *, label: str | None = None) -> FrameworkProfile:
+    """Refuse (BadInputError, exit 2) a plan the target's stack cannot run; return the target's profile.
+
+    A plan made for another framework (plan.request.framework != the target's) is judged on its configuration."""
+    profile = target_profile(target)
+    reason = framework_refusal(plan, profile)
+    if reason is not None:
+        made_for = plan.request.framework
+        origin = f" (the plan was made for framework {made_for!r})" if made_for != profile.name else ""
+        raise refuse(label or target, f"framework {profile.name!r} cannot run this plan{origin}: {reason}",
+                     f"re-plan with --framework {profile.name}")
+    return profile

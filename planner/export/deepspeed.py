@@ -10,6 +10,14 @@ DeepSpeed's rules checked here (refused with its reason):
 - No ring context parallelism (DeepSpeed-Ulysses is a different, all-to-all sequence parallelism).
 Things the JSON cannot carry (the pipeline partition, expert-parallel size) are code-level in DeepSpeed
 (PipelineModule(partition_method=...), deepspeed.moe.layer.MoE(ep_size=...)) and come back as warnings.
+
+The model-parallel layout must reach DeepSpeed too: `DeepSpeedConfig` checks train_batch_size against the
+data-parallel size it reads from the mpu (`mpu.get_data_parallel_world_size()`, deepspeed/runtime/config.py);
+without one it counts every rank of the world, so a config with tp or pp > 1 is rejected. The export's `usage`
+says how: pp > 1, a PipelineModule built with topology=PipeModelDataParallelTopology(num_pp, num_mp, num_dp)
+(deepspeed.initialize then takes `model.mpu()`, and refuses another mpu); tp > 1 alone, `mpu=` a Megatron-style
+parallel state (megatron.core.parallel_state after initialize_model_parallel). The plan is first re-checked
+against frameworks/deepspeed.yaml, whatever framework it was made for.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from planner.export.common import Export, base_recompute, check_exportable, rank_layer_counts, refuse
+from planner.export.common import Export, base_recompute, check_exportable, check_framework, rank_layer_counts, refuse
 from planner.schemas.plan import LaunchPlan
 
 TARGET = "deepspeed"
@@ -104,7 +112,32 @@ def build_config(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
 def export_deepspeed(plan: LaunchPlan) -> Export:
     """The DeepSpeed JSON config for this plan (pass it as `deepspeed.initialize(config=...)` / `--deepspeed_config`)."""
     check_exportable(plan, TARGET)
+    check_framework(plan, TARGET)
     warnings: list[str] = []
     _check(plan, warnings)
     config = build_config(plan, warnings)
-    return Export(target=TARGET, text=json.dumps(config, indent=2) + "\n", suffix=".json", warnings=tuple(warnings))
+    return Export(target=TARGET, text=json.dumps(config, indent=2) + "\n", suffix=".json", warnings=tuple(warnings),
+                  usage=usage(plan))
+
+
+def usage(plan: LaunchPlan) -> tuple[str, ...]:
+    """How to hand the config and the model-parallel sizes to DeepSpeed (DeepSpeedConfig needs the mpu's dp)."""
+    par = plan.parallelism
+    dp = plan.request.gpus // (par.tp * par.pp)
+    if par.pp > 1:
+        return (
+            f"from deepspeed.pipe import PipelineModule; from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology",
+            f"module = PipelineModule(layers=<your LayerSpecs>, loss_fn=<loss>, topology=PipeModelDataParallelTopology("
+            f"num_pp={par.pp}, num_mp={par.tp}, num_dp={dp}), partition_method='parameters')",
+            "engine, *_ = deepspeed.initialize(model=module, config='ds_config.json')  # no mpu=: the engine uses "
+            f"module.mpu(), whose data-parallel size {dp} makes train_batch_size check out",
+        )
+    if par.tp > 1:
+        return (
+            f"from megatron.core import parallel_state; parallel_state.initialize_model_parallel("
+            f"tensor_model_parallel_size={par.tp})  # or Megatron-DeepSpeed's mpu",
+            "engine, *_ = deepspeed.initialize(model=model, config='ds_config.json', mpu=parallel_state)  # "
+            f"DeepSpeedConfig reads dp={dp} from mpu.get_data_parallel_world_size(); without mpu it counts all "
+            f"{plan.request.gpus} ranks and rejects train_batch_size",
+        )
+    return ("engine, *_ = deepspeed.initialize(model=model, config='ds_config.json')",)

@@ -1,6 +1,8 @@
 """LaunchPlan -> Megatron-LM `pretrain_gpt.py` arguments (a bash array in a script).
 
-Megatron's rules (megatron/training/arguments.py `validate_args`, checked here and refused with its reason):
+The plan is first re-checked against the megatron-core profile (frameworks/megatron-core.yaml, whatever framework
+it was made for). Megatron's rules (megatron/training/arguments.py `validate_args`, checked here and refused with
+its reason; the acceptance judges run validate_args itself, planner.export.judges):
 - world_size divisible by tp * pp * cp; dp = world_size / (tp * pp * cp).
 - global_batch_size divisible by micro_batch_size * dp (the micro-batch calculator).
 - num_attention_heads and num_query_groups divisible by tp.
@@ -27,6 +29,7 @@ from planner.export.common import (
     axis_order_warning,
     base_recompute,
     check_exportable,
+    check_framework,
     full_recompute_layers,
     header_lines,
     refuse,
@@ -227,6 +230,7 @@ def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     """(arguments, warnings) for `pretrain_gpt.py`; raises BadInputError for what Megatron cannot run."""
     check_exportable(plan, TARGET)
+    check_framework(plan, TARGET)
     warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "tp-cp-ep-dp-pp (innermost first)")
     _check_divisibility(plan)
     args = _parallel_args(plan, warnings) + _check_schedule(plan, warnings) + _layout_args(plan) + _recompute_args(plan)

@@ -11,7 +11,7 @@ processes on the wrong GPUs: that is refused.
 
 from __future__ import annotations
 
-from planner.export.common import Export, check_exportable, header_lines, refuse
+from planner.export.common import Export, check_exportable, check_framework, header_lines, refuse
 from planner.schemas.plan import LaunchPlan
 
 DEFAULT_PORT = 29500
@@ -60,6 +60,7 @@ def export_torchrun(plan: LaunchPlan) -> Export:
 
     target = "torchrun"
     check_exportable(plan, target)
+    check_framework(plan, target)
     _executor_ready(plan, target)
     nnodes, nproc = node_layout(plan, target)
     command = torchrun_line(nnodes, nproc, '"$NODE_RANK"', '"$MASTER_ADDR"', '"$MASTER_PORT"', '"$PLAN"', RunOptions())
@@ -85,6 +86,7 @@ def export_slurm(plan: LaunchPlan) -> Export:
 
     target = "slurm"
     check_exportable(plan, target)
+    check_framework(plan, "torchrun", label=target)
     _executor_ready(plan, target)
     node_layout(plan, target)
     sbatch = launch_scripts(plan, plan_path="plan.json").sbatch

@@ -1,179 +1,222 @@
-"""LaunchPlan -> torchtitan job TOML (v0.2 series: `torchtitan/config/job_config.py`).
+"""LaunchPlan -> torchtitan 0.3.x command-line arguments (a bash array in a script).
 
-Keys written: [parallelism] data_parallel_replicate_degree, data_parallel_shard_degree,
-fsdp_reshard_after_forward, tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_schedule,
-pipeline_parallel_microbatch_size, module_fqns_per_model_part (the plan's stages, in virtual-stage order),
-context_parallel_degree, expert_parallel_degree; [training] local_batch_size, global_batch_size, seq_len,
-mixed_precision_param; [activation_checkpoint] mode, selective_ac_option.
+torchtitan 0.3 has no TOML job file: `torchtitan/config/manager.py` ConfigManager takes `--module <model module>
+--config <config_registry function>` (a Python config) and then tyro overrides of that config's fields,
+`--<section>.<field> value`; the activation-checkpoint policy is a tyro subcommand of the root config,
+`activation-checkpoint:selective|full|memory-budget|none` (torchtitan/distributed/activation_checkpoint.py).
+So the export is the override list, checked by ConfigManager.parse_args itself in the tests and the
+acceptance benchmark (planner.export.judges).
 
-torchtitan's rules checked here (and refused with its reason):
-- DP is either replicated (DDP, our ZeRO-0) or sharded (FSDP2): ZeRO-1/2 map to FSDP with
-  reshard_after_forward="never" (optimizer states and gradients sharded, parameters kept gathered
-  between forward and backward), ZeRO-3 to FSDP with the default resharding.
-- Expert parallelism is "dp2ep": ranks are borrowed from data_parallel_shard_degree * context_parallel_degree,
-  with context_parallel_degree <= expert_parallel_degree <= data_parallel_shard_degree * context_parallel_degree.
-- Pipeline schedules are torch.distributed.pipelining's: GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble;
-  there is no PipeDream-2BW. Interleaved1F1B needs num_microbatches to be a multiple of its number of
-  rounds, max(1, num_microbatches // pp) (torch/distributed/pipelining/schedules.py).
-- One activation-checkpoint policy for every block: "full", "selective" (per-op, or full AC on every n-th block).
-Batch: torchtitan's global_batch_size / (local_batch_size * dp) is the gradient-accumulation count; with PP
-the local batch is split into pipeline_parallel_microbatch_size micro-batches.
+Written: parallelism.data_parallel_replicate_degree / data_parallel_shard_degree / fsdp_reshard_after_forward,
+tensor_parallel_degree, enable_sequence_parallel, context_parallel_degree, expert_parallel_degree,
+pipeline_parallel_degree / _schedule (the profile's native name) / _microbatch_size, module_fqns_per_model_part
+(the plan's stages in 0.3 module names: tok_embeddings, layers.<i>, norm, lm_head; one part per virtual stage,
+space-separated, names comma-separated as 0.3's list[str] rule reads them); training.local_batch_size,
+global_batch_size, seq_len, mixed_precision_param, disable_cuda_graphs.
+
+torchtitan 0.3's rules, refused here with its reason:
+- Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet" and EP dispatchers
+  that sync with the host: --training.disable_cuda_graphs is written for pp > 1 or ep > 1.
+- ParallelismConfig.expert_parallel_degree: dp_shard * cp * tp == efsdp * ep (EP borrows FSDP, CP and TP ranks).
+- Trainer.__init__: seq_len divisible by tp (with sequence parallelism) * 2*cp; global batch a multiple of
+  local_batch_size * (dp_replicate * dp_shard); local_batch_size a multiple of pipeline_parallel_microbatch_size.
+- torch.distributed.pipelining: Schedule1F1B needs n_microbatches >= stages (exported as GPipe, same bubble and
+  the same activations when fewer micro-batches than stages); Interleaved schedules need n_microbatches a
+  multiple of max(1, n_microbatches // pp).
+- One activation-checkpoint policy for every block, no every-n-th-layer option in 0.3: a plan that fully
+  recomputes only some layers is exported as full AC (never less recompute, so never more memory).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import shlex
 
 from planner.export.common import (
     Export,
     axis_order_warning,
     base_recompute,
     check_exportable,
-    decoder_layers,
+    check_framework,
     full_recompute_layers,
     header_lines,
     refuse,
     stage_layer_counts,
 )
-from planner.export.toml import toml_document
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import LaunchPlan
 
 TARGET = "torchtitan"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zero-bubble": "InterleavedZeroBubble"}
 PRECISION_PARAM = {"bf16": "bfloat16", "amp-bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
+# Our model presets -> torchtitan 0.3 config_registry (module, function) of the same architecture and depth.
+BASE_CONFIGS = {
+    "llama3-8b": ("llama3", "llama3_8b"),
+    "llama3-70b": ("llama3", "llama3_70b"),
+    "llama3-405b": ("llama3", "llama3_405b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
+}
+DEFAULT_DENSE = ("llama3", "llama3_8b")
+DEFAULT_MOE = ("deepseek_v3", "deepseek_v3_16b")
+EXECUTOR_HEAD = "output"  # the plan's (our executor's) name of the output projection
 
 
-def _data_parallel(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
+def base_config(plan: LaunchPlan, warnings: list[str]) -> tuple[str, str]:
+    """The `--module/--config` pair for the plan's model; a stand-in (with a warning) when torchtitan has none."""
+    spec = plan.request.model
+    if spec.name in BASE_CONFIGS:
+        return BASE_CONFIGS[spec.name]
+    module, function = DEFAULT_MOE if spec.moe is not None else DEFAULT_DENSE
+    warnings.append(
+        f"torchtitan 0.3 has no config for model {spec.name!r}: the script names --module {module} --config {function} "
+        f"as a stand-in; replace them with your model's config_registry function ({spec.num_layers} layers)"
+    )
+    return module, function
+
+
+def _data_parallel(plan: LaunchPlan) -> dict[str, object]:
+    """ZeRO-0 -> DDP (replicate), ZeRO-2 -> FSDP2 without resharding after forward, ZeRO-3 -> FSDP2 default."""
     par = plan.parallelism
     if par.zero_stage == 0:
         return {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
-    if par.zero_stage in (1, 2):
-        if par.zero_stage == 1:
-            warnings.append(
-                "torchtitan has no ZeRO-1: exported as FSDP2 with reshard_after_forward='never' (ZeRO-2: gradients "
-                "sharded too), which needs no more memory than the plan"
-            )
-        return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp, "fsdp_reshard_after_forward": "never"}
-    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp, "fsdp_reshard_after_forward": "default"}
+    reshard = "default" if par.zero_stage == 3 else "never"
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp, "fsdp_reshard_after_forward": reshard}
 
 
-def _check_expert_parallel(plan: LaunchPlan, shard: int) -> None:
-    par = plan.parallelism
-    if par.ep == 1:
-        return
-    borrow = shard * par.cp
-    if not (par.cp <= par.ep <= borrow) or borrow % par.ep:
+def _check_rules(plan: LaunchPlan, shard: int) -> None:
+    """torchtitan 0.3's mesh and sequence rules (configs.py expert_parallel_degree, trainer.py Trainer.__init__)."""
+    par, seq = plan.parallelism, plan.batch.seq_len
+    if par.ep > 1 and (shard * par.cp * par.tp) % par.ep:
         raise refuse(
             TARGET,
-            f"expert_parallel_degree={par.ep} must satisfy context_parallel_degree={par.cp} <= ep <= "
-            f"data_parallel_shard_degree*context_parallel_degree={borrow} and divide it (torchtitan borrows EP "
-            f"ranks from the FSDP and CP dimensions, 'dp2ep')",
-            "use --zero 1, 2 or 3 so that DP is sharded, or a smaller --ep",
+            f"expert_parallel_degree={par.ep} must divide data_parallel_shard_degree*context_parallel_degree*"
+            f"tensor_parallel_degree={shard}*{par.cp}*{par.tp} (torchtitan 0.3: dp_shard*cp*tp == efsdp*ep)",
+            "use --zero 2 or 3 so that DP is sharded, or an ep dividing that product",
         )
+    divisor = (par.tp if par.sp else 1) * (2 * par.cp if par.cp > 1 else 1)
+    if seq % divisor:
+        raise refuse(TARGET, f"seq_len={seq} must be divisible by {divisor} for the configured sequence/context parallelism",
+                     f"choose a seq_len that is a multiple of {divisor}")
 
 
-def _pipeline(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
+def _schedule(plan: LaunchPlan, profile: FrameworkProfile, warnings: list[str]) -> str:
+    """The profile's native schedule name; 1F1B with fewer micro-batches than stages runs as GPipe."""
+    par, nmb = plan.parallelism, plan.batch.num_microbatches
+    name = profile.native_schedule(plan.schedule)
+    if plan.schedule == "1f1b" and par.vpp == 1 and nmb < par.pp and "gpipe" in profile.schedule_names():
+        warnings.append(f"1F1B with {nmb} micro-batches < {par.pp} stages (torch's Schedule1F1B refuses it) exported as "
+                        "GPipe: the same bubble and the same activations held when micro-batches are fewer than stages")
+        return profile.native_schedule("gpipe")
+    if par.vpp > 1:
+        rounds = max(1, nmb // par.pp)
+        if nmb % rounds:
+            raise refuse(TARGET, f"{name} requires num_microbatches={nmb} to be a multiple of its number of rounds "
+                                 f"max(1, num_microbatches // pp)={rounds}",
+                         f"choose a global batch that gives a multiple of pp={par.pp} micro-batches")
+    return name
+
+
+def model_parts(plan: LaunchPlan, head: str) -> list[list[str]]:
+    """module_fqns_per_model_part: the plan's stages by virtual-stage index, in torchtitan 0.3 module names."""
+    ordered = sorted(plan.stages, key=lambda stage: stage.stage)
+    return [[head if name == EXECUTOR_HEAD else name for name in stage.layers] for stage in ordered]
+
+
+def _pipeline(plan: LaunchPlan, profile: FrameworkProfile, warnings: list[str]) -> dict[str, object]:
     par, batch = plan.parallelism, plan.batch
     if par.pp == 1:
         return {"pipeline_parallel_degree": 1}
-    if plan.schedule not in SCHEDULES:
-        raise refuse(
-            TARGET,
-            f"schedule {plan.schedule!r} is not in torch.distributed.pipelining (it has GPipe, 1F1B, Interleaved1F1B, "
-            "InterleavedZeroBubble, ZBVZeroBubble)",
-            "re-plan with --schedule 1f1b, interleaved or zero-bubble",
-        )
-    if plan.schedule == "interleaved":
-        rounds = max(1, batch.num_microbatches // par.pp)
-        if batch.num_microbatches % rounds:
-            raise refuse(
-                TARGET,
-                f"Interleaved1F1B requires num_microbatches={batch.num_microbatches} to be a multiple of its number "
-                f"of rounds max(1, num_microbatches // pp)={rounds}",
-                f"choose a global batch that gives a multiple of pp={par.pp} micro-batches",
-            )
-    if batch.num_microbatches < par.pp * par.vpp:
-        warnings.append(
-            f"num_microbatches={batch.num_microbatches} < number of stages {par.pp * par.vpp}: torchtitan warns of a large bubble"
-        )
-    ordered = sorted(plan.stages, key=lambda stage: stage.stage)
+    head = profile.export.names.get("head_module", "lm_head")
     return {
         "pipeline_parallel_degree": par.pp,
-        "pipeline_parallel_schedule": SCHEDULES[plan.schedule],
+        "pipeline_parallel_schedule": _schedule(plan, profile, warnings),
         "pipeline_parallel_microbatch_size": batch.microbatch_size,
-        "module_fqns_per_model_part": [list(stage.layers) for stage in ordered],
+        "module_fqns_per_model_part": [",".join(part) for part in model_parts(plan, head)],
     }
 
 
-def _activation_checkpoint(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
-    """One policy for all blocks; partial full recompute maps to full AC on every n-th block (never less recompute)."""
-    mode = base_recompute(plan)
-    full = full_recompute_layers(plan)
-    counts = stage_layer_counts(plan)
+def activation_checkpoint(plan: LaunchPlan, warnings: list[str]) -> str:
+    """The 0.3 subcommand: full, selective (per-op SAC) or none; partial full recompute becomes full AC."""
+    mode, full, counts = base_recompute(plan), full_recompute_layers(plan), stage_layer_counts(plan)
     if mode == "full" or (any(full) and all(f >= c for f, c in zip(full, counts) if c)):
-        return {"mode": "full"}
-    if not any(full):
-        if mode == "selective":
-            warnings.append(
-                "selective recompute exported as torchtitan's per-op SAC ('op'), which recomputes non-matmul ops; the "
-                "plan assumed Megatron-style selective recompute of the attention core"
-            )
-            return {"mode": "selective", "selective_ac_option": "op"}
-        return {"mode": "none"}
-    if mode == "selective":
-        raise refuse(
-            TARGET,
-            "torchtitan applies one activation-checkpoint policy to every block, and this plan fully recomputes some "
-            "layers on top of selective recompute",
-            "re-plan with --recompute full or --recompute none",
+        return "full"
+    if any(full):
+        warnings.append(
+            f"full recompute of {sum(full)} of {sum(counts)} layers exported as full activation checkpointing of every "
+            "block (torchtitan 0.3 has one policy for all blocks): no more memory than the plan, possibly slower"
         )
-    every = min(c // f for f, c in zip(full, counts) if f)
-    warnings.append(
-        f"partial full recompute ({sum(full)} of {sum(counts)} layers) exported as full AC on every {every}-th block, "
-        "which recomputes at least as many layers as the plan (less memory, possibly slower)"
-    )
-    return {"mode": "selective", "selective_ac_option": str(every)}
+        return "full"
+    if mode == "selective":
+        warnings.append("selective recompute exported as torchtitan's per-op SAC, which saves matmul outputs and "
+                        "recomputes the rest; the plan assumed Megatron-style recompute of the attention core")
+        return "selective"
+    return "none"
 
 
-def export_torchtitan(plan: LaunchPlan) -> Export:
-    """The torchtitan TOML for this plan; merges with a model's own TOML ([model], [optimizer], ... are left to it)."""
+def torchtitan_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
+    """(arguments, warnings) for `torchrun ... -m torchtitan.train`; raises BadInputError for what 0.3 cannot run."""
     check_exportable(plan, TARGET)
+    profile = check_framework(plan, TARGET)
     par, batch = plan.parallelism, plan.batch
     warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "mesh [pp, dp_replicate, dp_shard, cp, tp] (outermost first)")
-    parallelism = _data_parallel(plan, warnings)
-    _check_expert_parallel(plan, parallelism["data_parallel_shard_degree"])
-    parallelism.update({"tensor_parallel_degree": par.tp, "context_parallel_degree": par.cp, "expert_parallel_degree": par.ep})
-    parallelism.update(_pipeline(plan, warnings))
-    if par.tp > 1 and not par.sp:
-        warnings.append("torchtitan always applies sequence parallelism with TP (less activation memory than the plan)")
-    if par.tp_overlap != "none":
-        warnings.append(f"tp_overlap={par.tp_overlap!r} has no torchtitan equivalent; the predicted step time assumes it")
-    local = batch.microbatch_size * (batch.num_microbatches if par.pp > 1 else 1)
-    training = {
-        "local_batch_size": local,
+    module, function = base_config(plan, warnings)
+    parallelism = _data_parallel(plan)
+    _check_rules(plan, int(parallelism["data_parallel_shard_degree"]))
+    parallelism.update({"tensor_parallel_degree": par.tp, "enable_sequence_parallel": par.sp or par.tp == 1,
+                        "context_parallel_degree": par.cp, "expert_parallel_degree": par.ep})
+    parallelism.update(_pipeline(plan, profile, warnings))
+    training: dict[str, object] = {
+        "local_batch_size": batch.microbatch_size * (batch.num_microbatches if par.pp > 1 else 1),
         "global_batch_size": batch.global_batch_size,
         "seq_len": batch.seq_len,
         "mixed_precision_param": PRECISION_PARAM[plan.request.precision],
     }
-    tables = {
-        "job": {"description": f"planner: {plan.request.model.name} on {plan.request.gpus} GPUs"},
-        "model": {"converters": ["float8"]} if plan.request.precision == "fp8" else {},
-        "training": training,
-        "parallelism": parallelism,
-        "activation_checkpoint": _activation_checkpoint(plan, warnings),
-    }
-    header = header_lines(plan, TARGET) + [
-        "# Merge with your model's torchtitan TOML: [model] name/flavor, [optimizer], data and checkpoint stay yours.",
-        f"# Stage layer names follow torchtitan's Transformer FQNs ({', '.join(_fqn_summary(plan))}).",
+    if par.pp > 1 or par.ep > 1:
+        training["disable_cuda_graphs"] = True
+    if par.tp_overlap != "none":
+        warnings.append(f"tp_overlap={par.tp_overlap!r} has no torchtitan equivalent; the predicted step time assumes it")
+    if plan.request.precision == "fp8":
+        warnings.append("fp8: torchtitan 0.3 sets Float8LinearConverter in the model spec of the config function "
+                        "(e.g. llama3_debugmodel_float8), not by a flag: pick or write such a config")
+    args = ["--module", module, "--config", function]
+    for section, values in (("parallelism", parallelism), ("training", training)):
+        for key, value in values.items():
+            args += _flag(f"--{section}.{key}", value)
+    args.append(f"activation-checkpoint:{activation_checkpoint(plan, warnings)}")  # a subcommand: last
+    return args, warnings
+
+
+def _flag(name: str, value: object) -> list[str]:
+    """One tyro override: booleans as --x / --no-x (tyro's flag form), lists as one argument per element."""
+    if isinstance(value, bool):
+        section, _, key = name[2:].partition(".")
+        return [name] if value else [f"--{section}.no-{key.replace('_', '-')}"]
+    if isinstance(value, list):
+        return [name, *(str(item) for item in value)]
+    return [name, str(value)]
+
+
+def export_torchtitan(plan: LaunchPlan) -> Export:
+    """A bash script defining PLANNER_TORCHTITAN_ARGS for torchtitan 0.3's trainer."""
+    args, warnings = torchtitan_arguments(plan)
+    world = plan.request.gpus
+    per_node = min(world, plan.request.topology.gpus_per_node)
+    lines = ["#!/usr/bin/env bash", *header_lines(plan, TARGET)]
+    lines += [
+        "# torchtitan 0.3.x: --module/--config pick the model's Python config (config_registry), the rest override it.",
+        "# Usage: source this file on each node, then",
+        f"#   torchrun --nnodes {world // per_node} --nproc-per-node {per_node} ... -m torchtitan.train "
+        '"${PLANNER_TORCHTITAN_ARGS[@]}" [your --dataloader / --optimizer / --checkpoint overrides before the last line]',
+        "PLANNER_TORCHTITAN_ARGS=(",
     ]
-    return Export(target=TARGET, text=toml_document(tables, header=header), suffix=".toml", warnings=tuple(warnings))
-
-
-def _fqn_summary(plan: LaunchPlan) -> list[str]:
-    ordered = sorted(plan.stages, key=lambda stage: stage.stage)
-    out = []
-    for stage in ordered:
-        layers = decoder_layers(stage.layers)
-        span = f"layers.{layers[0]}..{layers[-1]}" if layers else "no decoder layers"
-        out.append(f"stage {stage.stage}: {span}")
-    return out[:8] + (["..."] if len(out) > 8 else [])
+    index = 0
+    while index < len(args):
+        flag = args[index]
+        values = []
+        index += 1
+        while index < len(args) and not args[index].startswith("-") and not args[index].startswith("activation-checkpoint:"):
+            values.append(args[index])
+            index += 1
+        lines.append("  " + " ".join([flag, *(shlex.quote(value) for value in values)]))
+    lines.append(")")
+    usage = (f"torchrun --nproc-per-node {per_node} -m torchtitan.train \"${{PLANNER_TORCHTITAN_ARGS[@]}}\" "
+             "(torchtitan 0.3 reads no TOML; the array is --module/--config plus overrides)",)
+    return Export(target=TARGET, text="\n".join(lines) + "\n", suffix=".sh", warnings=tuple(warnings), usage=usage)

@@ -1,0 +1,289 @@
+"""Acceptance judges: each framework's own validation code run on an export of a plan.
+
+Used by `benchmarks/framework_acceptance.py` and the judge tests; every framework is optional (the `judges`
+extra): a judge whose framework is not importable raises JudgeUnavailable, which tests turn into a skip.
+
+- torchtitan 0.3: `torchtitan.config.ConfigManager.parse_args` on the exported argument list (tyro parsing and
+  Trainer.Config.__post_init__), `ParallelDims.from_config(...)` (world = dp_replicate*dp_shard*cp*tp*pp),
+  torch's pipeline schedule class built for every pp rank's stages as torchtitan's `_pipeline_module_split`
+  assigns them (`_get_pp_rank_to_stage_indices_mapping`), the module names against torchtitan's own
+  `_generate_llm_fqn_per_model_part` (and the config's model depth when it is the plan's model), and the checks
+  Trainer.__init__ makes inline (batch divisibility, seq_len vs tp/cp; efsdp = dp_shard*cp*tp // ep).
+- Megatron: with $MEGATRON_LM_PATH (a Megatron-LM checkout at the tag matching megatron-core) its
+  `megatron/training/arguments.py` `parse_args` + `validate_args` + `core_transformer_config_from_args`;
+  otherwise megatron-core's `TransformerConfig`/`MLATransformerConfig` and `ConstantNumMicroBatchesCalculator`.
+- DeepSpeed: `DeepSpeedConfig(config, mpu=...)` in a fake-backend world of the plan's size, the mpu answering
+  data-parallel size from `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)`; the PipelineEngine's ZeRO rule.
+- planner: our executor's pre-launch check `planner.executor.runnable.check_runnable`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+
+from planner.export.common import Export
+from planner.schemas.plan import LaunchPlan
+
+TITAN_RANKS_CHECKED = 64  # pp ranks whose schedule is built (pp is at most a few dozen in practice)
+
+
+class JudgeUnavailable(RuntimeError):
+    """The framework whose validation code would judge this export is not importable here."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: bool
+    reason: str = ""
+
+
+def script_array(text: str, name: str) -> list[str]:
+    """The words of `NAME=( ... )` in an exported bash script, as bash would pass them."""
+    body = text.split(f"{name}=(", 1)[1].split("\n)", 1)[0]
+    return shlex.split("\n".join(line for line in body.splitlines() if not line.strip().startswith("#")))
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Frameworks print their argument dumps and warnings; keep the benchmark table readable."""
+    out, err = io.StringIO(), io.StringIO()
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield err
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _first_line(exc: BaseException, err: io.StringIO | None = None) -> str:
+    text = str(exc).strip() or (err.getvalue() if err is not None else "") or type(exc).__name__
+    lines = [line.strip(" │╭╰─") for line in text.splitlines() if line.strip(" │╭╰─")]
+    return " ".join(lines[:3])[:300]
+
+
+def judge(plan: LaunchPlan, export: Export) -> Verdict:
+    """The export's own framework's verdict; JudgeUnavailable when that framework is not installed."""
+    judges = {"torchtitan": judge_torchtitan, "megatron": judge_megatron, "deepspeed": judge_deepspeed,
+              "torchrun": judge_planner, "slurm": judge_planner}
+    return judges[export.target](plan, export)
+
+
+# ---- torchtitan 0.3 ---------------------------------------------------------------------------------------
+
+def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
+    try:
+        from torchtitan.config import ConfigManager
+        from torchtitan.distributed.parallel_dims import ParallelDims
+    except ImportError as exc:
+        raise JudgeUnavailable(f"torchtitan is not importable: {exc}") from None
+    args = script_array(export.text, "PLANNER_TORCHTITAN_ARGS")
+    with _quiet() as err:
+        try:
+            config = ConfigManager().parse_args(args)
+        except (SystemExit, Exception) as exc:  # tyro reports a bad override by printing and exiting
+            return Verdict(False, f"ConfigManager.parse_args: {_first_line(exc, err)}")
+        try:
+            dims = ParallelDims.from_config(config.parallelism, plan.request.gpus)
+            _titan_batch(config, dims, plan)
+            _titan_pipeline(config, dims, plan)
+        except (AssertionError, ValueError, RuntimeError) as exc:
+            return Verdict(False, _first_line(exc))
+    return Verdict(True)
+
+
+def _titan_batch(config, dims, plan: LaunchPlan) -> None:
+    """trainer.py Trainer.__init__: batch divisibility and the dense sequence-length evenness check."""
+    t, p = config.training, config.parallelism
+    batch_degree = dims.dp_replicate * dims.dp_shard
+    assert t.global_batch_size % (t.local_batch_size * batch_degree) == 0, (
+        f"global batch size must be multiple of local batch size times data-parallel degree "
+        f"({t.global_batch_size} % ({t.local_batch_size} * {batch_degree}) != 0)")
+    accumulation = t.global_batch_size // (t.local_batch_size * batch_degree)
+    expected = plan.batch.num_microbatches if dims.pp == 1 else 1
+    assert accumulation == expected, f"gradient accumulation {accumulation} != the plan's {expected}"
+    divisor = (dims.tp if p.enable_sequence_parallel else 1) * (2 * dims.cp if dims.cp > 1 else 1)
+    if t.seq_len % divisor:
+        raise ValueError(f"Training sequence length ({t.seq_len}) must be divisible by {divisor}")
+    if dims.ep > 1:  # parallel_dims.py build_mesh: efsdp = fsdp * tp // ep over the same ranks
+        assert (dims.dp_shard * dims.cp * dims.tp) % dims.ep == 0, "dp_shard * cp * tp must equal efsdp * ep"
+
+
+def _titan_pipeline(config, dims, plan: LaunchPlan) -> None:
+    """pipeline_parallel.py: module names, rank -> stage mapping, and torch's schedule built per rank."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+        _get_pp_rank_to_stage_indices_mapping,
+    )
+
+    p, layers = config.parallelism, plan.request.model.num_layers
+    if dims.pp == 1:
+        return
+    parts = p.module_fqns_per_model_part
+    assert parts, "module_fqns_per_model_part is not set: torchtitan would split the model its own way"
+    names = _generate_llm_fqn_per_model_part(1, layers)[0]
+    assert [n for part in parts for n in part] == names, f"model parts {parts} are not torchtitan's modules {names[:2]}..{names[-2:]}"
+    model_layers = getattr(getattr(config.model_spec, "model", None), "layers", None)
+    if model_layers is not None and plan.request.model.name in _same_model_configs():
+        assert len(model_layers) == layers, f"config model has {len(model_layers)} layers, the plan {layers}"
+    schedule_class = get_schedule_class(p.pipeline_parallel_schedule)
+    n_microbatches = config.training.local_batch_size // p.pipeline_parallel_microbatch_size
+    for rank in range(min(dims.pp, TITAN_RANKS_CHECKED)):
+        indices = _get_pp_rank_to_stage_indices_mapping(rank, dims.pp, p.pipeline_parallel_schedule, len(parts))
+        stages = [_StubStage(i, len(parts), dims.pp, rank) for i in indices]
+        if issubclass(schedule_class, PipelineScheduleSingle):
+            assert len(stages) == 1, f"{p.pipeline_parallel_schedule} runs one stage per rank, rank {rank} has {len(stages)}"
+            schedule_class(stages[0], n_microbatches=n_microbatches)
+        else:
+            schedule_class(stages, n_microbatches=n_microbatches)
+
+
+def _same_model_configs() -> set[str]:
+    from planner.export.torchtitan import BASE_CONFIGS
+
+    return set(BASE_CONFIGS)
+
+
+class _StubStage:
+    """What torch's schedule constructors read of a PipelineStage (no model, no process group)."""
+
+    def __init__(self, index: int, stages: int, pp: int, rank: int):
+        import torch
+
+        self.stage_index, self.num_stages, self.group_size, self.group_rank = index, stages, pp, rank
+        self.is_first, self.is_last, self.group = index == 0, index == stages - 1, None
+        self.submod = torch.nn.Module()
+
+
+# ---- Megatron ---------------------------------------------------------------------------------------------
+
+MEGATRON_USER_ARGS = ["--train-iters", "1", "--lr", "1e-4", "--mock-data", "--tokenizer-type", "NullTokenizer"]
+
+
+def judge_megatron(plan: LaunchPlan, export: Export) -> Verdict:
+    args = script_array(export.text, "PLANNER_MEGATRON_ARGS")
+    path = os.environ.get("MEGATRON_LM_PATH")
+    if path:
+        return _megatron_lm(args, plan, path, "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export.text)
+    from planner.export.judges_megatron import megatron_core_verdict
+
+    return megatron_core_verdict(args, plan.request.gpus)
+
+
+def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1: bool) -> Verdict:
+    """Megatron-LM's parse_args + validate_args + core_transformer_config_from_args on the exported flags.
+
+    The device is the plan's (an H100, compute capability 9.0) where validate_args asks torch.cuda; the user's
+    data, tokenizer and optimizer flags are stand-ins (--mock-data, NullTokenizer); TE's rope fusion is off
+    because TransformerEngine is not installed here."""
+    import torch
+
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        import megatron.training.arguments as arguments
+    except ImportError as exc:
+        raise JudgeUnavailable(f"MEGATRON_LM_PATH={path!r}: megatron.training is not importable: {exc}") from None
+    arguments.get_device_arch_version = lambda: 9
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    env = {"WORLD_SIZE": str(plan.request.gpus), "RANK": "0", "LOCAL_RANK": "0"}
+    if max_connections_1:  # the script exports it
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    saved_env, saved_argv = {k: os.environ.get(k) for k in (*env, "CUDA_DEVICE_MAX_CONNECTIONS")}, sys.argv
+    os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    os.environ.update(env)
+    sys.argv = ["pretrain_gpt.py", *args, *MEGATRON_USER_ARGS]
+    try:
+        with _quiet() as err:
+            parsed = arguments.parse_args()
+            arguments.validate_args(parsed, {})
+            parsed.apply_rope_fusion = False
+            arguments.core_transformer_config_from_args(parsed)
+    except (SystemExit, Exception) as exc:
+        return Verdict(False, f"Megatron-LM: {_first_line(exc, err)}")
+    finally:
+        sys.argv = saved_argv
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return Verdict(True)
+
+
+# ---- DeepSpeed --------------------------------------------------------------------------------------------
+
+class TopologyMpu:
+    """The mpu DeepSpeedConfig consults: sizes from DeepSpeed's own PipeModelDataParallelTopology."""
+
+    def __init__(self, topology):
+        self.topology = topology
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.topology.get_dim("data")
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.topology.get_dim("model")
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self.topology.get_dim("pipe")
+
+
+@contextlib.contextmanager
+def fake_world(world: int):
+    """torch.distributed's fake backend with `world` ranks (this process rank 0), wrapped by deepspeed.comm."""
+    import torch.distributed as tdist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+    tdist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        import deepspeed.comm as dist
+
+        if not dist.is_initialized():
+            dist.init_distributed(dist_backend="fake", auto_mpi_discovery=False, verbose=False)
+        yield
+    finally:
+        tdist.destroy_process_group()
+
+
+def judge_deepspeed(plan: LaunchPlan, export: Export) -> Verdict:
+    try:
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    except ImportError as exc:
+        raise JudgeUnavailable(f"deepspeed is not importable: {exc}") from None
+    par = plan.parallelism
+    config = json.loads(export.text)
+    topology = PipeModelDataParallelTopology(num_pp=par.pp, num_mp=par.tp, num_dp=plan.request.gpus // (par.pp * par.tp))
+    if topology.world_size() != plan.request.gpus:
+        return Verdict(False, f"topology world {topology.world_size()} != {plan.request.gpus} GPUs")
+    try:
+        with _quiet(), fake_world(plan.request.gpus):
+            ds = DeepSpeedConfig(config, mpu=TopologyMpu(topology) if par.tp * par.pp > 1 else None)
+        if par.pp > 1:  # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__
+            assert ds.zero_optimization_stage < 2, "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+    except (AssertionError, ValueError, KeyError) as exc:
+        return Verdict(False, f"DeepSpeedConfig: {_first_line(exc)}")
+    return Verdict(True)
+
+
+# ---- our executor -----------------------------------------------------------------------------------------
+
+def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
+    from planner.errors import BadInputError
+    from planner.executor.runnable import check_runnable
+
+    try:
+        check_runnable(plan)
+    except BadInputError as exc:
+        return Verdict(False, f"check_runnable: {exc}")
+    return Verdict(True)
