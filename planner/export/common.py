@@ -117,15 +117,16 @@ def axis_order_warning(plan: LaunchPlan, target: str, native: tuple[str, ...], s
     ]
 
 
-def target_profile(target: str) -> FrameworkProfile:
-    """The shipped framework profile whose `export.exporter` is `target` (megatron -> megatron-core, ...)."""
-    from planner.frameworks import list_frameworks, load_framework
+# The stack each export target runs on: its profile judges the plan (torchrun/slurm start our executor).
+TARGET_FRAMEWORKS = {"torchtitan": "torchtitan", "megatron": "megatron-core", "deepspeed": "deepspeed",
+                     "torchrun": "planner", "slurm": "planner"}
 
-    for name in list_frameworks():
-        profile = load_framework(name)
-        if profile.export.exporter == target:
-            return profile
-    raise BadInputError(f"--to {target!r}: no framework profile under frameworks/ names exporter {target!r}; restore its profile")
+
+def target_profile(target: str) -> FrameworkProfile:
+    """The shipped framework profile of the stack an export target runs on (megatron -> megatron-core, ...)."""
+    from planner.frameworks import load_framework
+
+    return load_framework(TARGET_FRAMEWORKS[target])
 
 
 def plan_config(plan: LaunchPlan):
@@ -143,7 +144,8 @@ def framework_refusal(plan: LaunchPlan, profile: FrameworkProfile) -> str | None
     """Why `profile`'s stack cannot run `plan` (its capabilities, exclusions and layer split), or None.
 
     The same judge the search prunes with (planner.frameworks.refusal), so a plan made for one framework and
-    exported to another is re-checked against the target, not refused for its name."""
+    exported to another is re-checked against the target, not refused for its name. Full recompute of only some
+    layers is not judged here: every exporter writes at least as much recompute as the plan (never more memory)."""
     from planner.frameworks import interleaved_split_reason, precision_refusal, refusal
 
     reason = precision_refusal(profile, plan.request.precision)
@@ -152,12 +154,7 @@ def framework_refusal(plan: LaunchPlan, profile: FrameworkProfile) -> str | None
     found = refusal(profile, plan_config(plan), allow_stale_weights=True)  # the plan already chose its schedule
     if found is not None:
         return found[1]
-    par, counts, full = plan.parallelism, stage_layer_counts(plan), full_recompute_layers(plan)
-    partial = any(full) and not all(f >= c for f, c in zip(full, counts) if c)
-    if partial and base_recompute(plan) != "full" and not profile.capabilities.recompute.partial_full:
-        return (f"full recompute of {sum(full)} of {sum(counts)} layers (per stage {full}) is not run by framework "
-                f"{profile.name!r}, which recomputes all layers or none ({profile.capabilities.recompute.source}): "
-                "re-plan with --recompute full or none")
+    par = plan.parallelism
     if par.pp > 1 and par.vpp > 1:
         found = interleaved_split_reason(profile, num_layers=plan.request.model.num_layers, pp=par.pp, vpp=par.vpp,
                                          num_microbatches=plan.batch.num_microbatches)
@@ -166,7 +163,7 @@ def framework_refusal(plan: LaunchPlan, profile: FrameworkProfile) -> str | None
     return None
 
 
-def check_framework(plan: LaunchPlan, target: str, *, label: str | None = None) -> FrameworkProfile:
+def check_framework(plan: LaunchPlan, target: str) -> FrameworkProfile:
     """Refuse (BadInputError, exit 2) a plan the target's stack cannot run; return the target's profile.
 
     A plan made for another framework (plan.request.framework != the target's) is judged on its configuration."""
@@ -175,6 +172,6 @@ def check_framework(plan: LaunchPlan, target: str, *, label: str | None = None) 
     if reason is not None:
         made_for = plan.request.framework
         origin = f" (the plan was made for framework {made_for!r})" if made_for != profile.name else ""
-        raise refuse(label or target, f"framework {profile.name!r} cannot run this plan{origin}: {reason}",
+        raise refuse(target, f"framework {profile.name!r} cannot run this plan{origin}: {reason}",
                      f"re-plan with --framework {profile.name}")
     return profile

@@ -68,13 +68,16 @@ def _check(plan: LaunchPlan, warnings: list[str]) -> None:
 
 def _recompute(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any] | None:
     mode = base_recompute(plan)
-    full = sum(stage.recompute.full_layers for stage in plan.stages)
+    per_stage = [stage.recompute.full_layers for stage in sorted(plan.stages, key=lambda s: s.stage)]
+    full = sum(per_stage)
     if mode == "none" and not full:
         return None
-    warnings.append(
-        f"activation checkpointing ({mode}, {full} layers fully recomputed) is applied in model code "
-        "(deepspeed.checkpointing.checkpoint / PipelineModule(activation_checkpoint_interval=...))"
-    )
+    if full and mode != "full":
+        how = (f"checkpoint {max(per_stage)} decoder layers per pipeline stage ({per_stage} in the plan), e.g. "
+               f"PipelineModule(activation_checkpoint_interval=...) or deepspeed.checkpointing.checkpoint on those layers")
+    else:
+        how = "checkpoint every decoder layer (deepspeed.checkpointing.checkpoint / PipelineModule(activation_checkpoint_interval=1))"
+    warnings.append(f"activation checkpointing ({mode}, {full} layers fully recomputed) is applied in model code: {how}")
     return {"partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False}
 
 

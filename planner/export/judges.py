@@ -31,9 +31,6 @@ from dataclasses import dataclass
 from planner.export.common import Export
 from planner.schemas.plan import LaunchPlan
 
-TITAN_RANKS_CHECKED = 64  # pp ranks whose schedule is built (pp is at most a few dozen in practice)
-
-
 class JudgeUnavailable(RuntimeError):
     """The framework whose validation code would judge this export is not importable here."""
 
@@ -63,9 +60,13 @@ def _quiet():
 
 
 def _first_line(exc: BaseException, err: io.StringIO | None = None) -> str:
-    text = str(exc).strip() or (err.getvalue() if err is not None else "") or type(exc).__name__
-    lines = [line.strip(" │╭╰─") for line in text.splitlines() if line.strip(" │╭╰─")]
-    return " ".join(lines[:3])[:300]
+    """A one-line reason: the exception's message, or what the framework printed before exiting (tyro, argparse)."""
+    printed = err.getvalue() if err is not None else ""
+    text = (printed if isinstance(exc, SystemExit) and printed else str(exc)).strip() or type(exc).__name__
+    lines = [line.strip(" │╭╰─╮╯") for line in text.splitlines()]
+    lines = [line for line in lines if line and not set(line) <= set("─ ")]
+    errors = [line for line in lines if "error:" in line.lower()]  # argparse prints usage first, the error last
+    return " ".join(errors or lines[:3])[:300]
 
 
 def judge(plan: LaunchPlan, export: Export) -> Verdict:
@@ -87,6 +88,8 @@ def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
     with _quiet() as err:
         try:
             config = ConfigManager().parse_args(args)
+        except ImportError as exc:  # the model module needs what is not installed here (triton, torchao)
+            raise JudgeUnavailable(f"torchtitan's --module {args[1]} is not importable here: {exc}") from None
         except (SystemExit, Exception) as exc:  # tyro reports a bad override by printing and exiting
             return Verdict(False, f"ConfigManager.parse_args: {_first_line(exc, err)}")
         try:
@@ -129,20 +132,23 @@ def _titan_pipeline(config, dims, plan: LaunchPlan) -> None:
     parts = p.module_fqns_per_model_part
     assert parts, "module_fqns_per_model_part is not set: torchtitan would split the model its own way"
     names = _generate_llm_fqn_per_model_part(1, layers)[0]
-    assert [n for part in parts for n in part] == names, f"model parts {parts} are not torchtitan's modules {names[:2]}..{names[-2:]}"
+    placed = [n for part in parts for n in part]
+    assert placed == names, (f"the model parts are not torchtitan's modules in order: unknown {sorted(set(placed) - set(names))}, "
+                             f"missing {sorted(set(names) - set(placed))}")
     model_layers = getattr(getattr(config.model_spec, "model", None), "layers", None)
     if model_layers is not None and plan.request.model.name in _same_model_configs():
         assert len(model_layers) == layers, f"config model has {len(model_layers)} layers, the plan {layers}"
     schedule_class = get_schedule_class(p.pipeline_parallel_schedule)
     n_microbatches = config.training.local_batch_size // p.pipeline_parallel_microbatch_size
-    for rank in range(min(dims.pp, TITAN_RANKS_CHECKED)):
+    single = issubclass(schedule_class, PipelineScheduleSingle)
+    for rank in range(dims.pp):  # torchtitan's own rank -> stage assignment; every rank runs the same count
         indices = _get_pp_rank_to_stage_indices_mapping(rank, dims.pp, p.pipeline_parallel_schedule, len(parts))
-        stages = [_StubStage(i, len(parts), dims.pp, rank) for i in indices]
-        if issubclass(schedule_class, PipelineScheduleSingle):
-            assert len(stages) == 1, f"{p.pipeline_parallel_schedule} runs one stage per rank, rank {rank} has {len(stages)}"
-            schedule_class(stages[0], n_microbatches=n_microbatches)
-        else:
-            schedule_class(stages, n_microbatches=n_microbatches)
+        assert not single or len(indices) == 1, f"{p.pipeline_parallel_schedule} runs one stage per rank, rank {rank} has {len(indices)}"
+    # torch's schedule constructor on rank 0's stages (the checks are the same on every rank; the multi-stage
+    # constructors compute the whole pipeline order, so one rank is enough and keeps 64-rank pipelines fast)
+    indices = _get_pp_rank_to_stage_indices_mapping(0, dims.pp, p.pipeline_parallel_schedule, len(parts))
+    stages = [_StubStage(i, len(parts), dims.pp, 0) for i in indices]
+    schedule_class(stages[0] if single else stages, n_microbatches=n_microbatches)
 
 
 def _same_model_configs() -> set[str]:
@@ -171,10 +177,28 @@ def judge_megatron(plan: LaunchPlan, export: Export) -> Verdict:
     args = script_array(export.text, "PLANNER_MEGATRON_ARGS")
     path = os.environ.get("MEGATRON_LM_PATH")
     if path:
-        return _megatron_lm(args, plan, path, "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export.text)
-    from planner.export.judges_megatron import megatron_core_verdict
+        verdict = _megatron_lm(args, plan, path, "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export.text)
+    else:
+        from planner.export.judges_megatron import megatron_core_verdict
 
-    return megatron_core_verdict(args, plan.request.gpus)
+        verdict = megatron_core_verdict(args, plan.request.gpus)
+    return verdict if not verdict.accepted else _megatron_interleaved_groups(plan)
+
+
+def _megatron_interleaved_groups(plan: LaunchPlan) -> Verdict:
+    """megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving, checked at the
+    first step (not by validate_args): micro-batches run in groups of microbatch_group_size_per_vp_stage (default
+    pp, model_parallel_config.py); the group must lie in [pp, M] and M % group be 0 or >= pp."""
+    par, m = plan.parallelism, plan.batch.num_microbatches
+    if par.pp == 1 or par.vpp == 1:
+        return Verdict(True)
+    group = par.pp
+    if group > m:
+        return Verdict(False, f"schedules.py: the number of contiguous micro-batches in a virtual pipeline stage should "
+                              f"range in [PP={par.pp}, M={m}]")
+    if 0 < m % group < par.pp:
+        return Verdict(False, f"schedules.py: the remainder of M={m} divided by N={group} should be 0 or >= pp")
+    return Verdict(True)
 
 
 def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1: bool) -> Verdict:

@@ -27,7 +27,7 @@ INT_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "cont
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
              "position-embedding-type", "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq",
              "moe-token-dispatcher-type")
-BOOL_FLAGS = ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "overlap-p2p-comm", "swiglu",
+BOOL_FLAGS = ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
               "add-qkv-bias", "qk-layernorm", "multi-latent-attention")
 

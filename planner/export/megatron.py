@@ -8,7 +8,8 @@ its reason; the acceptance judges run validate_args itself, planner.export.judge
 - num_attention_heads and num_query_groups divisible by tp.
 - MoE with tp > 1 needs --sequence-parallel ("When using MoE and tensor parallelism, sequence parallelism
   must be used."); num_experts % expert_model_parallel_size == 0.
-- Interleaved schedule: pp > 2, or pp > 1 with --overlap-p2p-comm (added here when pp == 2);
+- Interleaved schedule: pp > 2, or pp > 1 with P2P overlap, which is on by default (the flag is
+  --no-overlap-p2p-communication; there is no --overlap-p2p-comm in core_v0.16 .. core_v0.19, so none is written);
   num_microbatches divisible by pp.
 - Layer split: without a layout, num_layers divisible by pp (by pp * vpp per virtual stage); uneven
   stages via --decoder-first/last-pipeline-num-layers when only the end stages differ (middle stages even),
@@ -16,7 +17,9 @@ its reason; the acceptance judges run validate_args itself, planner.export.judge
   "|", ordered virtual stage by virtual stage, which is our stage index: stage = vpp_rank * pp + pp_rank).
 - Context parallelism splits the sequence into 2 * cp chunks for causal load balance: seq_len % (2*cp) == 0.
 - Recompute: one granularity for all layers: selective (core attention) or full with --recompute-method
-  uniform|block and --recompute-num-layers (block: the first N layers of each virtual stage).
+  uniform|block and --recompute-num-layers (block: the first N layers of each virtual stage). What one
+  granularity cannot say (selective plus some full layers, different counts per stage) is exported as more
+  recompute (full everywhere, or the largest count), with a warning: never more memory than the plan.
 - Schedules: 1F1B and interleaved 1F1B only; GPipe maps to 1F1B (same bubble, less memory).
 """
 
@@ -89,10 +92,11 @@ def _check_schedule(plan: LaunchPlan, warnings: list[str]) -> list[str]:
         raise refuse(
             TARGET,
             f"number of microbatches ({batch.num_microbatches}) is not divisible by pipeline-model-parallel-size "
-            f"({par.pp}) when using interleaved schedule",
+            f"({par.pp}) when using interleaved schedule (megatron/core/pipeline_parallel/schedules.py runs micro-batches "
+            "in groups of microbatch_group_size_per_vp_stage, which Megatron-LM leaves at pp)",
             f"choose a global batch that gives a multiple of {par.pp} micro-batches",
         )
-    return ["--overlap-p2p-comm"] if par.pp == 2 else []
+    return []  # overlap_p2p_comm defaults to True, which lets pp == 2 interleave (validate_args)
 
 
 def _layout_args(plan: LaunchPlan) -> list[str]:
@@ -119,26 +123,27 @@ def _layout_args(plan: LaunchPlan) -> list[str]:
     return ["--pipeline-model-parallel-layout", "|".join(stages)]
 
 
-def _recompute_args(plan: LaunchPlan) -> list[str]:
+def _recompute_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
+    """One --recompute-granularity; what Megatron cannot say exactly becomes more recompute (never more memory)."""
     mode, full = base_recompute(plan), full_recompute_layers(plan)
     counts = stage_layer_counts(plan)
+    everything = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if mode == "full" or (any(full) and all(f >= c for f, c in zip(full, counts))):
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        return everything
     if not any(full):
         return ["--recompute-granularity", "selective"] if mode == "selective" else []
     if mode == "selective":
-        raise refuse(
-            TARGET,
-            "Megatron takes one --recompute-granularity, and this plan fully recomputes some layers on top of selective recompute",
-            "re-plan with --recompute full or --recompute none",
+        warnings.append(
+            f"selective recompute plus full recompute of {sum(full)} of {sum(counts)} layers exported as full recompute of "
+            "every layer (Megatron takes one --recompute-granularity): no more memory than the plan, slower"
         )
+        return everything
     if len(set(full)) > 1:
-        raise refuse(
-            TARGET,
-            f"--recompute-num-layers is one number for every virtual stage, and this plan recomputes {list(full)} layers per stage",
-            "re-plan with --recompute full or none",
+        warnings.append(
+            f"full recompute of {list(full)} layers per virtual stage exported as --recompute-num-layers {max(full)} for "
+            "every stage (one number in Megatron): no more memory than the plan, possibly slower"
         )
-    return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(full[0])]
+    return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(max(full))]
 
 
 def _model_args(spec: ModelSpec, seq_len: int, warnings: list[str]) -> list[str]:
@@ -233,7 +238,7 @@ def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     check_framework(plan, TARGET)
     warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "tp-cp-ep-dp-pp (innermost first)")
     _check_divisibility(plan)
-    args = _parallel_args(plan, warnings) + _check_schedule(plan, warnings) + _layout_args(plan) + _recompute_args(plan)
+    args = _parallel_args(plan, warnings) + _check_schedule(plan, warnings) + _layout_args(plan) + _recompute_args(plan, warnings)
     precision = plan.request.precision
     if precision in ("bf16", "amp-bf16", "fp8"):
         args.append("--bf16")

@@ -86,7 +86,7 @@ def export_slurm(plan: LaunchPlan) -> Export:
 
     target = "slurm"
     check_exportable(plan, target)
-    check_framework(plan, "torchrun", label=target)
+    check_framework(plan, target)
     _executor_ready(plan, target)
     node_layout(plan, target)
     sbatch = launch_scripts(plan, plan_path="plan.json").sbatch

@@ -21,8 +21,9 @@ torchtitan 0.3's rules, refused here with its reason:
 - Trainer.__init__: seq_len divisible by tp (with sequence parallelism) * 2*cp; global batch a multiple of
   local_batch_size * (dp_replicate * dp_shard); local_batch_size a multiple of pipeline_parallel_microbatch_size.
 - torch.distributed.pipelining: Schedule1F1B needs n_microbatches >= stages (exported as GPipe, same bubble and
-  the same activations when fewer micro-batches than stages); Interleaved schedules need n_microbatches a
-  multiple of max(1, n_microbatches // pp).
+  the same activations when fewer micro-batches than stages); ScheduleInterleaved1F1B and
+  ScheduleInterleavedZeroBubble (also with one stage per rank) need n_microbatches a multiple of
+  max(1, n_microbatches // pp).
 - One activation-checkpoint policy for every block, no every-n-th-layer option in 0.3: a plan that fully
   recomputes only some layers is exported as full AC (never less recompute, so never more memory).
 """
@@ -54,6 +55,10 @@ BASE_CONFIGS = {
     "llama3-405b": ("llama3", "llama3_405b"),
     "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
 }
+# What a base config turns on that the plan did not assume (the converters live in the model spec: no flag).
+BASE_NOTES = {
+    "llama3_405b": "torchtitan's llama3_405b config turns on Float8 linear layers (torchao), torch.compile and async TP",
+}
 DEFAULT_DENSE = ("llama3", "llama3_8b")
 DEFAULT_MOE = ("deepseek_v3", "deepseek_v3_16b")
 EXECUTOR_HEAD = "output"  # the plan's (our executor's) name of the output projection
@@ -63,7 +68,11 @@ def base_config(plan: LaunchPlan, warnings: list[str]) -> tuple[str, str]:
     """The `--module/--config` pair for the plan's model; a stand-in (with a warning) when torchtitan has none."""
     spec = plan.request.model
     if spec.name in BASE_CONFIGS:
-        return BASE_CONFIGS[spec.name]
+        module, function = BASE_CONFIGS[spec.name]
+        if function in BASE_NOTES:
+            warnings.append(f"{BASE_NOTES[function]}, which the plan (precision={plan.request.precision}) did not assume: "
+                            "derive a config without them for the predicted step time")
+        return module, function
     module, function = DEFAULT_MOE if spec.moe is not None else DEFAULT_DENSE
     warnings.append(
         f"torchtitan 0.3 has no config for model {spec.name!r}: the script names --module {module} --config {function} "
@@ -105,7 +114,7 @@ def _schedule(plan: LaunchPlan, profile: FrameworkProfile, warnings: list[str]) 
         warnings.append(f"1F1B with {nmb} micro-batches < {par.pp} stages (torch's Schedule1F1B refuses it) exported as "
                         "GPipe: the same bubble and the same activations held when micro-batches are fewer than stages")
         return profile.native_schedule("gpipe")
-    if par.vpp > 1:
+    if plan.schedule in ("interleaved", "zero-bubble"):  # torch's multi-stage schedules, whatever vpp
         rounds = max(1, nmb // par.pp)
         if nmb % rounds:
             raise refuse(TARGET, f"{name} requires num_microbatches={nmb} to be a multiple of its number of rounds "

@@ -1,12 +1,12 @@
 """Exporters: each output parses, carries the plan's degrees, satisfies the target framework's own rules
-(checked here by an independent re-implementation of those rules), and refused cases say why."""
+(checked here by an independent re-implementation of those rules; tests/unit/test_export_judges.py runs the
+frameworks' own validation code), and refused cases say why."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import shlex
-import tomllib
 
 import pytest
 
@@ -70,48 +70,69 @@ def make_plan(*, dp=2, tp=4, pp=2, vpp=1, cp=1, ep=1, sp=True, zero=1, schedule=
     )
 
 
-# ---- torchtitan -------------------------------------------------------------------------------------------
+# ---- torchtitan ------------------------------------------------------------------------------------------
 
-def test_torchtitan_toml_parses_and_carries_degrees():
+def titan_args(text: str) -> dict[str, list[str]]:
+    """The exported torchtitan 0.3 array as {flag: values}; the activation-checkpoint subcommand under 'ac'."""
+    words = shlex.split(text.split("PLANNER_TORCHTITAN_ARGS=(")[1].split("\n)")[0])
+    out: dict[str, list[str]] = {}
+    flag = None
+    for word in words:
+        if word.startswith("activation-checkpoint:"):
+            out["ac"] = [word.split(":", 1)[1]]
+        elif word.startswith("--"):
+            flag = word
+            out[flag] = []
+        else:
+            out[flag].append(word)
+    assert words[-1].startswith("activation-checkpoint:"), "the subcommand must come last"
+    return out
+
+
+def test_torchtitan_arguments_carry_degrees_stages_and_lm_head():
     plan = make_plan(dp=2, tp=4, pp=2, vpp=2, schedule="interleaved", zero=3, counts=[9, 7, 8, 8], mbs=2, gbs=64)
-    doc = tomllib.loads(export_plan(plan, "torchtitan").text)
-    par = doc["parallelism"]
-    assert par["tensor_parallel_degree"] == 4 and par["pipeline_parallel_degree"] == 2
-    assert par["data_parallel_shard_degree"] == 2 and par["data_parallel_replicate_degree"] == 1
-    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    parts = par["module_fqns_per_model_part"]
-    assert [len(p) for p in parts] == [10, 7, 8, 10] and parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
-    assert parts == [list(stage.layers) for stage in plan.stages]
-    world = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * par["context_parallel_degree"]
-    assert world == plan.request.gpus
-    train = doc["training"]
-    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
-    assert train["global_batch_size"] == 64 and train["local_batch_size"] * dp == 64 and train["seq_len"] == 8192
-    assert train["local_batch_size"] % par["pipeline_parallel_microbatch_size"] == 0
+    a = titan_args(export_plan(plan, "torchtitan").text)
+    assert a["--module"] == ["llama3"] and a["--config"] == ["llama3_8b"]
+    assert a["--parallelism.tensor_parallel_degree"] == ["4"] and a["--parallelism.pipeline_parallel_degree"] == ["2"]
+    assert a["--parallelism.data_parallel_shard_degree"] == ["2"] and a["--parallelism.data_parallel_replicate_degree"] == ["1"]
+    assert a["--parallelism.pipeline_parallel_schedule"] == ["Interleaved1F1B"]
+    parts = [part.split(",") for part in a["--parallelism.module_fqns_per_model_part"]]
+    assert [len(p) for p in parts] == [10, 7, 8, 10] and parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    assert "output" not in sum(parts, [])
+    assert "--training.disable_cuda_graphs" in a  # Trainer.Config: CUDA graphs do not support PP
+    local, gbs = int(a["--training.local_batch_size"][0]), int(a["--training.global_batch_size"][0])
+    assert gbs == 64 and local * 2 == 64 and local % int(a["--parallelism.pipeline_parallel_microbatch_size"][0]) == 0
+    assert a["ac"] == ["none"]
 
 
 def test_torchtitan_ddp_gradient_accumulation_and_recompute():
     plan = make_plan(dp=8, tp=1, pp=1, zero=0, gbs=64, mbs=2, recompute="full")
-    doc = tomllib.loads(export_plan(plan, "torchtitan").text)
-    assert doc["parallelism"]["data_parallel_replicate_degree"] == 8 and doc["parallelism"]["data_parallel_shard_degree"] == 1
-    assert "module_fqns_per_model_part" not in doc["parallelism"]
-    assert doc["training"]["global_batch_size"] // (doc["training"]["local_batch_size"] * 8) == 4  # gradient accumulation
-    assert doc["activation_checkpoint"]["mode"] == "full"
+    a = titan_args(export_plan(plan, "torchtitan").text)
+    assert a["--parallelism.data_parallel_replicate_degree"] == ["8"] and a["--parallelism.data_parallel_shard_degree"] == ["1"]
+    assert "--parallelism.module_fqns_per_model_part" not in a and "--training.disable_cuda_graphs" not in a
+    assert int(a["--training.global_batch_size"][0]) // (int(a["--training.local_batch_size"][0]) * 8) == 4  # accumulation
+    assert a["ac"] == ["full"]
 
 
-def test_torchtitan_partial_full_recompute_never_recomputes_less():
-    plan = make_plan(counts=[16, 16], full_layers=[5, 3])
+def test_torchtitan_partial_full_recompute_becomes_full_ac():
+    result = export_plan(make_plan(zero=2, counts=[16, 16], full_layers=[5, 3]), "torchtitan")
+    assert titan_args(result.text)["ac"] == ["full"] and any("5+3" in w or "8 of 32" in w for w in result.warnings)
+
+
+def test_torchtitan_1f1b_with_fewer_microbatches_than_stages_runs_as_gpipe():
+    plan = make_plan(dp=2, tp=1, pp=8, zero=2, gbs=8, counts=[4] * 8)  # 4 micro-batches, 8 stages
     result = export_plan(plan, "torchtitan")
-    every = int(tomllib.loads(result.text)["activation_checkpoint"]["selective_ac_option"])
-    assert all(16 // every >= f for f in (5, 3)) and any("every" in w for w in result.warnings)
+    assert titan_args(result.text)["--parallelism.pipeline_parallel_schedule"] == ["GPipe"]
 
 
 @pytest.mark.parametrize(
     "kwargs, reason",
     [
-        (dict(schedule="2bw"), "not in torch.distributed.pipelining"),
-        (dict(dp=4, ep=2, zero=0, spec=ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))), "dp2ep"),
-        (dict(recompute="selective", counts=[16, 16], full_layers=[2, 2]), "one activation-checkpoint policy"),
+        (dict(schedule="2bw", zero=2), "schedule='2bw' is not run by framework 'torchtitan'"),
+        (dict(zero=1), "zero_stage=1 is not run by framework 'torchtitan'"),
+        (dict(dp=4, tp=1, pp=1, ep=2, zero=0, spec=ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))),
+         "dp_shard\\*cp\\*tp == efsdp\\*ep"),
+        (dict(zero=2, seq_len=8190), "seq_len=8190 must be divisible by 4"),
     ],
 )
 def test_torchtitan_refusals_say_why(kwargs, reason):
@@ -133,7 +154,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     for flag in ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization", "position-embedding-type",
                  "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq", "moe-token-dispatcher-type"):
         p.add_argument("--" + flag, default=None)
-    for flag in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "overlap-p2p-comm", "swiglu",
+    for flag in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
                  "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm"):
         p.add_argument("--" + flag, action="store_true")
     return p
@@ -171,7 +192,7 @@ def assert_megatron_valid(args: list[str], world: int, num_microbatches_expected
         assert a.num_experts % (a.expert_model_parallel_size or 1) == 0
         assert tp == 1 or a.sequence_parallel
     if a.num_virtual_stages_per_pipeline_rank or (a.pipeline_model_parallel_layout and a.pipeline_model_parallel_layout.count("|") + 1 > pp):
-        assert pp > 2 or a.overlap_p2p_comm
+        assert pp > 1  # pp == 2 is fine: P2P overlap is on by default (--no-overlap-p2p-communication turns it off)
         assert num_microbatches % pp == 0
     assert sum(layers_per_virtual_stage(a, pp)) == a.num_layers
     return a
@@ -196,6 +217,16 @@ def test_megatron_arguments_satisfy_megatron_rules(kwargs):
     assert vstages == [sum(name.startswith("layers.") for name in s.layers) for s in plan.stages]
 
 
+def test_megatron_recompute_it_cannot_say_exactly_is_more_recompute():
+    args, warnings = megatron_arguments(make_plan(recompute="none", counts=[16, 16], full_layers=[2, 3]))
+    a = megatron_parser().parse_args(args)
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "block", 3)
+    assert any("one number" in w for w in warnings)
+    args, warnings = megatron_arguments(make_plan(recompute="selective", counts=[16, 16], full_layers=[2, 2]))
+    a = megatron_parser().parse_args(args)
+    assert (a.recompute_granularity, a.recompute_method) == ("full", "uniform") and any("every layer" in w for w in warnings)
+
+
 def test_megatron_uneven_end_stages_use_first_last_flags():
     args, _ = megatron_arguments(make_plan(dp=1, tp=2, pp=4, counts=[7, 9, 9, 7], gbs=32))
     a = megatron_parser().parse_args(args)
@@ -216,11 +247,10 @@ def test_megatron_script_is_sourceable_text_and_moe_flags():
 @pytest.mark.parametrize(
     "kwargs, reason",
     [
-        (dict(schedule="zero-bubble"), "implements 1F1B and interleaved 1F1B pipelines only"),
+        (dict(schedule="zero-bubble"), "schedule='zero-bubble' is not run by framework 'megatron-core'"),
         (dict(dp=2, tp=2, pp=4, vpp=2, schedule="interleaved", gbs=12, counts=[4] * 8), "not divisible by pipeline-model-parallel-size"),
-        (dict(dp=4, tp=2, pp=1, sp=False, ep=2, spec=ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))), "sequence parallelism must be used"),
+        (dict(dp=4, tp=2, pp=1, sp=False, ep=2, spec=ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))), "needs --sequence-parallel for MoE"),
         (dict(dp=4, tp=2, pp=1, cp=1, seq_len=8190), None),
-        (dict(recompute="none", counts=[16, 16], full_layers=[2, 3]), "one number for every virtual stage"),
     ],
 )
 def test_megatron_refusals_say_why(kwargs, reason):
@@ -242,7 +272,7 @@ def test_deepspeed_batch_triple_and_zero():
 
 
 def test_deepspeed_refuses_zero2_with_pipeline():
-    with pytest.raises(BadInputError, match="ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"):
+    with pytest.raises(BadInputError, match="zero_stage=2 is not run by framework 'deepspeed' with pp > 1"):
         export_plan(make_plan(pp=2, zero=2), "deepspeed")
     cfg = json.loads(export_plan(make_plan(pp=2, zero=1), "deepspeed").text)
     assert cfg["zero_optimization"]["stage"] == 1
@@ -260,7 +290,7 @@ def test_torchrun_and_slurm_scripts_carry_world_layout():
 
 
 def test_scripts_refuse_what_the_executor_cannot_run():
-    with pytest.raises(BadInputError, match="cannot export to torchrun: the executor cannot run this plan"):
+    with pytest.raises(BadInputError, match="cannot export to torchrun: (the executor|framework 'planner') cannot run this plan"):
         export_plan(make_plan(dp=2, tp=8, pp=2, zero=1, schedule="2bw"), "torchrun")  # 2BW runs with zero_stage 0 only
 
 
@@ -286,10 +316,13 @@ def test_real_estimates_export_within_each_framework_rules():
     args, _ = megatron_arguments(plan)
     a = assert_megatron_valid(args, plan.request.gpus, plan.batch.num_microbatches)
     assert a.num_virtual_stages_per_pipeline_rank == 2 or a.pipeline_model_parallel_layout
-    doc = tomllib.loads(export_plan(plan, "torchtitan").text)
-    assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert doc["parallelism"]["module_fqns_per_model_part"] == [list(s.layers) for s in sorted(plan.stages, key=lambda s: s.stage)]
-    with pytest.raises(BadInputError, match="DeepSpeed pipeline engine runs only its 1F1B"):
+    with pytest.raises(BadInputError, match="torchtitan: framework 'torchtitan' cannot run this plan \\(the plan was made for "
+                                            "framework 'megatron-core'\\): zero_stage=1"):
+        export_plan(plan, "torchtitan")
+    sharded = plan.model_copy(update={"parallelism": plan.parallelism.model_copy(update={"zero_stage": 2})})
+    parts = titan_args(export_plan(sharded, "torchtitan").text)["--parallelism.module_fqns_per_model_part"]
+    assert parts == [",".join(s.layers).replace("output", "lm_head") for s in sorted(plan.stages, key=lambda s: s.stage)]
+    with pytest.raises(BadInputError, match="schedule='interleaved' is not run by framework 'deepspeed'"):
         export_plan(plan, "deepspeed")
     flat = api.estimate(request, Configuration(parallelism=Parallelism(dp=8, tp=4, pp=1, sp=True, zero_stage=3), recompute="full"))
     cfg = json.loads(export_plan(flat, "deepspeed").text)
@@ -298,8 +331,8 @@ def test_real_estimates_export_within_each_framework_rules():
 
 
 def test_axis_order_other_than_the_frameworks_is_warned():
-    plan = make_plan()
-    assert not export_plan(plan, "megatron").warnings
-    moved = plan.model_copy(update={"parallelism": plan.parallelism.model_copy(update={"axis_order": ("cp", "pp", "dp", "tp")})})
-    for target in ("megatron", "torchtitan"):
+    for target, zero in (("megatron", 1), ("torchtitan", 2)):
+        plan = make_plan(zero=zero)
+        assert not [w for w in export_plan(plan, target).warnings if "axis_order" in w]
+        moved = plan.model_copy(update={"parallelism": plan.parallelism.model_copy(update={"axis_order": ("cp", "pp", "dp", "tp")})})
         assert any("axis_order is cp>pp>dp>tp" in w for w in export_plan(moved, target).warnings)

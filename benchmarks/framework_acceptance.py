@@ -1,0 +1,138 @@
+"""Do the frameworks accept what we export? Plans made for each stack, exported, judged by that stack's own code.
+
+For each of REQUESTS (dense and MoE, 8 to 16,384 GPUs, layer counts that do not divide evenly, long sequences)
+and each framework (megatron-core, torchtitan, deepspeed, planner): `api.build_request(..., framework=NAME)`,
+`api.plan`, `export_plan(plan, <the framework's exporter>)`, then `planner.export.judges.judge`:
+
+  megatron-core  Megatron-LM's parse_args + validate_args + core_transformer_config_from_args when
+                 $MEGATRON_LM_PATH points at a Megatron-LM checkout (e.g. `git archive core_v0.16.1 megatron/training
+                 megatron/legacy megatron/rl megatron/post_training`), else megatron-core's TransformerConfig
+  torchtitan     torchtitan 0.3 ConfigManager.parse_args, ParallelDims, torch's pipeline schedule per pp rank
+  deepspeed      DeepSpeedConfig(config, mpu=<PipeModelDataParallelTopology sizes>) in a fake world of the plan's size
+  planner        planner.executor.runnable.check_runnable (our executor's pre-launch check)
+
+Outcomes: `ok` accepted; `REJECTED` exported but the framework's code refused it (the bug this measures);
+`refused` our exporter refused (with the reason); `no plan` the search found no configuration the profile runs;
+`n/a` the framework is not installed here. The acceptance rate is accepted / exported.
+
+    PYTHONPATH=. MEGATRON_LM_PATH=/path/to/Megatron-LM python benchmarks/framework_acceptance.py [--time-limit 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+FRAMEWORKS = ("megatron-core", "torchtitan", "deepspeed", "planner")
+
+# (label, model, gpus, global batch, seq_len): nodes of 8 GPUs (dgx-h100) unless the GPU count is smaller.
+REQUESTS = [
+    ("8b-8gpu", "llama3-8b", 8, 256, 8192),
+    ("8b-64gpu-32k", "llama3-8b", 64, 64, 32768),
+    ("8b-16gpu-128k", "llama3-8b", 16, 16, 131072),
+    ("tinyllama-8gpu", "tinyllama-1.1b", 8, 512, 2048),
+    ("70b-64gpu", "llama3-70b", 64, 512, 8192),
+    ("70b-256gpu", "llama3-70b", 256, 1024, 8192),
+    ("70b-1024gpu-32k", "llama3-70b", 1024, 512, 32768),
+    ("405b-1024gpu", "llama3-405b", 1024, 1024, 8192),
+    ("405b-16384gpu", "llama3-405b", 16384, 2048, 8192),
+    ("405b-2048gpu-128k", "llama3-405b", 2048, 128, 131072),
+    ("gpt3-175b-512gpu", "gpt3-175b", 512, 1536, 2048),
+    ("bloom-176b-384gpu", "bloom-176b", 384, 2048, 2048),
+    ("opt-175b-1024gpu", "opt-175b", 1024, 2048, 2048),
+    ("mtnlg-530b-2240gpu", "mt-nlg-530b", 2240, 1920, 2048),
+    ("glm-130b-768gpu", "glm-130b", 768, 4224, 2048),
+    ("neox-20b-96gpu", "gpt-neox-20b", 96, 1536, 2048),
+    ("mixtral-8x7b-64gpu", "mixtral-8x7b", 64, 512, 4096),
+    ("mixtral-8x22b-256gpu", "mixtral-8x22b", 256, 1024, 8192),
+    ("mixtral-8x7b-16gpu-32k", "mixtral-8x7b", 16, 32, 32768),
+    ("dsv3-2048gpu", "deepseek-v3", 2048, 4096, 4096),
+    ("dsv3-16384gpu", "deepseek-v3", 16384, 16384, 4096),
+    ("dsv3-1024gpu-16k", "deepseek-v3", 1024, 512, 16384),
+]
+
+
+@dataclass
+class Cell:
+    outcome: str  # ok | REJECTED | refused | no plan | n/a
+    detail: str = ""
+
+
+def plan_for(label: str, model: str, gpus: int, gbs: int, seq: int, framework: str, time_limit: float):
+    from planner import api
+    from planner.schemas.plan import SearchLimits
+
+    request = api.build_request(model=model, topology="dgx-h100", gpus=gpus, nodes=max(1, gpus // 8), global_batch_size=gbs,
+                                seq_len=seq, framework=framework, search=SearchLimits(time_limit_s=time_limit, top_k=0))
+    return api.plan(request)
+
+
+def one_cell(spec: tuple, framework: str, time_limit: float) -> Cell:
+    from planner.errors import BadInputError
+    from planner.export import export_plan
+    from planner.export.common import TARGET_FRAMEWORKS
+    from planner.export.judges import JudgeUnavailable, judge
+
+    target = {name: t for t, name in TARGET_FRAMEWORKS.items() if t != "slurm"}[framework]
+    try:
+        plan = plan_for(*spec, framework=framework, time_limit=time_limit)
+    except BadInputError as exc:
+        return Cell("no plan", str(exc))
+    if not plan.feasible:
+        return Cell("no plan", "; ".join(plan.infeasible_reasons)[:200])
+    par = plan.parallelism
+    shape = f"dp{par.dp} tp{par.tp} pp{par.pp}x{par.vpp} cp{par.cp} ep{par.ep} z{par.zero_stage} {plan.schedule}"
+    try:
+        export = export_plan(plan, target)
+    except BadInputError as exc:
+        return Cell("refused", f"{shape}: {exc}")
+    try:
+        verdict = judge(plan, export)
+    except JudgeUnavailable as exc:
+        return Cell("n/a", str(exc))
+    return Cell("ok" if verdict.accepted else "REJECTED", shape if verdict.accepted else f"{shape}: {verdict.reason}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--time-limit", type=float, default=3.0, help="search time limit per plan (s)")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    parser.add_argument("--only", default="", help="comma-separated request labels")
+    args = parser.parse_args(argv)
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    requests = [r for r in REQUESTS if not args.only or r[0] in args.only.split(",")]
+    cells: dict[tuple[str, str], Cell] = {}
+    for spec in requests:
+        for framework in frameworks:
+            start = time.perf_counter()
+            cells[spec[0], framework] = cell = one_cell(spec, framework, args.time_limit)
+            print(f"{spec[0]:<24} {framework:<14} {cell.outcome:<9} {time.perf_counter() - start:5.1f}s  {cell.detail}",
+                  file=sys.stderr, flush=True)
+    print_table(requests, frameworks, cells)
+    return 0 if all(c.outcome != "REJECTED" for c in cells.values()) else 1
+
+
+def print_table(requests: list, frameworks: list[str], cells: dict) -> None:
+    width = 12
+    print(f"{'request':<24}" + "".join(f"{f:>{width + 2}}" for f in frameworks))
+    for spec in requests:
+        print(f"{spec[0]:<24}" + "".join(f"{cells[spec[0], f].outcome:>{width + 2}}" for f in frameworks))
+    print()
+    for framework in frameworks:
+        mine = [cells[spec[0], framework] for spec in requests]
+        counts = {o: sum(c.outcome == o for c in mine) for o in ("ok", "REJECTED", "refused", "no plan", "n/a")}
+        exported = counts["ok"] + counts["REJECTED"]
+        rate = f"{counts['ok'] / exported:.0%}" if exported else "-"
+        print(f"{framework:<14} accepted {counts['ok']}/{exported} exported ({rate}); refused by exporter {counts['refused']}, "
+              f"no plan {counts['no plan']}, not installed {counts['n/a']}")
+    details = [(s[0], f, cells[s[0], f]) for s in requests for f in frameworks if cells[s[0], f].outcome not in ("ok", "n/a")]
+    if details:
+        print("\nnot accepted:")
+        for label, framework, cell in details:
+            print(f"  {label} / {framework}: {cell.outcome}: {cell.detail}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
