@@ -96,9 +96,16 @@ def build_config(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     if precision == "fp8":
         warnings.append("fp8 needs Transformer Engine layers in the model code; the config enables bf16 around them")
-    if par.tp > 1:
+    if par.tp > 1 and par.pp == 1:
         config["tensor_parallel"] = {"autotp_size": par.tp}
-        warnings.append(f"tp={par.tp}: DeepSpeed AutoTP training (or Megatron-DeepSpeed's mpu) must build the TP groups")
+        warnings.append(f"tp={par.tp}: AutoTP shards the model on the mpu's tensor-parallel groups; a model that is already "
+                        "tensor-parallel (Megatron-DeepSpeed) drops the tensor_parallel section and passes only mpu=")
+    elif par.tp > 1:
+        warnings.append(
+            f"tp={par.tp} with pp={par.pp}: no tensor_parallel section, as AutoTP would replace the PipelineEngine's mpu "
+            "(deepspeed/runtime/engine.py _configure_tensor_parallel_states); the pipeline's layers must be "
+            f"tensor-parallel themselves (Megatron-DeepSpeed) on the topology's model-parallel groups (num_mp={par.tp})"
+        )
     checkpointing = _recompute(plan, warnings)
     if checkpointing is not None:
         config["activation_checkpointing"] = checkpointing

@@ -14,7 +14,8 @@ extra): a judge whose framework is not importable raises JudgeUnavailable, which
   otherwise megatron-core's `TransformerConfig`/`MLATransformerConfig` and `ConstantNumMicroBatchesCalculator`.
 - DeepSpeed: `DeepSpeedConfig(config, mpu=...)` in a fake-backend world of the plan's size, the mpu answering
   data-parallel size from `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)`; the PipelineEngine's ZeRO rule.
-- planner: our executor's pre-launch check `planner.executor.runnable.check_runnable`.
+- planner: our executor's pre-launch check `planner.executor.runnable.check_runnable`, then torch's schedule class
+  as the executor builds it (planner/executor/pipeline.py build_schedule) on stub stages.
 """
 
 from __future__ import annotations
@@ -303,6 +304,9 @@ def judge_deepspeed(plan: LaunchPlan, export: Export) -> Verdict:
 # ---- our executor -----------------------------------------------------------------------------------------
 
 def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
+    """check_runnable, then torch's schedule class built as planner/executor/pipeline.py build_schedule builds it
+    (SCHEDULE_CLASSES[plan.schedule] on rank 0's virtual stages, n_microbatches = the plan's): the constructor's
+    checks (1F1B: n >= stages; interleaved and zero-bubble: n a multiple of max(1, n // pp)) run before step 1."""
     from planner.errors import BadInputError
     from planner.executor.runnable import check_runnable
 
@@ -310,4 +314,18 @@ def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
         check_runnable(plan)
     except BadInputError as exc:
         return Verdict(False, f"check_runnable: {exc}")
+    par = plan.parallelism
+    if par.pp == 1:
+        return Verdict(True)
+    from torch.distributed import pipelining
+
+    from planner.executor.pipeline import MULTI_STAGE, SCHEDULE_CLASSES
+
+    cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
+    stages = [_StubStage(index, par.pp * par.vpp, par.pp, 0) for index in range(0, par.pp * par.vpp, par.pp)]
+    try:
+        with _quiet():
+            cls(stages if plan.schedule in MULTI_STAGE else stages[0], n_microbatches=plan.batch.num_microbatches)
+    except (ValueError, AssertionError) as exc:
+        return Verdict(False, f"torch {cls.__name__}: {_first_line(exc)}")
     return Verdict(True)

@@ -135,6 +135,15 @@ def test_planner_judge_is_the_executors_check():
     assert not judge(broken, Export(target="torchrun", text="", suffix=".sh")).accepted
 
 
+def test_planner_judge_builds_torchs_schedule_as_the_executor_does():
+    pytest.importorskip("torch")
+    ok = make_plan(dp=2, tp=1, pp=4, zero=2, schedule="zero-bubble", gbs=20, counts=[8] * 4)  # 10 micro-batches, 2 rounds
+    assert verdict(ok, "torchrun").accepted
+    odd = make_plan(dp=2, tp=1, pp=4, zero=2, schedule="zero-bubble", gbs=22, counts=[8] * 4)  # 11 micro-batches
+    result = verdict(odd, "torchrun")
+    assert not result.accepted and "multiple of the number of rounds" in result.reason
+
+
 def test_export_of_a_plan_made_for_another_framework_is_rechecked_not_refused_by_name():
     plan = make_plan(dp=2, tp=4, pp=2, zero=2)  # made for framework 'planner' (the default)
     assert plan.request.framework == "planner"
