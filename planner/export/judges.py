@@ -32,6 +32,17 @@ from dataclasses import dataclass
 from planner.export.common import Export
 from planner.schemas.plan import LaunchPlan
 
+# NVIDIA compute capability by device-name prefix: the frameworks ask torch.cuda, which this CPU machine lacks.
+CAPABILITIES = (("GB200", (10, 0)), ("B200", (10, 0)), ("H100", (9, 0)), ("H200", (9, 0)), ("H800", (9, 0)),
+                ("A100", (8, 0)), ("A800", (8, 0)), ("L40", (8, 9)))
+
+
+def device_capability(plan: LaunchPlan) -> tuple[int, int]:
+    """The compute capability of the plan's GPU (its topology's device name); (9, 0) when the name is unknown."""
+    name = plan.request.topology.device.name.upper()
+    return next((cap for prefix, cap in CAPABILITIES if name.startswith(prefix)), (9, 0))
+
+
 class JudgeUnavailable(RuntimeError):
     """The framework whose validation code would judge this export is not importable here."""
 
@@ -81,10 +92,13 @@ def judge(plan: LaunchPlan, export: Export) -> Verdict:
 
 def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
     try:
+        import torchtitan.components.quantization.float8 as float8
         from torchtitan.config import ConfigManager
         from torchtitan.distributed.parallel_dims import ParallelDims
     except ImportError as exc:
         raise JudgeUnavailable(f"torchtitan is not importable: {exc}") from None
+    capability = device_capability(plan)  # the plan's GPU: Float8 converters check it while the config is built
+    float8.has_cuda_capability = lambda major, minor: capability >= (major, minor)
     args = script_array(export.text, "PLANNER_TORCHTITAN_ARGS")
     with _quiet() as err:
         try:
@@ -205,7 +219,7 @@ def _megatron_interleaved_groups(plan: LaunchPlan) -> Verdict:
 def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1: bool) -> Verdict:
     """Megatron-LM's parse_args + validate_args + core_transformer_config_from_args on the exported flags.
 
-    The device is the plan's (an H100, compute capability 9.0) where validate_args asks torch.cuda; the user's
+    The device is the plan's (e.g. an H100: compute capability 9.0) where validate_args asks torch.cuda; the user's
     data, tokenizer and optimizer flags are stand-ins (--mock-data, NullTokenizer); TE's rope fusion is off
     because TransformerEngine is not installed here."""
     import torch
@@ -216,8 +230,9 @@ def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1
         import megatron.training.arguments as arguments
     except ImportError as exc:
         raise JudgeUnavailable(f"MEGATRON_LM_PATH={path!r}: megatron.training is not importable: {exc}") from None
-    arguments.get_device_arch_version = lambda: 9
-    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    capability = device_capability(plan)
+    arguments.get_device_arch_version = lambda: capability[0]
+    torch.cuda.get_device_capability = lambda *a, **k: capability
     env = {"WORLD_SIZE": str(plan.request.gpus), "RANK": "0", "LOCAL_RANK": "0"}
     if max_connections_1:  # the script exports it
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
