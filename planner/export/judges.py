@@ -5,13 +5,17 @@ extra): a judge whose framework is not importable raises JudgeUnavailable, which
 
 - torchtitan 0.3: `torchtitan.config.ConfigManager.parse_args` on the exported argument list (tyro parsing and
   Trainer.Config.__post_init__), `ParallelDims.from_config(...)` (world = dp_replicate*dp_shard*cp*tp*pp),
-  torch's pipeline schedule class built for every pp rank's stages as torchtitan's `_pipeline_module_split`
-  assigns them (`_get_pp_rank_to_stage_indices_mapping`), the module names against torchtitan's own
-  `_generate_llm_fqn_per_model_part` (and the config's model depth when it is the plan's model), and the checks
-  Trainer.__init__ makes inline (batch divisibility, seq_len vs tp/cp; efsdp = dp_shard*cp*tp // ep).
+  every pp rank's stages as torchtitan's `_pipeline_module_split` assigns them
+  (`_get_pp_rank_to_stage_indices_mapping`) and torch's schedule constructor on rank 0's, the module names against
+  torchtitan's own `_generate_llm_fqn_per_model_part` (and the config's model depth when it is the plan's model),
+  and the checks Trainer.__init__ makes inline (batch divisibility, seq_len vs tp/cp; efsdp = dp_shard*cp*tp // ep).
 - Megatron: with $MEGATRON_LM_PATH (a Megatron-LM checkout at the tag matching megatron-core) its
   `megatron/training/arguments.py` `parse_args` + `validate_args` + `core_transformer_config_from_args`;
-  otherwise megatron-core's `TransformerConfig`/`MLATransformerConfig` and `ConstantNumMicroBatchesCalculator`.
+  otherwise megatron-core's `TransformerConfig`/`MLATransformerConfig` and `ConstantNumMicroBatchesCalculator`
+  (planner.export.judges_megatron); then the interleaved schedule's micro-batch-group rule (schedules.py).
+
+Where a framework asks torch.cuda for the GPU (Float8 converters, validate_args), the judge answers with the plan's
+device (its compute capability, `device_capability`): this machine has no GPU. Those patches stay in the process.
 - DeepSpeed: `DeepSpeedConfig(config, mpu=...)` in a fake-backend world of the plan's size, the mpu answering
   data-parallel size from `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)`; the PipelineEngine's ZeRO rule.
 - planner: our executor's pre-launch check `planner.executor.runnable.check_runnable`, then torch's schedule class
