@@ -69,19 +69,31 @@ def plan_for(label: str, model: str, gpus: int, gbs: int, seq: int, framework: s
     return api.plan(request)
 
 
-def one_cell(spec: tuple, framework: str, time_limit: float) -> Cell:
+PLANS: dict[tuple[str, str], object] = {}  # (request label, framework) -> plan, for --cross
+
+
+def one_cell(spec: tuple, framework: str, time_limit: float, target_framework: str | None = None) -> Cell:
+    """Plan `spec` for `framework` and judge its export for `target_framework` (default: the same stack)."""
+    from planner.errors import BadInputError
+
+    try:
+        if (spec[0], framework) not in PLANS:
+            PLANS[spec[0], framework] = plan_for(*spec, framework=framework, time_limit=time_limit)
+        plan = PLANS[spec[0], framework]
+    except BadInputError as exc:
+        return Cell("no plan", str(exc))
+    if not plan.feasible:
+        return Cell("no plan", "; ".join(plan.infeasible_reasons)[:200])
+    return export_and_judge(plan, target_framework or framework)
+
+
+def export_and_judge(plan, framework: str) -> Cell:
     from planner.errors import BadInputError
     from planner.export import export_plan
     from planner.export.common import TARGET_FRAMEWORKS
     from planner.export.judges import JudgeUnavailable, judge
 
     target = {name: t for t, name in TARGET_FRAMEWORKS.items() if t != "slurm"}[framework]
-    try:
-        plan = plan_for(*spec, framework=framework, time_limit=time_limit)
-    except BadInputError as exc:
-        return Cell("no plan", str(exc))
-    if not plan.feasible:
-        return Cell("no plan", "; ".join(plan.infeasible_reasons)[:200])
     par = plan.parallelism
     shape = f"dp{par.dp} tp{par.tp} pp{par.pp}x{par.vpp} cp{par.cp} ep{par.ep} z{par.zero_stage} {plan.schedule}"
     try:
@@ -100,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=3.0, help="search time limit per plan (s)")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--only", default="", help="comma-separated request labels")
+    parser.add_argument("--cross", action="store_true",
+                        help="also export each plan to every other framework: re-checked, accepted or refused, never rejected")
     args = parser.parse_args(argv)
     frameworks = [f for f in args.frameworks.split(",") if f]
     requests = [r for r in REQUESTS if not args.only or r[0] in args.only.split(",")]
@@ -111,7 +125,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{spec[0]:<24} {framework:<14} {cell.outcome:<9} {time.perf_counter() - start:5.1f}s  {cell.detail}",
                   file=sys.stderr, flush=True)
     print_table(requests, frameworks, cells)
-    return 0 if all(c.outcome != "REJECTED" for c in cells.values()) else 1
+    crossed = cross(requests, frameworks, args.time_limit) if args.cross else {}
+    return 0 if all(c.outcome != "REJECTED" for c in [*cells.values(), *crossed.values()]) else 1
+
+
+def cross(requests: list, frameworks: list[str], time_limit: float) -> dict:
+    """Plans made for one stack exported to another: the exporter re-checks them against the target's profile."""
+    cells = {}
+    for spec in requests:
+        for source in frameworks:
+            for target in frameworks:
+                if target != source:
+                    cells[spec[0], source, target] = cell = one_cell(spec, source, time_limit, target)
+                    print(f"{spec[0]:<24} {source:>14} -> {target:<14} {cell.outcome:<9} {cell.detail}", file=sys.stderr, flush=True)
+    print("\ncross-framework exports (plan made for the row's stack, exported to the column's):")
+    print(f"{'made for':<14}" + "".join(f"{t:>30}" for t in frameworks))
+    for source in frameworks:
+        row = []
+        for target in frameworks:
+            mine = [c for (_, s, t), c in cells.items() if s == source and t == target]
+            counts = {o: sum(c.outcome == o for c in mine) for o in ("ok", "refused", "REJECTED")}
+            row.append("-" if source == target else f"{counts['ok']} ok/{counts['refused']} refused/{counts['REJECTED']} rejected")
+        print(f"{source:<14}" + "".join(f"{r:>30}" for r in row))
+    return cells
 
 
 def print_table(requests: list, frameworks: list[str], cells: dict) -> None:
