@@ -154,7 +154,10 @@ def framework_refusal(plan: LaunchPlan, profile: FrameworkProfile) -> str | None
     found = refusal(profile, plan_config(plan), allow_stale_weights=True)  # the plan already chose its schedule
     if found is not None:
         return found[1]
-    par = plan.parallelism
+    par, tied = plan.parallelism, profile.capabilities.tied_embeddings_across_stages
+    if par.pp > 1 and plan.request.model.tied_embeddings and not tied.supported:
+        return (f"model {plan.request.model.name!r} ties its input and output embeddings, and framework {profile.name!r} "
+                f"does not tie them across pipeline stages ({tied.source}): re-plan with --pp 1 or untie them")
     if par.pp > 1 and par.vpp > 1:
         found = interleaved_split_reason(profile, num_layers=plan.request.model.num_layers, pp=par.pp, vpp=par.vpp,
                                          num_microbatches=plan.batch.num_microbatches)

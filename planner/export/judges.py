@@ -8,7 +8,9 @@ extra): a judge whose framework is not importable raises JudgeUnavailable, which
   every pp rank's stages as torchtitan's `_pipeline_module_split` assigns them
   (`_get_pp_rank_to_stage_indices_mapping`) and torch's schedule constructor on rank 0's, the module names against
   torchtitan's own `_generate_llm_fqn_per_model_part` (and the config's model depth when it is the plan's model),
-  and the checks Trainer.__init__ makes inline (batch divisibility, seq_len vs tp/cp; efsdp = dp_shard*cp*tp // ep).
+  and the checks Trainer.__init__ makes inline (batch divisibility, seq_len vs tp/cp; efsdp = dp_shard*cp*tp // ep);
+  when the config is the plan's own model, its `Decoder.Config.update_from_config` (heads vs tp, weight tying vs PP,
+  RoPE length vs seq_len, the EP token dispatcher).
 - Megatron: with $MEGATRON_LM_PATH (a Megatron-LM checkout at the tag matching megatron-core) its
   `megatron/training/arguments.py` `parse_args` + `validate_args` + `core_transformer_config_from_args`;
   otherwise megatron-core's `TransformerConfig`/`MLATransformerConfig` and `ConstantNumMicroBatchesCalculator`
@@ -115,7 +117,9 @@ def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
             dims = ParallelDims.from_config(config.parallelism, plan.request.gpus)
             _titan_batch(config, dims, plan)
             _titan_pipeline(config, dims, plan)
-        except (AssertionError, ValueError, RuntimeError) as exc:
+            if plan.request.model.name in _same_model_configs():  # the config's model is the plan's model
+                config.model_spec.model.update_from_config(config=config)  # heads vs tp, tying vs PP, RoPE vs seq_len
+        except (AssertionError, ValueError, RuntimeError, NotImplementedError) as exc:
             return Verdict(False, _first_line(exc))
     return Verdict(True)
 

@@ -133,6 +133,7 @@ def test_torchtitan_1f1b_with_fewer_microbatches_than_stages_runs_as_gpipe():
         (dict(dp=4, tp=1, pp=1, ep=2, zero=0, spec=ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))),
          "dp_shard\\*cp\\*tp == efsdp\\*ep"),
         (dict(zero=2, seq_len=8190), "seq_len=8190 must be divisible by 4"),
+        (dict(zero=2, spec=ModelSpec(**LLAMA, tied_embeddings=True)), "does not tie them across pipeline stages"),
     ],
 )
 def test_torchtitan_refusals_say_why(kwargs, reason):

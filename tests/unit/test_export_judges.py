@@ -62,6 +62,17 @@ def test_torchtitan_judge_rejects_broken_exports(edit, reason):
     assert not result.accepted and reason in result.reason
 
 
+def test_torchtitan_judge_runs_the_models_own_checks_for_its_own_config():
+    """llama3-8b exports name torchtitan's llama3_8b config, whose Decoder.Config.update_from_config checks RoPE."""
+    pytest.importorskip("torchtitan.config")
+    from planner.api import load_model
+
+    spec = load_model("llama3-8b")
+    assert verdict(make_plan(dp=8, tp=1, pp=1, zero=2, spec=spec, seq_len=8192, gbs=64), "torchtitan").accepted
+    result = verdict(make_plan(dp=8, tp=1, pp=1, zero=2, spec=spec, seq_len=262144, gbs=8), "torchtitan")
+    assert not result.accepted and "RoPE" in result.reason
+
+
 # ---- DeepSpeed: DeepSpeedConfig with the plan's mpu sizes ---------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [dict(dp=4, tp=2, pp=1, zero=3, gbs=64, mbs=2), dict(dp=2, tp=4, pp=2, zero=1), dict(dp=8, tp=1, pp=1, zero=2)])
