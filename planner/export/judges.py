@@ -234,6 +234,7 @@ def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1
 
     if path not in sys.path:
         sys.path.insert(0, path)
+    _typing_override()
     try:
         import megatron.training.arguments as arguments
     except ImportError as exc:
@@ -264,6 +265,16 @@ def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1
             else:
                 os.environ[key] = value
     return Verdict(True)
+
+
+def _typing_override() -> None:
+    """Megatron-LM from core_v0.17 imports typing.override (Python 3.12); on 3.11 lend typing_extensions' own."""
+    import typing
+
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
 
 
 # ---- DeepSpeed --------------------------------------------------------------------------------------------

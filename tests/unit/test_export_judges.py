@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from test_export import LLAMA, make_plan
@@ -17,6 +18,8 @@ from planner.export.judges import JudgeUnavailable, judge
 from planner.schemas.model import MLASpec, ModelSpec, MoESpec
 
 MOE = ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))
+if os.environ.get("MEGATRON_LM_PATH"):  # one megatron.core per process: the checkout's, for both Megatron judges
+    sys.path.insert(0, os.environ["MEGATRON_LM_PATH"])
 
 
 def verdict(plan, target, text=None):
