@@ -144,6 +144,7 @@ def test_megatron_judge_rejects_broken_exports(megatron_judge):
 # ---- our executor and the re-check against the target's profile --------------------------------------------
 
 def test_planner_judge_is_the_executors_check():
+    pytest.importorskip("torch")
     assert verdict(make_plan(dp=2, tp=4, pp=2, zero=2), "torchrun").accepted
     broken = make_plan(dp=2, tp=4, pp=2, zero=2).model_copy(update={"schedule": "interleaved"})
     assert not judge(broken, Export(target="torchrun", text="", suffix=".sh")).accepted
