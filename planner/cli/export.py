@@ -33,7 +33,7 @@ def export_command(
     plan: Path = typer.Argument(..., help="A LaunchPlan JSON written by `planner plan` or `planner estimate`."),
     to: str = typer.Option(..., "--to", help="torchtitan | megatron | deepspeed | torchrun | slurm"),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write here (atomically) instead of stdout."),
-    json_output: bool = typer.Option(False, "--json", help="Print {target, suffix, text, warnings} as JSON."),
+    json_output: bool = typer.Option(False, "--json", help="Print {target, suffix, text, warnings, usage} as JSON."),
 ) -> None:
     from planner import api
     from planner.io import canonical_json, check_writable
