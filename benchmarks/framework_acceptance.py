@@ -15,7 +15,7 @@ Outcomes: `ok` accepted; `REJECTED` exported but the framework's code refused it
 `refused` our exporter refused (with the reason); `no plan` the search found no configuration the profile runs;
 `n/a` the framework is not installed here. The acceptance rate is accepted / exported.
 
-    PYTHONPATH=. MEGATRON_LM_PATH=/path/to/Megatron-LM python benchmarks/framework_acceptance.py [--time-limit 3]
+    PYTHONPATH=. MEGATRON_LM_PATH=/path/to/Megatron-LM python benchmarks/framework_acceptance.py [--time-limit 10] [--cross]
 """
 
 from __future__ import annotations
@@ -74,14 +74,17 @@ PLANS: dict[tuple[str, str], object] = {}  # (request label, framework) -> plan,
 
 def one_cell(spec: tuple, framework: str, time_limit: float, target_framework: str | None = None) -> Cell:
     """Plan `spec` for `framework` and judge its export for `target_framework` (default: the same stack)."""
-    from planner.errors import BadInputError
+    from planner.errors import PlannerError
 
     try:
         if (spec[0], framework) not in PLANS:
             PLANS[spec[0], framework] = plan_for(*spec, framework=framework, time_limit=time_limit)
         plan = PLANS[spec[0], framework]
-    except BadInputError as exc:
-        return Cell("no plan", str(exc))
+    except PlannerError as exc:  # bad input, infeasible, or the search's time limit without a fitting plan
+        PLANS[spec[0], framework] = exc
+        return Cell("no plan", str(exc)[:200])
+    if isinstance(plan, PlannerError):
+        return Cell("no plan", str(plan)[:200])
     if not plan.feasible:
         return Cell("no plan", "; ".join(plan.infeasible_reasons)[:200])
     return export_and_judge(plan, target_framework or framework)
@@ -109,7 +112,7 @@ def export_and_judge(plan, framework: str) -> Cell:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--time-limit", type=float, default=3.0, help="search time limit per plan (s)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="search time limit per plan (s)")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--only", default="", help="comma-separated request labels")
     parser.add_argument("--cross", action="store_true",
