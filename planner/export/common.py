@@ -178,3 +178,23 @@ def check_framework(plan: LaunchPlan, target: str) -> FrameworkProfile:
         raise refuse(target, f"framework {profile.name!r} cannot run this plan{origin}: {reason}",
                      f"re-plan with --framework {profile.name}")
     return profile
+
+
+def torch_schedule_reason(plan: LaunchPlan, class_name: str) -> str | None:
+    """What torch.distributed.pipelining's schedule constructor would raise for this plan, or None.
+
+    torch/distributed/pipelining/schedules.py: Schedule1F1B needs n_microbatches >= the number of stages;
+    ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (also with one stage per rank) need n_microbatches
+    to be a multiple of their number of rounds, max(1, n_microbatches // pp). Both torchtitan and our executor
+    build these classes, before the first step."""
+    par, n = plan.parallelism, plan.batch.num_microbatches
+    if par.pp == 1:
+        return None
+    if class_name in ("1F1B", "Schedule1F1B") and n < par.pp:
+        return f"{class_name} needs num_microbatches={n} >= the number of stages {par.pp}"
+    if "Interleaved" in class_name:
+        rounds = max(1, n // par.pp)
+        if n % rounds:
+            return (f"{class_name} requires num_microbatches={n} to be a multiple of its number of rounds "
+                    f"max(1, num_microbatches // pp)={rounds}")
+    return None

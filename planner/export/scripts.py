@@ -11,7 +11,15 @@ processes on the wrong GPUs: that is refused.
 
 from __future__ import annotations
 
-from planner.export.common import Export, check_exportable, check_framework, header_lines, refuse
+from planner.export.common import (
+    Export,
+    check_exportable,
+    check_framework,
+    header_lines,
+    refuse,
+    target_profile,
+    torch_schedule_reason,
+)
 from planner.schemas.plan import LaunchPlan
 
 DEFAULT_PORT = 29500
@@ -40,7 +48,8 @@ def node_layout(plan: LaunchPlan, target: str) -> tuple[int, int]:
 
 
 def _executor_ready(plan: LaunchPlan, target: str) -> None:
-    """The scripts start our executor, so they are refused for what it cannot run (planner.executor.runnable)."""
+    """The scripts start our executor, so they are refused for what it cannot run (planner.executor.runnable) and for
+    what torch's schedule constructor refuses (the executor builds the profile's native class, pipeline.py)."""
     from planner.errors import BadInputError
     from planner.executor.runnable import check_runnable
 
@@ -48,6 +57,12 @@ def _executor_ready(plan: LaunchPlan, target: str) -> None:
         check_runnable(plan)
     except BadInputError as exc:
         raise BadInputError(f"cannot export to {target}: the executor cannot run this plan: {exc}") from None
+    profile = target_profile(target)
+    native = profile.native_schedule(plan.schedule) if plan.schedule in profile.schedule_names() else ""
+    reason = torch_schedule_reason(plan, native)
+    if reason is not None:
+        raise refuse(target, f"the executor's pipeline schedule would refuse this plan: {reason}",
+                     f"choose a global batch that gives a multiple of pp={plan.parallelism.pp} micro-batches")
 
 
 def export_torchrun(plan: LaunchPlan) -> Export:

@@ -42,6 +42,7 @@ from planner.export.common import (
     header_lines,
     refuse,
     stage_layer_counts,
+    torch_schedule_reason,
 )
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import LaunchPlan
@@ -114,12 +115,9 @@ def _schedule(plan: LaunchPlan, profile: FrameworkProfile, warnings: list[str]) 
         warnings.append(f"1F1B with {nmb} micro-batches < {par.pp} stages (torch's Schedule1F1B refuses it) exported as "
                         "GPipe: the same bubble and the same activations held when micro-batches are fewer than stages")
         return profile.native_schedule("gpipe")
-    if plan.schedule in ("interleaved", "zero-bubble"):  # torch's multi-stage schedules, whatever vpp
-        rounds = max(1, nmb // par.pp)
-        if nmb % rounds:
-            raise refuse(TARGET, f"{name} requires num_microbatches={nmb} to be a multiple of its number of rounds "
-                                 f"max(1, num_microbatches // pp)={rounds}",
-                         f"choose a global batch that gives a multiple of pp={par.pp} micro-batches")
+    reason = torch_schedule_reason(plan, name)
+    if reason is not None:
+        raise refuse(TARGET, reason, f"choose a global batch that gives a multiple of pp={par.pp} micro-batches")
     return name
 
 

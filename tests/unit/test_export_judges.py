@@ -155,8 +155,11 @@ def test_planner_judge_builds_torchs_schedule_as_the_executor_does():
     ok = make_plan(dp=2, tp=1, pp=4, zero=2, schedule="zero-bubble", gbs=20, counts=[8] * 4)  # 10 micro-batches, 2 rounds
     assert verdict(ok, "torchrun").accepted
     odd = make_plan(dp=2, tp=1, pp=4, zero=2, schedule="zero-bubble", gbs=22, counts=[8] * 4)  # 11 micro-batches
-    result = verdict(odd, "torchrun")
+    result = judge(odd, Export(target="torchrun", text="", suffix=".sh"))
     assert not result.accepted and "multiple of the number of rounds" in result.reason
+    with pytest.raises(BadInputError, match="torchrun: the executor's pipeline schedule would refuse this plan: "
+                                            "ScheduleInterleavedZeroBubble requires num_microbatches=11"):
+        export_plan(odd, "torchrun")  # the exporter says so before any process starts
 
 
 def test_export_of_a_plan_made_for_another_framework_is_rechecked_not_refused_by_name():
