@@ -355,8 +355,13 @@ def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
 
     from planner.executor.pipeline import MULTI_STAGE, SCHEDULE_CLASSES
 
+    if plan.schedule not in SCHEDULE_CLASSES:  # 2BW: the executor's own send/recv loop, no torch schedule class
+        return Verdict(True)
     cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
-    stages = [_StubStage(index, par.pp * par.vpp, par.pp, 0) for index in range(0, par.pp * par.vpp, par.pp)]
+    total = par.pp * par.vpp
+    v_placement = SCHEDULE_CLASSES[plan.schedule] in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    indices = (0, total - 1) if v_placement else range(0, total, par.pp)  # rank 0's stages (V: first and last)
+    stages = [_StubStage(index, total, par.pp, 0) for index in indices]
     try:
         with _quiet():
             cls(stages if plan.schedule in MULTI_STAGE else stages[0], n_microbatches=plan.batch.num_microbatches)
