@@ -157,20 +157,12 @@ def _memory_rows(plan: LaunchPlan) -> tuple[StageMemoryRow, ...]:
 def framework_verdicts(plan: LaunchPlan, names: list[str] | None = None) -> dict[str, str]:
     """Which stacks run this plan: 'runs it', or the first rule of that stack's profile it breaks (planner.frameworks).
     The plan's own framework is always judged; `names` None judges every shipped profile."""
-    from planner.frameworks import Config, list_frameworks, load_framework, refusal
+    from planner.frameworks import list_frameworks, load_framework, plan_refusal
 
-    par, spec = plan.parallelism, plan.request.model
     out = {}
     for name in dict.fromkeys([plan.request.framework, *(list_frameworks() if names is None else names)]):
         profile = load_framework(name)
-        found = None
-        for mode in sorted({s.recompute.mode for s in plan.stages} or {"none"}):
-            config = Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp,
-                            zero_stage=par.zero_stage, schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap,
-                            is_moe=spec.moe is not None, precision=plan.request.precision,
-                            microbatch_size=plan.batch.microbatch_size)
-            found = found or refusal(profile, config)
-        out[profile.name] = "runs it" if found is None else found[1]
+        out[profile.name] = plan_refusal(profile, plan) or "runs it"
     return out
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from planner.errors import BadInputError
 from planner.io import load_file, shipped_dir, shipped_names
 from planner.schemas.framework import FrameworkProfile
+from planner.schemas.model import ModelSpec
+from planner.schemas.plan import LaunchPlan
 
 FRAMEWORKS_ENV = "PLANNER_FRAMEWORKS"
 DEFAULT_FRAMEWORK = "planner"
@@ -70,14 +72,25 @@ class Config:
     precision: str = "bf16"
     microbatch_size: int = 1
     dp_replicate: int = 1  # HSDP replicas of the dp axis (1: plain dp / FSDP over all dp ranks)
+    tied_embeddings: bool = False  # the model ties its LM head to the input embedding
 
 
-def config_of(cand, *, is_moe: bool, precision: str) -> Config:
+def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
     """The Config of anything with the candidate's fields (a cost-model Candidate, a search candidate)."""
     return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
                   zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
-                  is_moe=is_moe, precision=precision, microbatch_size=cand.microbatch_size,
-                  dp_replicate=getattr(cand, "dp_replicate", 1))
+                  is_moe=model.moe is not None, precision=precision, microbatch_size=cand.microbatch_size,
+                  dp_replicate=getattr(cand, "dp_replicate", 1), tied_embeddings=model.tied_embeddings)
+
+
+def plan_configs(plan: LaunchPlan) -> list[Config]:
+    """A LaunchPlan as Configs, one per recompute mode its stages use (each must be runnable)."""
+    par, spec = plan.parallelism, plan.request.model
+    return [Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
+                   schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
+                   precision=plan.request.precision, microbatch_size=plan.batch.microbatch_size,
+                   dp_replicate=par.dp_replicate, tied_embeddings=spec.tied_embeddings)
+            for mode in sorted({s.recompute.mode for s in plan.stages} or {"none"})]
 
 
 def _holds(actual, expected) -> bool:
@@ -136,6 +149,11 @@ def parallel_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | 
     caps, name = profile.capabilities, profile.name
     if c.sp and not caps.sequence_parallel.supported:
         return "sp_not_in_framework", f"sp=true: framework {name!r} has no sequence parallelism: set sp=false"
+    tied = caps.tied_embeddings_across_stages
+    if c.tied_embeddings and c.pp > 1 and not tied.supported:
+        return "tied_embeddings_across_stages_not_in_framework", (
+            f"the model ties its input and output embeddings and framework {name!r} does not tie them across pipeline "
+            f"stages ({tied.source}): use pp=1, untie the embeddings, or another --framework")
     if c.cp > 1 and not caps.context_parallel.supported:
         return "cp_not_in_framework", f"cp={c.cp}: framework {name!r} has no context parallelism ({caps.context_parallel.source}): use cp=1"
     if c.cp > 1 and c.pp > 1 and not caps.context_parallel.with_pp:
@@ -184,4 +202,25 @@ def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: 
     if not ok:
         return "layers_not_divisible_by_pp_vpp", (f"num_layers={num_layers} cannot be split over pp*vpp={chunks} chunks "
                                                   f"by framework {profile.name!r}: choose pp*vpp dividing {num_layers}")
+    return None
+
+
+def plan_refusal(profile: FrameworkProfile, plan: LaunchPlan) -> str | None:
+    """Why `profile`'s stack cannot run `plan` (precision, capabilities, exclusions, layer split), or None.
+
+    The search's own judge applied to a finished plan: the executor's pre-launch check, `explain`'s verdicts and
+    every exporter's re-check (a plan made for one framework is judged on its configuration, not its name)."""
+    reason = precision_refusal(profile, plan.request.precision)
+    if reason is not None:
+        return reason
+    for config in plan_configs(plan):
+        found = refusal(profile, config, allow_stale_weights=True)  # the plan already chose its schedule
+        if found is not None:
+            return found[1]
+    par = plan.parallelism
+    if par.pp > 1 and par.vpp > 1:
+        found = interleaved_split_reason(profile, num_layers=plan.request.model.num_layers, pp=par.pp, vpp=par.vpp,
+                                         num_microbatches=plan.batch.num_microbatches)
+        if found is not None:
+            return found[1]
     return None

@@ -81,8 +81,7 @@ def estimate(request: PlanRequest, config: Configuration, *, options: CostOption
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))
-    refused = refusal(load_framework(request.framework), config_of(cand, is_moe=request.model.moe is not None,
-                                                                   precision=request.precision))
+    refused = refusal(load_framework(request.framework), config_of(cand, model=request.model, precision=request.precision))
     if refused is not None:
         raise BadInputError(refused[1])
     reasons = model.validity_reasons(cand)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from planner.errors import BadInputError
 from planner.executor.schedules import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
-from planner.frameworks import Config, load_framework, precision_refusal, refusal
+from planner.frameworks import load_framework, plan_configs, precision_refusal, refusal
 from planner.schemas.plan import LaunchPlan
 
 EXECUTOR_FRAMEWORK = "planner"
@@ -79,12 +79,7 @@ def _check_parallelism(plan: LaunchPlan) -> None:
     if par.ep > 1 and spec.moe is None:
         raise BadInputError(f"ep={par.ep} but model {spec.name!r} has no MoE layers: use ep=1")
     profile = load_framework(EXECUTOR_FRAMEWORK)
-    modes = {s.recompute.mode for s in plan.stages} or {"none"}
-    for mode in sorted(modes):
-        config = Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp,
-                        zero_stage=par.zero_stage, schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap,
-                        is_moe=spec.moe is not None, precision=plan.request.precision,
-                        microbatch_size=plan.batch.microbatch_size, dp_replicate=par.dp_replicate)
+    for config in plan_configs(plan):
         refused = refusal(profile, config)
         if refused is not None:
             raise BadInputError(refused[1] + (" (planner run executes the `planner` framework: re-plan with --framework planner)"

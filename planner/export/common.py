@@ -129,41 +129,13 @@ def target_profile(target: str) -> FrameworkProfile:
     return load_framework(TARGET_FRAMEWORKS[target])
 
 
-def plan_config(plan: LaunchPlan):
-    """The plan as the plain fields a framework's rules read (planner.frameworks.Config), one base recompute mode."""
-    from planner.frameworks import Config
-
-    par = plan.parallelism
-    return Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
-                  schedule=plan.schedule, recompute=base_recompute(plan), tp_overlap=par.tp_overlap,
-                  is_moe=plan.request.model.moe is not None, precision=plan.request.precision,
-                  microbatch_size=plan.batch.microbatch_size)
-
-
 def framework_refusal(plan: LaunchPlan, profile: FrameworkProfile) -> str | None:
-    """Why `profile`'s stack cannot run `plan` (its capabilities, exclusions and layer split), or None.
+    """Why `profile`'s stack cannot run `plan` (planner.frameworks.plan_refusal: the search's own judge). Full
+    recompute of only some layers is judged as its base mode: every exporter writes at least as much recompute as
+    the plan (never more memory)."""
+    from planner.frameworks import plan_refusal
 
-    The same judge the search prunes with (planner.frameworks.refusal), so a plan made for one framework and
-    exported to another is re-checked against the target, not refused for its name. Full recompute of only some
-    layers is not judged here: every exporter writes at least as much recompute as the plan (never more memory)."""
-    from planner.frameworks import interleaved_split_reason, precision_refusal, refusal
-
-    reason = precision_refusal(profile, plan.request.precision)
-    if reason is not None:
-        return reason
-    found = refusal(profile, plan_config(plan), allow_stale_weights=True)  # the plan already chose its schedule
-    if found is not None:
-        return found[1]
-    par, tied = plan.parallelism, profile.capabilities.tied_embeddings_across_stages
-    if par.pp > 1 and plan.request.model.tied_embeddings and not tied.supported:
-        return (f"model {plan.request.model.name!r} ties its input and output embeddings, and framework {profile.name!r} "
-                f"does not tie them across pipeline stages ({tied.source}): re-plan with --pp 1 or untie them")
-    if par.pp > 1 and par.vpp > 1:
-        found = interleaved_split_reason(profile, num_layers=plan.request.model.num_layers, pp=par.pp, vpp=par.vpp,
-                                         num_microbatches=plan.batch.num_microbatches)
-        if found is not None:
-            return found[1]
-    return None
+    return plan_refusal(profile, plan)
 
 
 def check_framework(plan: LaunchPlan, target: str) -> FrameworkProfile:

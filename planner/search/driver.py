@@ -81,7 +81,8 @@ class _Search:
         self.closest: Scored | None = None
         self.floor: tuple[float, str] | None = None
         self.evaluated = 0
-        self.partial_ok = "full" in opts.recompute_modes
+        # partial full recompute (some layers per stage) only where the stack can say it (--recompute-num-layers)
+        self.partial_ok = "full" in opts.recompute_modes and opts.profile.capabilities.recompute.partial_full
         self.floors = Floors(self)
         self.members = Members(self)
         self.deadline = time.monotonic() + self.limits.time_limit_s
@@ -244,7 +245,7 @@ class _Search:
         return min(lower for lower, _, _ in self.members.variant_bounds(group, schedule, vpp, arrays))
 
     def visit(self, cand) -> None:
-        config = config_of(cand, is_moe=self.request.model.moe is not None, precision=self.request.precision)
+        config = config_of(cand, model=self.request.model, precision=self.request.precision)
         refused = refusal(self.opts.profile, config, allow_stale_weights=self.opts.allow_stale_weights)
         if refused is not None:
             self.space.pruned[refused[0]] += 1

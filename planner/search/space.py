@@ -261,7 +261,8 @@ class Space:
             return "seq_len_not_divisible_by_2cp"
         if m.moe is not None and m.moe.num_experts % fact.ep:
             return "experts_not_divisible_by_ep"
-        refused = parallel_refusal(self.opts.profile, Config(dp=fact.dp, tp=fact.tp, pp=fact.pp, cp=fact.cp, ep=fact.ep))
+        refused = parallel_refusal(self.opts.profile, Config(dp=fact.dp, tp=fact.tp, pp=fact.pp, cp=fact.cp, ep=fact.ep,
+                                                             tied_embeddings=m.tied_embeddings))
         return refused[0] if refused is not None else None
 
     def group_options(self, fact: Factorisation) -> tuple[list[int], list[bool], list[str]]:

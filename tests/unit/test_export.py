@@ -249,7 +249,7 @@ def test_megatron_script_is_sourceable_text_and_moe_flags():
     "kwargs, reason",
     [
         (dict(schedule="zero-bubble"), "schedule='zero-bubble' is not run by framework 'megatron-core'"),
-        (dict(dp=2, tp=2, pp=4, vpp=2, schedule="interleaved", gbs=12, counts=[4] * 8), "not divisible by pipeline-model-parallel-size"),
+        (dict(dp=2, tp=2, pp=4, vpp=2, schedule="interleaved", gbs=12, counts=[4] * 8), "num_microbatches=6 must be divisible by pp=4"),
         (dict(dp=4, tp=2, pp=1, sp=False, ep=2, spec=ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))), "needs --sequence-parallel for MoE"),
         (dict(dp=4, tp=2, pp=1, cp=1, seq_len=8190), None),
     ],

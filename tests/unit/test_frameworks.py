@@ -127,8 +127,8 @@ def test_estimate_refuses_with_the_frameworks_reason():
         _estimate("deepspeed", zero_stage=3)
     with pytest.raises(BadInputError, match="schedule='gpipe' is not run by framework 'megatron-core'"):
         _estimate("megatron-core", schedule="gpipe")
-    with pytest.raises(BadInputError, match="torchtitan applies sequence parallelism"):
-        _estimate("torchtitan", sp=False, zero_stage=2)
+    with pytest.raises(BadInputError, match="zero_stage=1 is not run by framework 'torchtitan' with pp > 1"):
+        _estimate("torchtitan")
     cli = runner.invoke(app, ["estimate", "--framework", "deepspeed", "--nodes", "2", "--tp", "4", "--pp", "2", "--cp", "2",
                               "--global-batch-size", "64", "--seq-len", "4096"])
     assert cli.exit_code == 2 and "no context parallelism" in cli.output
@@ -181,8 +181,22 @@ def test_config_of_reads_candidate_fields():
 
     cand = Candidate(dp=2, tp=4, pp=2, ep=1, cp=1, sp=True, vpp=1, zero_stage=1, tp_overlap="none", microbatch_size=2,
                      num_microbatches=4, schedule="1f1b", recompute="selective")
-    config = config_of(cand, is_moe=False, precision="bf16")
+    config = config_of(cand, model=api.load_model("gpt-neox-20b"), precision="bf16")
     assert (config.dp, config.tp, config.pp, config.zero_stage, config.recompute, config.microbatch_size) == (2, 4, 2, 1, "selective", 2)
+    assert not config.is_moe and not config.tied_embeddings
+
+
+def test_tied_embeddings_across_stages_follow_the_framework():
+    """torchtitan 0.3 refuses weight tying with pipeline parallelism; Megatron-Core keeps an embedding group."""
+    tied = Config(dp=2, tp=1, pp=2, tied_embeddings=True)
+    refused = refusal(load_framework("torchtitan"), tied)
+    assert refused is not None and refused[0] == "tied_embeddings_across_stages_not_in_framework"
+    assert refusal(load_framework("megatron-core"), tied) is None
+    assert refusal(load_framework("torchtitan"), Config(dp=4, tp=1, pp=1, tied_embeddings=True)) is None
+    spec = api.load_model("tinyllama-1.1b").model_copy(update={"tied_embeddings": True})
+    plan = api.plan(api.build_request(model=spec, topology="dgx-h100", gpus=8, global_batch_size=64, seq_len=2048,
+                                      framework="torchtitan", search=FAST))
+    assert plan.parallelism.pp == 1 and all(a.parallelism.pp == 1 for a in plan.alternatives)
 
 
 def test_folded_expert_parallelism_is_priced_by_estimate():
