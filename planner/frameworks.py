@@ -73,6 +73,7 @@ class Config:
     microbatch_size: int = 1
     dp_replicate: int = 1  # HSDP replicas of the dp axis (1: plain dp / FSDP over all dp ranks)
     tied_embeddings: bool = False  # the model ties its LM head to the input embedding
+    num_microbatches: int = 0  # 0: not known (a factorisation or group probe); torch's micro-batch rules skip it
 
 
 def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
@@ -80,7 +81,8 @@ def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
     return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
                   zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
                   is_moe=model.moe is not None, precision=precision, microbatch_size=cand.microbatch_size,
-                  dp_replicate=getattr(cand, "dp_replicate", 1), tied_embeddings=model.tied_embeddings)
+                  dp_replicate=getattr(cand, "dp_replicate", 1), tied_embeddings=model.tied_embeddings,
+                  num_microbatches=cand.num_microbatches)
 
 
 def plan_configs(plan: LaunchPlan) -> list[Config]:
@@ -89,8 +91,28 @@ def plan_configs(plan: LaunchPlan) -> list[Config]:
     return [Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
                    schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
                    precision=plan.request.precision, microbatch_size=plan.batch.microbatch_size,
-                   dp_replicate=par.dp_replicate, tied_embeddings=spec.tied_embeddings)
+                   dp_replicate=par.dp_replicate, tied_embeddings=spec.tied_embeddings,
+                   num_microbatches=plan.batch.num_microbatches)
             for mode in sorted({s.recompute.mode for s in plan.stages} or {"none"})]
+
+
+def torch_schedule_rule(class_name: str, *, pp: int, num_microbatches: int) -> str | None:
+    """What torch.distributed.pipelining's schedule constructor raises for this count, or None.
+
+    torch/distributed/pipelining/schedules.py: Schedule1F1B needs n_microbatches >= the number of stages;
+    ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (also with one stage per rank) need n_microbatches
+    to be a multiple of their number of rounds, max(1, n_microbatches // pp)."""
+    n = num_microbatches
+    if pp == 1:
+        return None
+    if class_name in ("1F1B", "Schedule1F1B") and n < pp:
+        return f"{class_name} needs num_microbatches={n} >= the number of stages {pp}"
+    if "Interleaved" in class_name:
+        rounds = max(1, n // pp)
+        if n % rounds:
+            return (f"{class_name} requires num_microbatches={n} to be a multiple of its number of rounds "
+                    f"max(1, num_microbatches // pp)={rounds}")
+    return None
 
 
 def _holds(actual, expected) -> bool:
@@ -121,6 +143,10 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
     if c.schedule == "2bw" and c.pp > 1 and not allow_stale_weights:
         return "stale_weights_not_allowed", ("schedule='2bw' (PipeDream-2BW) trains with one-step-stale weights: "
                                              "pass --allow-stale-weights (or --schedule 2bw) to allow it")
+    if caps.torch_pipelining and c.pp > 1 and c.num_microbatches and c.schedule in profile.schedule_names():
+        rule = torch_schedule_rule(profile.native_schedule(c.schedule), pp=c.pp, num_microbatches=c.num_microbatches)
+        if rule is not None:
+            return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives a multiple of pp={c.pp} micro-batches"
     if c.recompute not in caps.recompute.modes:
         return "recompute_not_in_framework", f"recompute={c.recompute!r} is not run by framework {name!r}: choose one of {list(caps.recompute.modes)}"
     zero_ok = caps.zero.stages_with_pp if c.pp > 1 else caps.zero.stages

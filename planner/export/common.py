@@ -153,15 +153,11 @@ def check_framework(plan: LaunchPlan, target: str) -> FrameworkProfile:
 
 
 def torch_schedule_reason(plan: LaunchPlan, class_name: str) -> str | None:
-    """What torch.distributed.pipelining's schedule constructor would raise for this plan, or None.
+    """What torch.distributed.pipelining's schedule constructor would raise for this plan, or None (both torchtitan
+    and our executor build these classes before the first step; planner.frameworks.torch_schedule_rule)."""
+    from planner.frameworks import torch_schedule_rule
 
-    torch/distributed/pipelining/schedules.py: Schedule1F1B needs n_microbatches >= the number of stages;
-    ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (also with one stage per rank) need n_microbatches
-    to be a multiple of their number of rounds, max(1, n_microbatches // pp). Both torchtitan and our executor
-    build these classes, before the first step."""
-    par, n = plan.parallelism, plan.batch.num_microbatches
-    if par.pp == 1:
-        return None
+    return torch_schedule_rule(class_name, pp=plan.parallelism.pp, num_microbatches=plan.batch.num_microbatches)
     if class_name in ("1F1B", "Schedule1F1B") and n < par.pp:
         return f"{class_name} needs num_microbatches={n} >= the number of stages {par.pp}"
     if "Interleaved" in class_name:

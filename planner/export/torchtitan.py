@@ -20,8 +20,7 @@ torchtitan 0.3's rules, refused here with its reason:
 - ParallelismConfig.expert_parallel_degree: dp_shard * cp * tp == efsdp * ep (EP borrows FSDP, CP and TP ranks).
 - Trainer.__init__: seq_len divisible by tp (with sequence parallelism) * 2*cp; global batch a multiple of
   local_batch_size * (dp_replicate * dp_shard); local_batch_size a multiple of pipeline_parallel_microbatch_size.
-- torch.distributed.pipelining: Schedule1F1B needs n_microbatches >= stages (exported as GPipe, same bubble and
-  the same activations when fewer micro-batches than stages); ScheduleInterleaved1F1B and
+- torch.distributed.pipelining: Schedule1F1B needs n_microbatches >= stages; ScheduleInterleaved1F1B and
   ScheduleInterleavedZeroBubble (also with one stage per rank) need n_microbatches a multiple of
   max(1, n_microbatches // pp).
 - One activation-checkpoint policy for every block, no every-n-th-layer option in 0.3: a plan that fully
@@ -108,13 +107,10 @@ def _check_rules(plan: LaunchPlan, shard: int) -> None:
 
 
 def _schedule(plan: LaunchPlan, profile: FrameworkProfile, warnings: list[str]) -> str:
-    """The profile's native schedule name; 1F1B with fewer micro-batches than stages runs as GPipe."""
-    par, nmb = plan.parallelism, plan.batch.num_microbatches
+    """The profile's native schedule name (torch's micro-batch rules are the profile's too: the search never
+    proposes 1F1B with fewer micro-batches than stages for torchtitan, where GPipe is the same computation)."""
+    par = plan.parallelism
     name = profile.native_schedule(plan.schedule)
-    if plan.schedule == "1f1b" and par.vpp == 1 and nmb < par.pp and "gpipe" in profile.schedule_names():
-        warnings.append(f"1F1B with {nmb} micro-batches < {par.pp} stages (torch's Schedule1F1B refuses it) exported as "
-                        "GPipe: the same bubble and the same activations held when micro-batches are fewer than stages")
-        return profile.native_schedule("gpipe")
     reason = torch_schedule_reason(plan, name)
     if reason is not None:
         raise refuse(TARGET, reason, f"choose a global batch that gives a multiple of pp={par.pp} micro-batches")

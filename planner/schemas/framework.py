@@ -104,6 +104,9 @@ class Capabilities(Schema):
     context_parallel: ContextParallel
     expert_parallel: ExpertParallel
     tied_embeddings_across_stages: Feature
+    torch_pipelining: bool = Field(default=False, description=(
+        "pipeline schedules are torch.distributed.pipelining's classes, with their constructors' micro-batch rules "
+        "(planner.frameworks.torch_schedule_rule)"))
     exclusions: tuple[Exclusion, ...] = ()
     source: str = Sourced
 

@@ -119,10 +119,12 @@ def test_torchtitan_partial_full_recompute_becomes_full_ac():
     assert titan_args(result.text)["ac"] == ["full"] and any("5+3" in w or "8 of 32" in w for w in result.warnings)
 
 
-def test_torchtitan_1f1b_with_fewer_microbatches_than_stages_runs_as_gpipe():
+def test_torchtitan_1f1b_with_fewer_microbatches_than_stages_is_refused_as_torch_would():
     plan = make_plan(dp=2, tp=1, pp=8, zero=2, gbs=8, counts=[4] * 8)  # 4 micro-batches, 8 stages
-    result = export_plan(plan, "torchtitan")
-    assert titan_args(result.text)["--parallelism.pipeline_parallel_schedule"] == ["GPipe"]
+    with pytest.raises(BadInputError, match="1F1B needs num_microbatches=4 >= the number of stages 8"):
+        export_plan(plan, "torchtitan")
+    gpipe = make_plan(dp=2, tp=1, pp=8, zero=2, gbs=8, counts=[4] * 8, schedule="gpipe")  # the same computation
+    assert titan_args(export_plan(gpipe, "torchtitan").text)["--parallelism.pipeline_parallel_schedule"] == ["GPipe"]
 
 
 @pytest.mark.parametrize(

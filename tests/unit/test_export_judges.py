@@ -39,7 +39,7 @@ TITAN_PLANS = [
     dict(dp=8, tp=1, pp=1, zero=0, gbs=64, mbs=2, recompute="full"),
     dict(dp=2, tp=4, pp=1, cp=2, zero=2, recompute="selective"),
     dict(dp=2, tp=4, pp=1, ep=8, zero=2, spec=MOE),  # EP borrows dp_shard*tp ranks
-    dict(dp=2, tp=1, pp=8, zero=2, gbs=8, counts=[4] * 8),  # 1F1B with 4 micro-batches < 8 stages -> GPipe
+    dict(dp=2, tp=1, pp=8, zero=2, gbs=8, counts=[4] * 8, schedule="gpipe"),  # 4 micro-batches < 8 stages: GPipe
 ]
 
 
@@ -156,8 +156,8 @@ def test_planner_judge_builds_torchs_schedule_as_the_executor_does():
     assert verdict(ok, "torchrun").accepted
     odd = make_plan(dp=2, tp=1, pp=4, zero=2, schedule="zero-bubble", gbs=22, counts=[8] * 4)  # 11 micro-batches
     result = judge(odd, Export(target="torchrun", text="", suffix=".sh"))
-    assert not result.accepted and "multiple of the number of rounds" in result.reason
-    with pytest.raises(BadInputError, match="torchrun: the executor's pipeline schedule would refuse this plan: "
+    assert not result.accepted and "multiple of its number of rounds" in result.reason
+    with pytest.raises(BadInputError, match="cannot export to torchrun: framework 'planner' cannot run this plan: "
                                             "ScheduleInterleavedZeroBubble requires num_microbatches=11"):
         export_plan(odd, "torchrun")  # the exporter says so before any process starts
 
