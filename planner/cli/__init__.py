@@ -14,6 +14,7 @@ import sys
 
 import typer
 from typer import _click
+from typer._click import exceptions as click_exceptions
 from typer.core import TyperGroup
 
 from planner.errors import PlannerError
@@ -86,9 +87,19 @@ def main() -> None:
     """Console-script entry point. Commands map PlannerError to exit codes themselves (see common.guarded);
     this is the last line of defence for errors raised while building the app or parsing options."""
     try:
-        app(prog_name="planner", standalone_mode=True)
+        code = app(prog_name="planner", standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:  # `planner` alone: the help, as click shows it
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click_exceptions.UsageError as exc:  # a bad option value or name: one line, exit 2 (click's box is 4)
+        where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        print(f"error: {exc.format_message()}{where}", file=sys.stderr)
+        sys.exit(2)
+    except click_exceptions.Abort:
+        sys.exit(1)
     except PlannerError as exc:
         from planner.cli.common import print_error
 
         print_error(exc)
         sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -240,6 +240,17 @@ def test_subprocess_giant_batch_exits_2_at_once_with_one_line(files):
         assert len([line for line in (done.stdout + done.stderr).splitlines() if line.strip()]) == 1
 
 
+def test_option_parsing_errors_are_one_line_exit_2():
+    """click's own usage errors (a value of the wrong type, an unknown option) are one line too."""
+    for args, words in ((["plan", "--gpus", "abc"], "Invalid value for '--gpus'"), (["plan", "--bogus"], "No such option: --bogus"),
+                        (["framework", "show"], "Missing argument")):
+        done = cli(*args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        assert len(lines) == 1 and words in lines[0] and "--help" in lines[0], lines
+    assert cli().returncode == 2  # `planner` alone: the help, as click shows it
+
+
 def test_help_imports_no_command_module():
     code = ("import sys\nfrom planner.cli import main\nsys.argv = ['planner', '--help']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('pydantic', 'rich', 'numpy', 'yaml', 'planner.cli.plan', 'planner.schemas') if m in sys.modules]\n"
