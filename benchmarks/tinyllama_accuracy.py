@@ -44,7 +44,7 @@ from planner.cost.model import CostModel
 from planner.schemas.plan import Configuration, Parallelism
 from planner.units import GiB
 
-VALIDATION = Path("/work/shared/validation/h100_hf_tinyllama.jsonl")
+VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation" / "h100_hf_tinyllama.jsonl"
 TOLERANCE = 0.10
 H100_PEAK_BF16_TFLOPS = 989.0  # dense, SXM5 datasheet
 DEVICE_BOUND_MBS = 4  # rows from this micro-batch up derive eager_kernel_s; micro-batch 1 rows derive eager_host_op_s

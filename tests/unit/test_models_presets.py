@@ -95,7 +95,7 @@ PUBLISHED_RUN_MODELS = {
     "gptneox20b_production": ("gpt-neox-20b", dict(num_layers=44, hidden=6144, ffn_hidden=24576, num_heads=64,
                               num_kv_heads=64, vocab=50257, seq_len=2048, activation="GeLU", untied_embeddings=True)),
 }
-VALIDATION_FILE = Path("/work/shared/validation/published_runs.json")
+VALIDATION_FILE = Path(__file__).resolve().parents[3] / "shared" / "validation" / "published_runs.json"
 
 
 @pytest.mark.parametrize("run_id", sorted(PUBLISHED_RUN_MODELS))

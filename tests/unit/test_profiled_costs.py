@@ -1,6 +1,8 @@
 """The bridge from a Profile to per-layer costs (least-squares fit over micro-batch sizes) and the
 alpha-beta fit of communication calibrations: torch-free, on synthetic profiles with known answers."""
 
+from pathlib import Path
+
 import pytest
 
 from planner.cost.profiled import EXTRAPOLATION_LIMIT, coverage, profiled_layer_costs, require_profile_matches
@@ -144,7 +146,7 @@ def test_each_calibrated_collective_is_priced_at_its_own_rates():
     assert comm.reduce_scatter_s(size, group=link) > comm.all_gather_s(size, group=link) > 0
     assert comm.reduce_scatter_s(size, group=link.without_latency()) < comm.reduce_scatter_s(size, group=link)
 
-VALIDATION = "/work/shared/validation/h100_hf_tinyllama.jsonl"
+VALIDATION = str(Path(__file__).resolve().parents[3] / "shared" / "validation" / "h100_hf_tinyllama.jsonl")
 
 
 def test_autocast_activation_count_for_tinyllama():
