@@ -21,7 +21,6 @@ from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan
 
 FRAMEWORKS_ENV = "PLANNER_FRAMEWORKS"
-DEFAULT_FRAMEWORK = "planner"
 PROFILE_SUFFIX = ".yaml"
 
 

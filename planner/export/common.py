@@ -129,21 +129,15 @@ def target_profile(target: str) -> FrameworkProfile:
     return load_framework(TARGET_FRAMEWORKS[target])
 
 
-def framework_refusal(plan: LaunchPlan, profile: FrameworkProfile) -> str | None:
-    """Why `profile`'s stack cannot run `plan` (planner.frameworks.plan_refusal: the search's own judge). Full
-    recompute of only some layers is judged as its base mode: every exporter writes at least as much recompute as
-    the plan (never more memory)."""
-    from planner.frameworks import plan_refusal
-
-    return plan_refusal(profile, plan)
-
-
 def check_framework(plan: LaunchPlan, target: str) -> FrameworkProfile:
     """Refuse (BadInputError, exit 2) a plan the target's stack cannot run; return the target's profile.
 
-    A plan made for another framework (plan.request.framework != the target's) is judged on its configuration."""
+    The search's own judge (planner.frameworks.plan_refusal): a plan made for another framework
+    (plan.request.framework != the target's) is judged on its configuration, not refused for its name."""
+    from planner.frameworks import plan_refusal
+
     profile = target_profile(target)
-    reason = framework_refusal(plan, profile)
+    reason = plan_refusal(profile, plan)
     if reason is not None:
         made_for = plan.request.framework
         origin = f" (the plan was made for framework {made_for!r})" if made_for != profile.name else ""
