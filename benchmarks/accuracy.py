@@ -232,6 +232,8 @@ def render(result: dict, *, quiet: bool = False) -> str:
         f"{f}/{s}={v:.3f}" for (f, s), v in sorted(result["derived"].items())))
     lines.append("error bands (90th percentile |LOSO error|): " + ", ".join(
         f"{f}/{s}={v:.1%}" for (f, s), v in sorted(error_bands(rows).items())))
+    lines.append("ranking bands (median error moving within a source, planner.search.practice): " + ", ".join(
+        f"{f}/{s}={v:.1%}" for (f, s), v in sorted(ranking_bands(rows).items())))
     lines += [f"skipped {name}: {why}" for name, why in result["skipped"]]
     return "\n".join(lines)
 
@@ -247,8 +249,46 @@ def error_bands(rows: list[dict], quantile: float = 0.9) -> dict[tuple[str, str]
     return {k: sorted(v)[min(len(v) - 1, int(quantile * len(v)))] for k, v in groups.items()}
 
 
+def ranking_bands(rows: list[dict]) -> dict[tuple[str, str], float]:
+    """Per (family, stack) and (family, '*'): the median over its runs of |(1 + e) / m - 1|, e a run's
+    leave-one-source-out error and m the median (1 + e) of the run's source (sources with >= 2 runs). The error a
+    source's runs share (its cluster, its software version) cancels when two plans of one request are compared;
+    what is left is how far the model's error moves between configurations: the ranking band of
+    planner.search.practice (two plans closer than this are not told apart)."""
+    by_source: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["loso_error"] == r["loso_error"]:
+            by_source[r["source"]].append(r)
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for runs in by_source.values():
+        if len(runs) < 2:
+            continue
+        middle = statistics.median(1 + r["loso_error"] for r in runs)
+        for r in runs:
+            moved = abs((1 + r["loso_error"]) / middle - 1)
+            groups[(r["family"], r["stack"])].append(moved)
+            groups[(r["family"], "*")].append(moved)
+    return {k: statistics.median(v) for k, v in groups.items()}
+
+
+def _replace_map(line: str, key: str, family: str | None, values: dict[tuple[str, str], float] | None) -> str:
+    """`key: {stack: value, ...}` of one family, from `values` (unchanged when there are none)."""
+    if not values or family is None or not line.strip().startswith(f"{key}:"):
+        return line
+    cells = {s: v for (f, s), v in sorted(values.items()) if f == family and s != "*"}
+    return line[: line.index(f"{key}:")] + f"{key}: {{" + ", ".join(f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
+
+
+def _replace_derived(line: str, key: str, family: str | None, values: dict[tuple[str, str], float] | None) -> str:
+    """`key: x  # derived` with the family's value over all stacks (unchanged when there is none)."""
+    if not values or (family, "*") not in values or not (line.strip().startswith(f"{key}:") and line.endswith("# derived")):
+        return line
+    return line[: line.index(f"{key}:")] + f"{key}: {values[(family, '*')]:.3f}  # derived"
+
+
 def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE,
-                   bands: dict[tuple[str, str], float] | None = None) -> str:
+                   bands: dict[tuple[str, str], float] | None = None,
+                   ranking: dict[tuple[str, str], float] | None = None) -> str:
     """Rewrite each family's `stack_ceilings:` line of calibration.yaml with the derived medians (rounded to 3
     places), and a `matmul_ceiling_fraction: x  # derived` line with the family's median over all stacks; returns
     the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
@@ -258,21 +298,17 @@ def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATI
     for line in text.splitlines():
         if line.strip().startswith("- family:"):
             family = line.split(":", 1)[1].strip()
-        if line.strip().startswith("matmul_ceiling_fraction:") and line.endswith("# derived") and (family, "*") in derived:
-            line = line[: line.index("matmul_ceiling_fraction:")] + f"matmul_ceiling_fraction: {derived[(family, '*')]:.3f}  # derived"
-        if line.strip().startswith("stack_ceilings:") and family:
-            cells = {s: v for (f, s), v in sorted(derived.items()) if f == family and s != "*"}
-            line = line[: line.index("stack_ceilings:")] + "stack_ceilings: {" + ", ".join(
-                f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
-        if line.strip().startswith("stack_error_bands:") and family and bands:
-            cells = {s: v for (f, s), v in sorted(bands.items()) if f == family and s != "*"}
-            line = line[: line.index("stack_error_bands:")] + "stack_error_bands: {" + ", ".join(
-                f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
-        if line.strip().startswith("error_band:") and line.endswith("# derived") and bands and (family, "*") in bands:
-            line = line[: line.index("error_band:")] + f"error_band: {bands[(family, '*')]:.3f}  # derived"
+        line = _replace_derived(line, "matmul_ceiling_fraction", family, derived)
+        line = _replace_map(line, "stack_ceilings", family, derived)
+        line = _replace_map(line, "stack_error_bands", family, bands)
+        line = _replace_derived(line, "error_band", family, bands)
+        line = _replace_map(line, "stack_ranking_bands", family, ranking)
+        line = _replace_derived(line, "ranking_band", family, ranking)
         out.append(line)
     new = "\n".join(out) + "\n"
-    path.write_text(new, encoding="utf-8")
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(new, encoding="utf-8")
+    partial.replace(path)  # atomic: a reader sees the old file or the new one
     return new
 
 
@@ -285,7 +321,7 @@ def derive_fixed_point(path: Path, rounds: int = 4) -> dict:
         calibration._load.cache_clear()
         result = run_all(path)
         before = CALIBRATION_FILE.read_text(encoding="utf-8")
-        if write_ceilings(result["derived"], bands=error_bands(result["rows"])) == before:
+        if write_ceilings(result["derived"], bands=error_bands(result["rows"]), ranking=ranking_bands(result["rows"])) == before:
             break
     calibration._load.cache_clear()
     return run_all(path)

@@ -123,6 +123,11 @@ def _reasons(plan: LaunchPlan) -> list[str]:
     return out
 
 
+def _practice(plan: LaunchPlan) -> tuple[str, ...]:
+    """The practice rule's verdict (planner.search.practice) when it chose this plan over a faster one."""
+    return tuple(note for note in plan.notes if note.startswith("practice (") and "chose this plan" in note)
+
+
 def _differences(plan: LaunchPlan, alt: Alternative) -> str:
     """`tp 8->4, pp 2->4, mbs 1->2`: what the alternative changes relative to the chosen plan."""
     chosen, other = plan.parallelism.model_dump(), alt.parallelism.model_dump()
@@ -182,14 +187,16 @@ def explain(plan: LaunchPlan, *, frameworks: list[str] | None = None) -> Explana
         "gpus": str(req.gpus), "degrees": degrees_text(plan.parallelism), "schedule": plan.schedule,
         "batch": f"global {plan.batch.global_batch_size} = micro {plan.batch.microbatch_size} x {plan.batch.num_microbatches} micro-batches x dp {plan.parallelism.dp}",
         "seq_len": str(plan.batch.seq_len), "precision": req.precision, "framework": req.framework,
-        "step time": f"{step:.4g} s", "tokens/s": f"{pred.tokens_per_s:,.0f}", "MFU / HFU": f"{pred.mfu:.1%} / {pred.hfu:.1%}",
+        "step time": f"{step:.4g} s" + (f" +/-{pred.error_band:.0%} (9 in 10 published runs, leave-one-source-out)"
+                                         if pred.error_band else ""),
+        "tokens/s": f"{pred.tokens_per_s:,.0f}", "MFU / HFU": f"{pred.mfu:.1%} / {pred.hfu:.1%}",
         "peak memory": f"{plan.memory.peak_bytes / GiB:.2f} GiB of {plan.memory.capacity_bytes / GiB:.2f} GiB",
     }
     notes = list(plan.notes) + [f"infeasible: {reason}" for reason in plan.infeasible_reasons]
     if not plan.alternatives:
         notes.append("no alternatives recorded in this plan (an `estimate`, or `plan --top-k 0`)")
     return Explanation(
-        headline=headline, summary=summary, reasons=tuple(_reasons(plan)), time=time, memory=_memory_rows(plan),
+        headline=headline, summary=summary, reasons=(*_practice(plan), *_reasons(plan)), time=time, memory=_memory_rows(plan),
         capacity_gib=plan.memory.capacity_bytes / GiB, runner_up=alternatives[0] if alternatives else None,
         alternatives=alternatives, pruned=dict(sorted(plan.pruned.items(), key=lambda kv: -kv[1])), notes=tuple(notes),
         frameworks=framework_verdicts(plan, frameworks),

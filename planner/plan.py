@@ -71,11 +71,13 @@ def process_groups(model: CostModel, cand: Candidate) -> tuple[ProcessGroup, ...
     return tuple(groups)
 
 
-def prediction_of(evaluation: Evaluation) -> Prediction:
+def prediction_of(evaluation: Evaluation, error_band: float | None = None) -> Prediction:
+    """The plan's prediction; `error_band` is the calibration's (planner.cost.calibration), None where the device
+    family has no published runs."""
     return Prediction(
         step_time_s=evaluation.step_time_s, tokens_per_s=evaluation.tokens_per_s,
         model_tflops_per_gpu=evaluation.model_tflops_per_gpu, hardware_tflops_per_gpu=evaluation.hardware_tflops_per_gpu,
-        mfu=evaluation.mfu, hfu=evaluation.hfu, breakdown=evaluation.breakdown,
+        mfu=evaluation.mfu, hfu=evaluation.hfu, breakdown=evaluation.breakdown, error_band=error_band,
     )
 
 
@@ -103,7 +105,7 @@ def build_launch_plan(
     return LaunchPlan(
         kind=kind, request=request, parallelism=parallelism_of(cand), batch=batch_of(request, cand),
         schedule=cand.schedule, stages=stages, ranks=tuple(rank_map(request.topology, sizes, tuple(cand.axis_order))),
-        process_groups=process_groups(model, cand), prediction=prediction_of(evaluation),
+        process_groups=process_groups(model, cand), prediction=prediction_of(evaluation, model.cal.error_band),
         memory=MemoryReport(peak_bytes=evaluation.peak_bytes, capacity_bytes=evaluation.capacity_bytes,
                             fits=evaluation.fits, per_stage=memories),
         feasible=evaluation.fits, infeasible_reasons=evaluation.reasons, alternatives=tuple(alternatives),

@@ -31,7 +31,7 @@ def _summary_table(plan: LaunchPlan) -> Table:
     table.add_row("batch", f"global {batch.global_batch_size} x seq {batch.seq_len}; micro-batch {batch.microbatch_size} x {batch.num_microbatches}")
     table.add_row("schedule / recompute / precision", f"{plan.schedule} / {plan.stages[0].recompute.mode} / {plan.request.precision}")
     table.add_row("framework", plan.request.framework)
-    table.add_row("step time", f"{pred.step_time_s:.4g} s")
+    table.add_row("step time", f"{pred.step_time_s:.4g} s" + (f" +/-{pred.error_band:.0%}" if pred.error_band else ""))
     table.add_row("tokens/s", f"{pred.tokens_per_s:,.0f}")
     table.add_row("TFLOP/s per GPU", f"model {pred.model_tflops_per_gpu:.1f}, hardware {pred.hardware_tflops_per_gpu:.1f}")
     table.add_row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")

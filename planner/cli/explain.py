@@ -84,7 +84,7 @@ def _render(ex) -> None:
                        row.activations_gib, row.other_gib, row.peak_gib)), f"{row.capacity_fraction:.0%}")
     out.print(memory)
     if ex.runner_up is not None:
-        alts = _table("Runner-up and other candidates", ("differs from the chosen plan", "step s", "slower by", "peak GiB", "why not"))
+        alts = _table("Runner-up and other candidates", ("differs from the chosen plan", "step s", "vs chosen", "peak GiB", "why not"))
         for alt in ex.alternatives:
             alts.add_row(alt.differs, f"{alt.step_time_s:.4g}", f"{alt.slower_by:+.1%}", f"{alt.peak_gib:.1f}", alt.why_not)
         out.print(alts)

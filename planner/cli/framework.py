@@ -99,6 +99,7 @@ def _sections(profile) -> list[tuple[str, str]]:
                 value = "; ".join(", ".join(f"{k}={v}" for k, v in item.items()) for item in value)
             rows.append((f"{top}.{key}", str(value)))
     rows.append(("export", f"{profile.export.exporter}: " + ", ".join(f"{k}={v}" for k, v in profile.export.names.items())))
+    rows.append(("practice", ", ".join(f"{k}={v}" for k, v in profile.practice.model_dump(mode="json").items())))
     return rows
 
 

@@ -48,6 +48,8 @@ def plan_command(
     runnable: bool = typer.Option(False, "--runnable", help="Alias of --framework planner (what `planner run` executes)."),
     allow_stale_weights: bool = typer.Option(False, "--allow-stale-weights", help="Let the search choose PipeDream-2BW "
                                              "(one-step-stale weights) where the framework runs it."),
+    fastest: bool = typer.Option(False, "--fastest", help="Take the fastest predicted plan even where a plan inside the "
+                                 "framework's practice is within the model's ranking band of it (default: prefer that one)."),
     dp: Optional[int] = typer.Option(None, "--dp", min=1, help="Fix the data-parallel degree."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, help="Fix the tensor-parallel degree."),
     pp: Optional[int] = typer.Option(None, "--pp", min=1, help="Fix the pipeline-parallel degree."),
@@ -67,7 +69,7 @@ def plan_command(
     from planner.io import canonical_json, check_writable
 
     check_writable(output)
-    limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule,
+    limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule, fastest=fastest,
                      degrees=dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep),
                      fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap))
     request = api.build_request(
@@ -102,13 +104,14 @@ def _framework(framework: str, runnable: bool) -> str:
     return framework
 
 
-def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degrees: dict, fixed: dict):
+def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degrees: dict, fixed: dict, fastest: bool = False):
     """SearchLimits with every dimension the user fixed (degrees, sp, vpp, micro-batch, recompute, overlap, zero,
     schedule); the search explores the rest."""
     from planner.errors import BadInputError
     from planner.schemas.plan import SearchLimits
 
-    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or schedule == "2bw")
+    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or schedule == "2bw",
+                        prefer_practice=not fastest)
     for name, allowed, key in (("recompute", ("none", "selective", "full"), "recompute_modes"),
                                ("tp_overlap", ("none", "domino"), "tp_overlap")):
         if fixed[name] is not None:
@@ -158,8 +161,12 @@ def _render(plan, output: Optional[Path]) -> None:
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep} vpp={par.vpp} sp={'on' if par.sp else 'off'}"
     out.print(f"[bold green]{degrees}[/] zero={par.zero_stage} schedule={plan.schedule} mbs={plan.batch.microbatch_size} "
               f"x {plan.batch.num_microbatches} micro-batches; {describe_axis_order(par.axis_order)}")
-    out.print(f"step {pred.step_time_s:.3f} s, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, "
+    band = f" (+/-{pred.error_band:.0%}, 9 in 10 published runs)" if pred.error_band else ""
+    out.print(f"step {pred.step_time_s:.3f} s{band}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, "
               f"peak {plan.memory.peak_bytes / GiB:.1f} of {plan.memory.capacity_bytes / GiB:.1f} GiB")
+    for note in plan.notes:
+        if note.startswith("practice") and "chose this plan" in note:
+            out.print(note, markup=False)
     table = Table(title="stages", title_justify="left", box=None, padding=(0, 2))
     for column in ("stage", "layers", "recompute", "peak GiB"):
         table.add_column(column, justify="right" if column != "layers" else "left")

@@ -29,6 +29,7 @@ class DeviceCalibration:
     eager_kernel_s: float = 0.0  # eager recipe: device time per kernel beyond bytes / bandwidth (planner.cost.eager)
     eager_host_op_s: float = 0.0  # eager recipe: host (CPU) time per aten operator (planner.cost.eager)
     error_band: float | None = None  # 90th percentile |step-time error| of the leave-one-source-out predictions
+    ranking_band: float | None = None  # median error moving between configurations of one source (calibration.yaml)
     stack: str | None = None  # the software stack whose GEMM ceiling this is (None: the family's)
 
 
@@ -47,12 +48,13 @@ def _entry(raw: dict) -> DeviceCalibration:
 
 def _stacks(raw: dict, key: str = "stack_ceilings") -> tuple[tuple[str, DeviceCalibration], ...]:
     """Per software stack of a family: the family's entry with the stack's GEMM ceiling under `key` (derived from
-    published runs, `stack_ceilings`, or measured, `measured_stack_ceilings`) and error band (the family's band
-    where the stack has none)."""
+    published runs, `stack_ceilings`, or measured, `measured_stack_ceilings`), error band and ranking band (the
+    family's where the stack has none)."""
     base = _entry(raw)
-    bands = raw.get("stack_error_bands") or {}
+    bands, ranking = raw.get("stack_error_bands") or {}, raw.get("stack_ranking_bands") or {}
     return tuple((name, replace(base, matmul_ceiling_fraction=float(value), stack=name,
-                                error_band=float(bands[name]) if name in bands else base.error_band))
+                                error_band=float(bands[name]) if name in bands else base.error_band,
+                                ranking_band=float(ranking[name]) if name in ranking else base.ranking_band))
                  for name, value in (raw.get(key) or {}).items())
 
 

@@ -175,6 +175,21 @@ class ExportNaming(Schema):
     source: str = Sourced
 
 
+class Practice(Schema):
+    """What the stack is known to run well: the subset of its capabilities its own recipes and the published runs
+    use. When a plan outside it is predicted faster than the best plan inside it by less than the ranking band
+    (planner.cost.calibration), the search prefers the one inside (planner.search.practice). Empty tuples: no
+    preference on that field (everything the stack runs is practice)."""
+
+    schedules: tuple[CanonicalSchedule, ...] = ()
+    zero_stages: tuple[Literal[0, 1, 2, 3], ...] = ()
+    recompute: tuple[Literal["none", "selective", "full"], ...] = ()
+    sequence_parallel_with_tp: bool = Field(default=False, description="tp > 1 runs with sequence parallelism")
+    min_layers_per_virtual_stage: int = Field(default=1, ge=1, description="interleaved: decoder layers per virtual "
+                                              "stage at least (num_layers / (pp * vpp))")
+    source: str = Field(default="no stated practice: every configuration the stack runs", min_length=1)
+
+
 class FrameworkProfile(Schema):
     schema_version: Literal["1"] = FRAMEWORK_SCHEMA_VERSION
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -184,6 +199,7 @@ class FrameworkProfile(Schema):
     capabilities: Capabilities
     behaviour: Behaviour
     export: ExportNaming
+    practice: Practice = Practice()
 
     def schedule_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.capabilities.schedules)

@@ -35,6 +35,9 @@ class SearchLimits(InputSchema):
     runnable: bool = Field(default=False, description="deprecated alias of framework='planner' (what the executor runs)")
     allow_stale_weights: bool = Field(
         default=False, description="let the search choose PipeDream-2BW (one-step-stale weights) where the framework runs it")
+    prefer_practice: bool = Field(default=True, description=(
+        "between plans within the ranking band of the fastest, prefer one inside the framework's practice "
+        "(planner.search.practice); false: the fastest predicted"))
     max_microbatch_size: int = Field(default=16, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE)
     schedules: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
@@ -163,6 +166,10 @@ class Prediction(Schema):
     mfu: float = Field(ge=0)
     hfu: float = Field(ge=0)
     breakdown: Breakdown
+    error_band: float | None = Field(default=None, ge=0, description=(
+        "90th percentile of |step-time error| of the device family x stack's published runs predicted "
+        "leave-one-source-out (benchmarks/accuracy.py): 9 in 10 measured steps fell within step_time_s x (1 +/- "
+        "error_band); null where the family has no published runs"))
 
 
 class MemoryReport(Schema):

@@ -53,8 +53,9 @@ def placement_note(cost, best: Scored) -> str | None:
     return "placement (axis order, outermost first) compared by predicted step time: " + "; ".join(parts)
 
 
-def assemble(request: PlanRequest, result) -> LaunchPlan:
-    """The plan of the best configuration of `result` (which must have one)."""
+def assemble(request: PlanRequest, result, preference=None) -> LaunchPlan:
+    """The plan of the best configuration of `result` (which must have one); `preference` is the practice rule's
+    decision (planner.search.practice): its note, and the why-not of the fastest plan when another was chosen."""
     from planner.cost.estimate import model_notes
     from planner.plan import batch_of, build_launch_plan, parallelism_of
     from planner.search.driver import make_cost_model
@@ -65,7 +66,7 @@ def assemble(request: PlanRequest, result) -> LaunchPlan:
     alternatives = [
         Alternative(parallelism=parallelism_of(o.cand), batch=batch_of(request, o.cand), schedule=o.cand.schedule,
                     recompute=o.cand.recompute, step_time_s=o.ev.step_time_s, peak_bytes=int(o.ev.peak_bytes),
-                    why_not=why_not(best, o))
+                    why_not=(preference and preference.why_not(o)) or why_not(best, o))
         for o in rest
     ]
     solver = SolverStats(
@@ -74,8 +75,10 @@ def assemble(request: PlanRequest, result) -> LaunchPlan:
         version=f"planner {planner.__version__} {SEARCH_VERSION}",
     )
     placement = placement_note(cost, best)
-    notes = [*model_notes(cost), *space_notes(result), *([placement] if placement else [])]
+    notes = [*model_notes(cost), *space_notes(result), *([placement] if placement else []),
+             *([preference.note()] if preference is not None else [])]
     return build_launch_plan(
         cost, best.cand, ev, kind="plan", notes=notes,
         alternatives=alternatives, pruned=dict(sorted(result.pruned.items())), solver=solver,
     )
+

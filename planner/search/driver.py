@@ -296,13 +296,17 @@ def _slug(reason: str) -> str:
 
 
 def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progress: ProgressFn | None = None,
-           exhaustive: bool = False, cost=None) -> SearchResult:
-    """Run the search; `exhaustive=True` turns every bound off (the reference the tests compare against)."""
+           exhaustive: bool = False, cost=None, opts: Options | None = None, ceiling_s: float | None = None) -> SearchResult:
+    """Run the search; `exhaustive=True` turns every bound off (the reference the tests compare against). `opts`
+    replaces the request's space (planner.search.practice narrows it); `ceiling_s` prunes every configuration
+    slower than it from the start."""
     from planner.search.refine_top import refine_top
 
     cost = cost if cost is not None else make_cost_model(request)
-    opts = Options.from_request(request, fixed)
+    opts = opts if opts is not None else Options.from_request(request, fixed)
     state = _Search(request, cost, opts, exhaustive=exhaustive, progress=progress)
+    if ceiling_s is not None:
+        state.ranking.ceiling_s = ceiling_s
     state.run()
     ranked = refine_top(state, state.ranking.items)
     return SearchResult(
@@ -326,8 +330,11 @@ def make_cost_model(request: PlanRequest):
 
 
 def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dict[str, int] | None = None) -> LaunchPlan:
-    """The fastest plan that fits, as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is."""
-    result = search(request, fixed=fixed, progress=progress)
+    """The fastest plan that fits (or, within the ranking band, the best inside the stack's practice:
+    planner.search.practice), as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is."""
+    started = time.monotonic()
+    cost = make_cost_model(request)
+    result = search(request, fixed=fixed, progress=progress, cost=cost)
     limits = request.search or SearchLimits()
     if not result.ranked and result.timed_out:
         raise SolverTimeoutError(
@@ -342,7 +349,35 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dic
         raise InfeasibleError(message, closest=closest, shortfall_bytes=shortfall)
     from planner.search.assemble import assemble
 
-    return assemble(request, result)
+    preference = None
+    if limits.prefer_practice and not result.timed_out:
+        result, preference = prefer_practice(request, result, cost, limits.time_limit_s - (time.monotonic() - started))
+    return assemble(request, result, preference)
+
+
+def prefer_practice(request: PlanRequest, result: SearchResult, cost, time_left_s: float):
+    """(result, Preference | None): planner.search.practice's rule applied to the ranked plans; a second search
+    over the stack's practice, pruned beyond the fastest plan's step time x (1 + ranking band), when the fastest
+    leaves it. No band (a device family without published runs): no preference."""
+    import dataclasses
+
+    from planner.search import practice
+
+    band = cost.cal.ranking_band
+    narrow = practice.practice_options(result.opts)
+    if band is None or narrow is None:
+        return result, None
+    fastest = result.ranked[0]
+    inside: list[Scored] = []
+    layers = request.model.num_layers
+    if practice.deviations(fastest.cand, result.opts, layers) and time_left_s > 0:
+        limits = (request.search or SearchLimits()).model_copy(update={"time_limit_s": max(time_left_s, 0.01)})
+        again = search(request.model_copy(update={"search": limits}), cost=cost, opts=narrow,
+                       ceiling_s=fastest.ev.step_time_s * (1 + band))
+        inside = [] if again.timed_out else again.ranked
+    ranked, decision = practice.choose(result.ranked, inside, band=band, opts=result.opts, num_layers=layers,
+                                       calibration=practice.calibration_name(cost.cal))
+    return dataclasses.replace(result, ranked=ranked), decision
 
 
 __all__ = ["plan", "search", "SearchResult", "make_cost_model"]

@@ -66,6 +66,7 @@ class Ranking:
 
     size: int
     items: list[Scored] = field(default_factory=list)
+    ceiling_s: float = math.inf  # nothing slower is wanted (planner.search.practice's second search)
 
     def offer(self, item: Scored) -> None:
         """Keep the best of each distinct configuration (distinct_key) and the best `size` of those."""
@@ -81,7 +82,8 @@ class Ranking:
 
     @property
     def threshold_s(self) -> float:
-        return self.items[-1].ev.step_time_s if len(self.items) >= self.size else math.inf
+        held = self.items[-1].ev.step_time_s if len(self.items) >= self.size else math.inf
+        return min(held, self.ceiling_s)
 
 
 def describe(cand: Any) -> str:

@@ -67,6 +67,8 @@ class Options:
     sp: bool | None = None  # fixed sequence parallelism (None: both)
     vpp: int | None = None  # fixed virtual stages per rank (None: every valid one)
     microbatch_size: int | None = None  # fixed micro-batch size (None: every divisor up to max_microbatch_size)
+    sp_with_tp: bool = False  # tp > 1 only with sequence parallelism (a stack's practice: planner.search.practice)
+    min_layers_per_chunk: int = 1  # interleaved: decoder layers per virtual stage at least (a stack's practice)
 
     def zero_stages_for(self, pp: int) -> tuple[int, ...]:
         """The ZeRO stages the framework runs at this pp (bounds need hold only for members it can run)."""
@@ -202,7 +204,7 @@ def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str
         return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat and opts.vpp in (None, 1) else []
     variants = [(s, 1) for s in FLAT_SCHEDULES if s in opts.schedules]
     if "interleaved" in opts.schedules:
-        variants += [("interleaved", v) for v in range(2, num_layers // pp + 1)]
+        variants += [("interleaved", v) for v in range(2, num_layers // (pp * opts.min_layers_per_chunk) + 1)]
     return [(s, v) for s, v in variants if opts.vpp in (None, v)]
 
 
@@ -269,6 +271,8 @@ class Space:
         """microbatch sizes (at least one even for an invalid dp, for counting), sp and tp_overlap choices."""
         sizes = self.microbatch_sizes(fact.dp) or [1]
         sps = [sp for sp in ([False, True] if fact.tp > 1 else [False]) if self.opts.sp in (None, sp)]
+        if fact.tp > 1 and self.opts.sp_with_tp:
+            sps = [sp for sp in sps if sp]
         overlaps = list(self.opts.tp_overlap) if fact.tp > 1 else ["none"]
         return sizes, sps, overlaps
 

@@ -39,6 +39,8 @@ class PlanBody(BaseModel):
     framework: str = Field(default="planner", pattern=r"^[a-z0-9][a-z0-9-]{0,63}$",
                            description="shipped framework profile the plan is made for (GET /v1/frameworks lists them)")
     allow_stale_weights: bool = Field(default=False, description="let the search choose PipeDream-2BW where the framework runs it")
+    prefer_practice: bool = Field(default=True, description="within the ranking band of the fastest plan, prefer one inside "
+                                  "the framework's practice; false: the fastest predicted (`planner plan --fastest`)")
 
 
 class EstimateBody(PlanBody):

@@ -29,7 +29,8 @@ def _request(body: PlanBody, max_gpus: int):
     request = api.build_request(
         model=body.model, topology=body.topology, nodes=body.nodes, gpus=body.gpus,
         global_batch_size=body.global_batch_size, seq_len=body.seq_len, precision=body.precision,
-        search=SearchLimits(time_limit_s=body.time_limit_s, top_k=body.top_k, allow_stale_weights=body.allow_stale_weights),
+        search=SearchLimits(time_limit_s=body.time_limit_s, top_k=body.top_k, allow_stale_weights=body.allow_stale_weights,
+                            prefer_practice=body.prefer_practice),
         framework=body.framework,
     )
     if request.gpus > max_gpus:

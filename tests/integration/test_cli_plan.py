@@ -44,3 +44,17 @@ def test_bad_input_exits_2():
     assert bad_schedule.exit_code == 2 and "--schedule" in bad_schedule.output
     unknown_model = runner.invoke(app, ["plan", "--model", "no-such-model"])
     assert unknown_model.exit_code == 2
+
+
+def test_fastest_flag_and_practice_note():
+    """megatron-core's fastest plan here uses ZeRO-3 (Megatron-FSDP); within the ranking band the plan keeps to
+    the distributed optimizer and says why, unless --fastest."""
+    args = ["plan", "--model", "llama3-8b", "--topology", "dgx-a100-40g", "--gpus", "16", "--global-batch-size", "128",
+            "--seq-len", "4096", "--framework", "megatron-core"]
+    preferred = runner.invoke(app, args)
+    assert preferred.exit_code == 0, preferred.output
+    assert "chose this plan over the fastest" in preferred.stdout and "ranking band" in preferred.stdout
+    assert "zero=1" in preferred.stdout and "(+/-" in preferred.stdout
+    fastest = runner.invoke(app, [*args, "--fastest", "--json"])
+    assert fastest.exit_code == 0, fastest.output
+    assert json.loads(fastest.stdout)["parallelism"]["zero_stage"] == 3

@@ -104,3 +104,19 @@ def test_error_bands_are_the_loso_percentiles(bench):
     request = api.build_request(model="gpt3-175b", topology="dgx-a100-80g", gpus=64, global_batch_size=64)
     notes = model_notes(CostModel(request.model_copy(update={"framework": "megatron-lm"})))
     assert any("leave-one-source-out" in note and "megatron-lm" in note for note in notes)
+
+
+@needs_runs
+def test_ranking_bands_are_the_derived_medians(bench):
+    """The ranking band the practice rule uses (calibration.yaml stack_ranking_bands / ranking_band) is the median
+    within-source movement of the leave-one-source-out errors that the script derives, and is below the error band
+    (the shared per-source error cancels between two plans of one request)."""
+    module, result = bench
+    bands = module.ranking_bands(result["rows"])
+    assert bands
+    for (family, stack), band in bands.items():
+        cal = device_calibration(DEVICES[family], None if stack == "*" else stack)
+        if stack != "*" and cal.stack != stack:
+            continue  # a stack without its own ceiling there uses the family's entry (checked under '*')
+        assert cal.ranking_band == pytest.approx(band, abs=0.0015), (family, stack)
+        assert cal.ranking_band < cal.error_band
