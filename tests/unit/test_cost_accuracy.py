@@ -120,3 +120,12 @@ def test_ranking_bands_are_the_derived_medians(bench):
             continue  # a stack without its own ceiling there uses the family's entry (checked under '*')
         assert cal.ranking_band == pytest.approx(band, abs=0.0015), (family, stack)
         assert cal.ranking_band < cal.error_band
+
+
+@needs_runs
+def test_configurations_of_one_setting_are_ranked_as_measured(bench):
+    """Pairs of published configurations of one model on one cluster (recompute modes, ZeRO-3 vs 3D, micro-batch
+    variants): the leave-one-source-out predictions order at least 90% of them as measured."""
+    module, result = bench
+    right, total = module.ranking_pairs(result["rows"])
+    assert total >= 10 and right >= 0.9 * total, (right, total)
