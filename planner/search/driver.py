@@ -369,14 +369,15 @@ def prefer_practice(request: PlanRequest, result: SearchResult, cost, time_left_
         return result, None
     fastest = result.ranked[0]
     inside: list[Scored] = []
-    layers = request.model.num_layers
-    if practice.deviations(fastest.cand, result.opts, layers) and time_left_s > 0:
+    layers, timed_out = request.model.num_layers, False
+    if practice.deviations(fastest.cand, result.opts, layers):
         limits = (request.search or SearchLimits()).model_copy(update={"time_limit_s": max(time_left_s, 0.01)})
         again = search(request.model_copy(update={"search": limits}), cost=cost, opts=narrow,
                        ceiling_s=fastest.ev.step_time_s * (1 + band))
-        inside = [] if again.timed_out else again.ranked
+        timed_out = again.timed_out
+        inside = [] if timed_out else again.ranked
     ranked, decision = practice.choose(result.ranked, inside, band=band, opts=result.opts, num_layers=layers,
-                                       calibration=practice.calibration_name(cost.cal))
+                                       calibration=practice.calibration_name(cost.cal), timed_out=timed_out)
     return dataclasses.replace(result, ranked=ranked), decision
 
 

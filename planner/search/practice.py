@@ -32,6 +32,7 @@ class Preference:
     chosen: Scored | None = None
     practice_best: Scored | None = None  # the best plan inside the practice, when it lies outside the band
     passed_over: tuple[tuple[Scored, tuple[str, ...]], ...] = ()  # ranked plans faster than `chosen`, deviations
+    timed_out: bool = False  # the search over the practice did not finish within the time limit
 
     def note(self) -> str:
         """One deterministic line for the plan's notes (planner explain prints it)."""
@@ -49,6 +50,9 @@ class Preference:
             gap = self.practice_best.ev.step_time_s / self.fastest.ev.step_time_s - 1
             return (head + f"the fastest plan leaves the stack's practice ({devs}); the best plan inside it "
                     f"({describe(self.practice_best.cand)}) is {gap:.1%} slower, beyond {where}: the fastest is kept")
+        if self.timed_out:
+            return head + (f"the fastest plan leaves the stack's practice ({devs}); the search over the practice "
+                           "reached the time limit, so the fastest is kept (raise --time-limit to compare)")
         return head + f"the fastest plan leaves the stack's practice ({devs}); no plan inside it is within {where}"
 
     def why_not(self, other: Scored) -> str | None:
@@ -110,11 +114,13 @@ def calibration_name(cal) -> str:
 
 
 def choose(ranked: list[Scored], practice_ranked: list[Scored], *, band: float, opts: Options, num_layers: int,
-           calibration: str) -> tuple[list[Scored], Preference]:
-    """The ranked list with the practice rule applied (same length), and the decision."""
+           calibration: str, timed_out: bool = False) -> tuple[list[Scored], Preference]:
+    """The ranked list with the practice rule applied (same length), and the decision; `practice_ranked` are the
+    plans of the search over the practice (planner.search.driver.prefer_practice), `timed_out` when it did not end."""
     fastest = ranked[0]
     devs = deviations(fastest.cand, opts, num_layers)
-    base = Preference(fastest=fastest, deviations=devs, band=band, calibration=calibration, framework=opts.profile.name)
+    base = Preference(fastest=fastest, deviations=devs, band=band, calibration=calibration, framework=opts.profile.name,
+                      timed_out=timed_out)
     inside = [s for s in practice_ranked if not deviations(s.cand, opts, num_layers)]
     if not devs or not inside:
         return ranked, base

@@ -50,6 +50,8 @@ def test_choose_within_and_beyond_the_band():
     assert ranked[0] is fastest and decision.chosen is None and "beyond" in decision.note()
     ranked, decision = practice.choose([inside, fastest], [], band=0.05, opts=opts, num_layers=32, calibration="x")
     assert ranked[0] is inside and "inside the stack's practice" in decision.note()
+    ranked, decision = practice.choose([fastest], [], band=0.05, opts=opts, num_layers=32, calibration="x", timed_out=True)
+    assert ranked[0] is fastest and "time limit" in decision.note()
 
 
 def test_plan_prefers_the_practice_within_the_band_and_matches_an_exhaustive_practice_search():
