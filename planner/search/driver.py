@@ -371,7 +371,7 @@ def prefer_practice(request: PlanRequest, result: SearchResult, cost, time_left_
     inside: list[Scored] = []
     layers, timed_out = request.model.num_layers, False
     if practice.deviations(fastest.cand, result.opts, layers):
-        limits = (request.search or SearchLimits()).model_copy(update={"time_limit_s": max(time_left_s, 0.01)})
+        limits = (request.search or SearchLimits()).model_copy(update={"time_limit_s": max(time_left_s, 0.01), "top_k": 0})
         again = search(request.model_copy(update={"search": limits}), cost=cost, opts=narrow,
                        ceiling_s=fastest.ev.step_time_s * (1 + band))
         timed_out = again.timed_out
