@@ -40,6 +40,13 @@ from planner.schemas.plan import PlanRequest  # noqa: E402
 
 RUNS_FILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published_runs.json"
 SATURATED = 0.999
+# Published configurations that did NOT fit (stated in a run's source, not a run of the file): (the run whose
+# source says it, the GPU count it failed at with the run's other settings, the quote). The check: predicted not
+# to fit there (flagged), while the run itself is predicted to fit.
+PUBLISHED_OOMS = (
+    ("megatron2021_t2_zero3_529B_640gpu", 560, "Narayanan et al. 2021 Table 2: 'The 530-billion-parameter GPT model did "
+     "not fit on 560 GPUs when using a microbatch size of 4 with ZeRO-3'"),
+)
 TARGET_LOSO_MEDIAN, TARGET_LOSO_MAX, TARGET_COVERAGE, TARGET_VS_NAIVE = 0.10, 0.35, 0.90, 0.6
 
 
@@ -232,6 +239,7 @@ def render(result: dict, *, quiet: bool = False) -> str:
                  f"{evaluable - len(rows)} without a valid candidate")
     oom = [r for r in rows if not r["fits"]]
     lines.append(f"false OOM (ran, predicted not to fit at its settings): {len(oom)}" + "".join(f"\n  {r['run']}: {r['why']}" for r in oom))
+    lines += [published_oom_line(*item) for item in PUBLISHED_OOMS]
     lines.append("ceilings (median implied, per device family x stack): " + ", ".join(
         f"{f}/{s}={v:.3f}" for (f, s), v in sorted(result["derived"].items())))
     lines.append("error bands (90th percentile |LOSO error|): " + ", ".join(
@@ -243,6 +251,25 @@ def render(result: dict, *, quiet: bool = False) -> str:
         f"{f}/{s}={v:.1%}" for (f, s), v in sorted(ranking_bands(rows).items())))
     lines += [f"skipped {name}: {why}" for name, why in result["skipped"]]
     return "\n".join(lines)
+
+
+def published_oom_line(run_id: str, gpus: int, quote: str, path: Path = RUNS_FILE) -> str:
+    """Whether the model flags a published out-of-memory configuration: the run's chosen settings at `gpus` GPUs
+    (the same per-GPU batch)."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    run = next(r for r in (raw["runs"] if isinstance(raw, dict) else raw) if r["id"] == run_id)
+    case = build_case(run)
+    cand, ev = choose(case)
+    per_gpu = case.request.global_batch_size // case.request.gpus
+    topology = case.request.topology.model_copy(update={"num_nodes": -(-gpus // case.request.topology.gpus_per_node)})
+    request = case.request.model_copy(update={"gpus": gpus, "global_batch_size": per_gpu * gpus, "topology": topology})
+    scale = gpus / case.request.gpus
+    failed = CostModel(request, calibration=cost_model(case, None).cal).evaluate(
+        dataclasses.replace(cand, dp=int(cand.dp * scale)))
+    verdict = "flagged" if not failed.fits else "NOT flagged"
+    return (f"published OOM {run_id} at {gpus} GPUs: predicted {failed.peak_bytes / 2**30:.1f} of "
+            f"{failed.capacity_bytes / 2**30:.1f} GiB ({verdict}; the run itself at {case.request.gpus} GPUs: "
+            f"{ev.peak_bytes / 2**30:.1f} GiB); {quote}")
 
 
 def ranking_pairs(rows: list[dict], key: str = "loso_error", tie: float = 0.02) -> tuple[int, int]:
