@@ -94,7 +94,8 @@ def export_and_judge(plan, framework: str) -> Cell:
     from planner.errors import BadInputError
     from planner.export import export_plan
     from planner.export.common import TARGET_FRAMEWORKS
-    from planner.export.judges import JudgeUnavailable, judge
+    from planner.export.judges import judge
+    from planner.export.verdicts import JudgeUnavailable
 
     target = {name: t for t, name in TARGET_FRAMEWORKS.items() if t != "slurm"}[framework]
     par = plan.parallelism

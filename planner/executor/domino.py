@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import BadInputError
-from planner.executor.parallelize import _add_grad_sync, _unwrap, blocks
-from planner.nn.model import TransformerBlock, check_divisible, init_module
+from planner.executor.parallelize import add_grad_sync, blocks, unwrap_block
+from planner.nn.common import check_divisible
+from planner.nn.model import TransformerBlock, init_module
 from planner.schemas.model import ModelSpec
 
 
@@ -135,7 +136,7 @@ def apply_domino_tp(model: nn.Module, tp_group, *, num_pieces: int = 2) -> None:
     Per-head q/k norms see only this rank's heads: their gradients are summed over tp in sync_gradients."""
     head_norm_params = []
     for _, block in blocks(model):
-        block = _unwrap(block)
+        block = unwrap_block(block)
         enable_manual_tp(block, tp_group, num_pieces=num_pieces)
         if block.attention.q_norm is not None:
             head_norm_params += [*block.attention.q_norm.parameters(), *block.attention.k_norm.parameters()]
@@ -144,7 +145,7 @@ def apply_domino_tp(model: nn.Module, tp_group, *, num_pieces: int = 2) -> None:
             for p in head_norm_params:
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=tp_group)
-        _add_grad_sync(model, sync)
+        add_grad_sync(model, sync)
 
 
 def time_tp_overlap(spec: ModelSpec, tp_group, *, batch_size: int, seq_len: int, iters: int = 5, warmup: int = 2,

@@ -2,9 +2,10 @@
 
 One torchrun per node with a static rendezvous (`--nnodes --node-rank --master-addr --master-port
 --nproc-per-node`): torchrun then gives global rank r to node r // nproc_per_node, local rank
-r % nproc_per_node, which must be where the plan's rank map puts it (checked, see
-planner.export.scripts.node_layout). Also the environment the job needs and a SLURM sbatch script
-(one task per node, SLURM's node id as the node rank, the first allocated host as the master).
+r % nproc_per_node, which must be where the plan's rank map puts it (checked by node_layout, which the
+torchrun/slurm exporters in planner.export.scripts share: they import this module, never the reverse).
+Also the environment the job needs and a SLURM sbatch script (one task per node, SLURM's node id as the
+node rank, the first allocated host as the master).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from planner.errors import BadInputError
 from planner.executor.options import RunOptions
 from planner.executor.runnable import check_runnable
-from planner.export.scripts import node_layout
 from planner.schemas.plan import LaunchPlan
 
 RUNTIME_MODULE = "planner.executor.runtime"
@@ -43,6 +43,36 @@ class LaunchScripts:
     nodes: tuple[NodeCommand, ...]
     sbatch: str
     notes: tuple[str, ...] = ()
+
+
+def _layout_refusal(target: str, reason: str, fix: str) -> BadInputError:
+    """The refusal wording of planner.export.common.refuse (this module sits below planner.export)."""
+    return BadInputError(f"cannot export to {target}: {reason}; {fix}")
+
+
+def node_layout(plan: LaunchPlan, target: str) -> tuple[int, int]:
+    """(nnodes, nproc_per_node) from the plan's rank map; refuses a map torchrun cannot start.
+
+    Lives here, with the torchrun command lines, because both `planner launch` and the torchrun/slurm exporters
+    need it; `target` names who refuses (the exporter's target, or "torchrun" for `planner launch`)."""
+    world = plan.request.gpus
+    if not plan.ranks:
+        per_node = min(world, plan.request.topology.gpus_per_node)
+        if world % per_node:
+            raise _layout_refusal(target, f"{world} GPUs do not fill nodes of {per_node}", "use a multiple of gpus_per_node")
+        return world // per_node, per_node
+    if len(plan.ranks) != world:
+        raise _layout_refusal(target, f"the rank map has {len(plan.ranks)} entries for {world} GPUs", "regenerate the plan")
+    per_node = max(entry.local_rank for entry in plan.ranks) + 1
+    for entry in plan.ranks:
+        if entry.node != entry.rank // per_node or entry.local_rank != entry.rank % per_node:
+            raise _layout_refusal(
+                target,
+                f"rank {entry.rank} is placed on node {entry.node} local rank {entry.local_rank}, but torchrun puts it on "
+                f"node {entry.rank // per_node} local rank {entry.rank % per_node} (--nproc-per-node {per_node})",
+                "regenerate the plan",
+            )
+    return world // per_node, per_node
 
 
 def environment(plan: LaunchPlan, nproc_per_node: int) -> tuple[str, ...]:

@@ -16,18 +16,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    PrepareModuleInputOutput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from planner.errors import BadInputError
-from planner.nn.model import Transformer, TransformerBlock, check_divisible
+from planner.nn.common import check_divisible
+from planner.nn.model import Transformer, TransformerBlock
 from planner.nn.moe import MoE, shard_experts
+from planner.nn.tensor_parallel import block_tp_plan
 
 GRAD_SYNC_ATTR = "_planner_grad_sync"
 
@@ -38,7 +33,8 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return list(layers.items()) if layers is not None else []
 
 
-def _unwrap(block: nn.Module) -> TransformerBlock:
+def unwrap_block(block: nn.Module) -> TransformerBlock:
+    """The TransformerBlock inside an activation-checkpoint wrapper (apply_ac), or the block itself."""
     return getattr(block, "_checkpoint_wrapped_module", block)
 
 
@@ -86,39 +82,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, sp: bool, loss_parallel: 
     if tied:  # both are vocab-sharded (Shard(0)) on the same mesh: share one DTensor again
         model.output.weight = model.tok_embeddings.weight
     for _, block in blocks(model):
-        parallelize_module(_unwrap(block), tp_mesh, _block_tp_plan(_unwrap(block), sp=sp))
-
-
-def _block_tp_plan(block: TransformerBlock, *, sp: bool) -> dict:
-    seq_layout = Shard(1) if sp else Replicate()
-    plan: dict = {
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=seq_layout),
-    }
-    if block.attention.q_norm is not None:  # per-head norms: heads are the sharded dim (torchtitan, Qwen3)
-        plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
-        plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
-    # The block's input becomes one Replicate DTensor that wq/wk/wv (w1/w3) share: their input gradients add up
-    # as Partial and are reduced once (all-reduce, or reduce-scatter with SP) where the DTensor was made, as in
-    # Megatron's fused QKV / gate-up projections; per-linear inputs would all-reduce 3 (2) times.
-    plan["attention"] = PrepareModuleInput(input_layouts=(seq_layout, None), desired_input_layouts=(Replicate(), None))
-    if sp:
-        plan["attention_norm"] = SequenceParallel()
-        plan["ffn_norm"] = SequenceParallel()
-    if block.feed_forward is not None:
-        plan["feed_forward.w1"] = ColwiseParallel()
-        plan["feed_forward.w2"] = RowwiseParallel(output_layouts=seq_layout)
-        if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = ColwiseParallel()
-        plan["feed_forward"] = PrepareModuleInput(input_layouts=(seq_layout,), desired_input_layouts=(Replicate(),))
-    elif sp:  # MoE replicated over tp: gather the sequence in, keep this rank's slice out
-        plan["moe"] = PrepareModuleInputOutput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-            output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
-        )
-    return plan
+        parallelize_module(unwrap_block(block), tp_mesh, block_tp_plan(unwrap_block(block), sp=sp))
 
 
 def _spec_of(model: nn.Module):
@@ -193,7 +157,7 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precisio
     dp_size = dp_mesh.size()
     experts = expert_params(model)
     if experts:
-        _add_grad_sync(model, _expert_sync(experts, expert_dp_group, dp_size))
+        add_grad_sync(model, _expert_sync(experts, expert_dp_group, dp_size))
     if zero_stage in (2, 3):
         from torch.distributed.fsdp import fully_shard
 
@@ -211,7 +175,7 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precisio
         return model
     if not use_ddp or dp_mesh.ndim > 1 or any(isinstance(p, DTensor) for p in model.parameters()):
         dense = [p for p in _unique_params(model) if all(p is not e for e in experts)]
-        _add_grad_sync(model, _all_reduce_mean(dense, _flat_group(dp_mesh), dp_size))
+        add_grad_sync(model, _all_reduce_mean(dense, _flat_group(dp_mesh), dp_size))
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -255,7 +219,9 @@ def _all_reduce_mean(params: list[nn.Parameter], group, dp_size: int) -> Callabl
     return sync
 
 
-def _add_grad_sync(model: nn.Module, fn: Callable[[nn.Module], None]) -> None:
+def add_grad_sync(model: nn.Module, fn: Callable[[nn.Module], None]) -> None:
+    """Register `fn(model)` to run in `sync_gradients` (after the step's last backward); used by apply_dp, apply_ep
+    and domino's manual TP for the reductions no wrapper does."""
     hooks = getattr(model, GRAD_SYNC_ATTR, None)
     if hooks is None:
         hooks = []

@@ -213,7 +213,7 @@ def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
     from torch.distributed.tensor.parallel import loss_parallel
 
     from planner.executor.parallelize import sync_gradients
-    from planner.executor.train import _local, cross_entropy
+    from planner.executor.train import cross_entropy, full_tensor
 
     model, n = job.train_parts[0], job.plan.batch.num_microbatches
     total = torch.zeros((), dtype=torch.float32, device=job.device)
@@ -228,7 +228,7 @@ def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
             with loss_parallel() if job.loss_parallel else nullcontext():
                 loss = cross_entropy(logits, y) / n
                 loss.backward()
-        total += _local(loss.detach())
+        total += full_tensor(loss.detach())
     sync_gradients(model)
     return total
 

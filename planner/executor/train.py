@@ -58,7 +58,7 @@ def train_steps(model: nn.Module, optimizer, batches: Iterable[tuple[torch.Tenso
             with loss_context() if loss_context is not None else nullcontext():
                 loss = loss_fn(logits, mb_targets) / num_microbatches
                 loss.backward()
-            total += _local(loss.detach())
+            total += full_tensor(loss.detach())
         sync_gradients(model)
         optimizer.step()
         if loss_group is not None:
@@ -70,6 +70,7 @@ def train_steps(model: nn.Module, optimizer, batches: Iterable[tuple[torch.Tenso
     return losses
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole value of a DTensor (a loss under TP's loss_parallel is one), a plain tensor as it is."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 

@@ -27,15 +27,14 @@ device (its compute capability, `device_capability`): this machine has no GPU. T
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import logging
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 
 from planner.export.common import Export
+from planner.export.judges_megatron import megatron_core_verdict
+from planner.export.verdicts import JudgeUnavailable, Verdict, first_line, quiet
 from planner.schemas.plan import LaunchPlan
 
 # NVIDIA compute capability by device-name prefix: the frameworks ask torch.cuda, which this CPU machine lacks.
@@ -49,42 +48,10 @@ def device_capability(plan: LaunchPlan) -> tuple[int, int]:
     return next((cap for prefix, cap in CAPABILITIES if name.startswith(prefix)), (9, 0))
 
 
-class JudgeUnavailable(RuntimeError):
-    """The framework whose validation code would judge this export is not importable here."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    accepted: bool
-    reason: str = ""
-
-
 def script_array(text: str, name: str) -> list[str]:
     """The words of `NAME=( ... )` in an exported bash script, as bash would pass them."""
     body = text.split(f"{name}=(", 1)[1].split("\n)", 1)[0]
     return shlex.split("\n".join(line for line in body.splitlines() if not line.strip().startswith("#")))
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Frameworks print their argument dumps and warnings; keep the benchmark table readable."""
-    out, err = io.StringIO(), io.StringIO()
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            yield err
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-def _first_line(exc: BaseException, err: io.StringIO | None = None) -> str:
-    """A one-line reason: the exception's message, or what the framework printed before exiting (tyro, argparse)."""
-    printed = err.getvalue() if err is not None else ""
-    text = (printed if isinstance(exc, SystemExit) and printed else str(exc)).strip() or type(exc).__name__
-    lines = [line.strip(" │╭╰─╮╯") for line in text.splitlines()]
-    lines = [line for line in lines if line and not set(line) <= set("─ ")]
-    errors = [line for line in lines if "error:" in line.lower()]  # argparse prints usage first, the error last
-    return " ".join(errors or lines[:3])[:300]
 
 
 def judge(plan: LaunchPlan, export: Export) -> Verdict:
@@ -106,13 +73,13 @@ def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
     capability = device_capability(plan)  # the plan's GPU: Float8 converters check it while the config is built
     float8.has_cuda_capability = lambda major, minor: capability >= (major, minor)
     args = script_array(export.text, "PLANNER_TORCHTITAN_ARGS")
-    with _quiet() as err:
+    with quiet() as err:
         try:
             config = ConfigManager().parse_args(args)
         except ImportError as exc:  # the model module needs what is not installed here (triton, torchao)
             raise JudgeUnavailable(f"torchtitan's --module {args[1]} is not importable here: {exc}") from None
         except (SystemExit, Exception) as exc:  # tyro reports a bad override by printing and exiting
-            return Verdict(False, f"ConfigManager.parse_args: {_first_line(exc, err)}")
+            return Verdict(False, f"ConfigManager.parse_args: {first_line(exc, err)}")
         try:
             dims = ParallelDims.from_config(config.parallelism, plan.request.gpus)
             _titan_batch(config, dims, plan)
@@ -120,7 +87,7 @@ def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
             if plan.request.model.name in _same_model_configs():  # the config's model is the plan's model
                 config.model_spec.model.update_from_config(config=config)  # heads vs tp, tying vs PP, RoPE vs seq_len
         except (AssertionError, ValueError, RuntimeError, NotImplementedError) as exc:
-            return Verdict(False, _first_line(exc))
+            return Verdict(False, first_line(exc))
     return Verdict(True)
 
 
@@ -202,8 +169,6 @@ def judge_megatron(plan: LaunchPlan, export: Export) -> Verdict:
     if path:
         verdict = _megatron_lm(args, plan, path, "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export.text)
     else:
-        from planner.export.judges_megatron import megatron_core_verdict
-
         verdict = megatron_core_verdict(args, plan.request.gpus)
     return verdict if not verdict.accepted else _megatron_interleaved_groups(plan)
 
@@ -250,13 +215,13 @@ def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1
     os.environ.update(env)
     sys.argv = ["pretrain_gpt.py", *args, *MEGATRON_USER_ARGS]
     try:
-        with _quiet() as err:
+        with quiet() as err:
             parsed = arguments.parse_args()
             arguments.validate_args(parsed, {})
             parsed.apply_rope_fusion = False
             arguments.core_transformer_config_from_args(parsed)
     except (SystemExit, Exception) as exc:
-        return Verdict(False, f"Megatron-LM: {_first_line(exc, err)}")
+        return Verdict(False, f"Megatron-LM: {first_line(exc, err)}")
     finally:
         sys.argv = saved_argv
         for key, value in saved_env.items():
@@ -326,12 +291,12 @@ def judge_deepspeed(plan: LaunchPlan, export: Export) -> Verdict:
     if topology.world_size() != plan.request.gpus:
         return Verdict(False, f"topology world {topology.world_size()} != {plan.request.gpus} GPUs")
     try:
-        with _quiet(), fake_world(plan.request.gpus):
+        with quiet(), fake_world(plan.request.gpus):
             ds = DeepSpeedConfig(config, mpu=TopologyMpu(topology) if par.tp * par.pp > 1 else None)
         if par.pp > 1:  # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__
             assert ds.zero_optimization_stage < 2, "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
     except (AssertionError, ValueError, KeyError) as exc:
-        return Verdict(False, f"DeepSpeedConfig: {_first_line(exc)}")
+        return Verdict(False, f"DeepSpeedConfig: {first_line(exc)}")
     return Verdict(True)
 
 
@@ -363,8 +328,8 @@ def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
     indices = (0, total - 1) if v_placement else range(0, total, par.pp)  # rank 0's stages (V: first and last)
     stages = [_StubStage(index, total, par.pp, 0) for index in indices]
     try:
-        with _quiet():
+        with quiet():
             cls(stages if plan.schedule in MULTI_STAGE else stages[0], n_microbatches=plan.batch.num_microbatches)
     except (ValueError, AssertionError) as exc:
-        return Verdict(False, f"torch {cls.__name__}: {_first_line(exc)}")
+        return Verdict(False, f"torch {cls.__name__}: {first_line(exc)}")
     return Verdict(True)

@@ -15,7 +15,7 @@ import argparse
 import ast
 import dataclasses
 
-from planner.export.judges import JudgeUnavailable, Verdict, _first_line, _quiet
+from planner.export.verdicts import JudgeUnavailable, Verdict, first_line, quiet
 
 INT_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
              "expert-model-parallel-size", "micro-batch-size", "global-batch-size", "num-virtual-stages-per-pipeline-rank",
@@ -98,9 +98,9 @@ def megatron_core_verdict(args: list[str], world: int) -> Verdict:
     if unknown:
         return Verdict(False, f"{config_class.__name__} has no fields {unknown}")
     try:
-        with _quiet():
+        with quiet():
             config_class(**kwargs)
             ConstantNumMicroBatchesCalculator(a.global_batch_size, a.micro_batch_size, world // (tp * pp * cp), None, 0)
     except (AssertionError, ValueError, TypeError) as exc:
-        return Verdict(False, f"{config_class.__name__}: {_first_line(exc)}")
+        return Verdict(False, f"{config_class.__name__}: {first_line(exc)}")
     return Verdict(True)

@@ -1,7 +1,7 @@
 """LaunchPlan -> launch scripts for our own executor: per-node torchrun (static rendezvous) and SLURM sbatch.
 
-The command lines come from planner.executor.launch (`planner launch`), so the two never disagree;
-planner.executor is imported lazily (it imports this module's node_layout).
+The command lines and the node layout come from planner.executor.launch (`planner launch`), so the two never
+disagree; that module imports nothing of planner.export, so the dependency runs one way (export -> executor).
 
 torchrun's rules: every node starts the same --nproc-per-node, and the world size is nnodes * nproc-per-node;
 with a static rendezvous (--node-rank, --master-addr, --master-port) rank r lives on node r // nproc_per_node
@@ -11,6 +11,10 @@ processes on the wrong GPUs: that is refused.
 
 from __future__ import annotations
 
+from planner.errors import BadInputError
+from planner.executor.launch import DEFAULT_PORT, environment, launch_scripts, node_layout, torchrun_line
+from planner.executor.options import RunOptions
+from planner.executor.runnable import check_runnable
 from planner.export.common import (
     Export,
     check_exportable,
@@ -22,37 +26,10 @@ from planner.export.common import (
 )
 from planner.schemas.plan import LaunchPlan
 
-DEFAULT_PORT = 29500
-
-
-def node_layout(plan: LaunchPlan, target: str) -> tuple[int, int]:
-    """(nnodes, nproc_per_node) from the plan's rank map; refuses a map torchrun cannot start."""
-    world = plan.request.gpus
-    if not plan.ranks:
-        per_node = min(world, plan.request.topology.gpus_per_node)
-        if world % per_node:
-            raise refuse(target, f"{world} GPUs do not fill nodes of {per_node}", "use a multiple of gpus_per_node")
-        return world // per_node, per_node
-    if len(plan.ranks) != world:
-        raise refuse(target, f"the rank map has {len(plan.ranks)} entries for {world} GPUs", "regenerate the plan")
-    per_node = max(entry.local_rank for entry in plan.ranks) + 1
-    for entry in plan.ranks:
-        if entry.node != entry.rank // per_node or entry.local_rank != entry.rank % per_node:
-            raise refuse(
-                target,
-                f"rank {entry.rank} is placed on node {entry.node} local rank {entry.local_rank}, but torchrun puts it on "
-                f"node {entry.rank // per_node} local rank {entry.rank % per_node} (--nproc-per-node {per_node})",
-                "regenerate the plan",
-            )
-    return world // per_node, per_node
-
 
 def _executor_ready(plan: LaunchPlan, target: str) -> None:
     """The scripts start our executor, so they are refused for what it cannot run (planner.executor.runnable) and for
     what torch's schedule constructor refuses (the executor builds the profile's native class, pipeline.py)."""
-    from planner.errors import BadInputError
-    from planner.executor.runnable import check_runnable
-
     try:
         check_runnable(plan)
     except BadInputError as exc:
@@ -70,9 +47,6 @@ def export_torchrun(plan: LaunchPlan) -> Export:
 
     The torchrun line and environment are `planner launch`'s (planner.executor.launch), parameterised by node.
     """
-    from planner.executor.launch import environment, torchrun_line
-    from planner.executor.options import RunOptions
-
     target = "torchrun"
     check_exportable(plan, target)
     check_framework(plan, target)
@@ -97,8 +71,6 @@ def export_torchrun(plan: LaunchPlan) -> Export:
 
 def export_slurm(plan: LaunchPlan) -> Export:
     """`planner launch`'s sbatch script (one task per node, SLURM's node id as the node rank) for plan.json."""
-    from planner.executor.launch import launch_scripts
-
     target = "slurm"
     check_exportable(plan, target)
     check_framework(plan, target)

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import BadInputError
+from planner.nn.common import FeedForward, check_divisible
+from planner.nn.moe import MoE
 from planner.schemas.model import ModelSpec
 
 ROPE_THETA = 10000.0
@@ -131,35 +133,6 @@ class Attention(nn.Module):
         return out.transpose(1, 2).reshape(batch, seq_len, -1)
 
 
-def activation_fn(name: str):
-    """The elementwise part of the MLP: gelu/relu, or the gate nonlinearity of swiglu (SiLU) / geglu (GELU)."""
-    return {"gelu": F.gelu, "geglu": F.gelu, "relu": F.relu, "swiglu": F.silu}[name]
-
-
-class FeedForward(nn.Module):
-    """Dense MLP: w2(act(w1 x)) or, gated (Shazeer 2020, GLU variants), w2(act(w1 x) * w3 x)."""
-
-    def __init__(self, dim: int, hidden: int, *, activation: str, bias: bool, dtype: torch.dtype | None = None):
-        super().__init__()
-        self.activation = activation
-        self.w1 = nn.Linear(dim, hidden, bias=bias, dtype=dtype)
-        self.w2 = nn.Linear(hidden, dim, bias=bias, dtype=dtype)
-        self.w3 = nn.Linear(dim, hidden, bias=bias, dtype=dtype) if activation in ("swiglu", "geglu") else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.hidden(x))
-
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        h = activation_fn(self.activation)(self.w1(x))
-        return h * self.w3(x) if self.w3 is not None else h
-
-
-def check_divisible(name: str, value: int, by_name: str, by: int) -> None:
-    if value % by:
-        choices = [d for d in range(1, value + 1) if value % d == 0]
-        raise BadInputError(f"{by_name}={by} must divide {name}={value}: choose {by_name} in {choices}")
-
-
 def check_reference_supports(spec: ModelSpec) -> None:
     """BadInputError naming the first spec feature this reference decoder does not build (parameter counts and the
     analytic cost model cover them; the executor and the layer profiler do not)."""
@@ -182,8 +155,6 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, spec: ModelSpec, index: int, *, tp: int = 1, ep: int = 1, dtype: torch.dtype | None = None):
         super().__init__()
-        from planner.nn.moe import MoE  # local import: moe imports this module's helpers
-
         check_reference_supports(spec)
         self.index = index
         self.attention_norm = make_norm(spec.norm, spec.hidden_size, dtype=dtype)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from planner.nn.model import FeedForward, activation_fn, check_divisible
+from planner.nn.common import FeedForward, activation_fn, check_divisible
 from planner.schemas.model import ModelSpec
 
 

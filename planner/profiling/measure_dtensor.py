@@ -6,9 +6,10 @@ propagation, redistributions, wrapping and unwrapping) while collectives are no-
 `planner profile --tp-runtime dtensor` uses it for every shape with tp > 1: the entry's forward, backward and
 recompute times come from this build; FLOPs, parameter and saved bytes, and the per-operator split come from
 the plain build at the rank's shape (build_case), whose operators then sum to less than the layer and the
-DTensor overhead lands in the `other` operator. The parallel plan is the executor's own
-(planner.executor.parallelize: Megatron column/row-parallel blocks, vocab-parallel embedding, column-parallel
-LM head with replicated logits and the loss on the whole vocabulary), without sequence parallelism.
+DTensor overhead lands in the `other` operator. The parallel plan is the executor's own (the block plan from
+planner.nn.tensor_parallel, which planner.executor.parallelize applies: Megatron column/row-parallel blocks;
+vocab-parallel embedding, column-parallel LM head with replicated logits and the loss on the whole
+vocabulary, as apply_tp does), without sequence parallelism.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def tp_plan(case: LayerCase) -> dict:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from planner.executor.parallelize import _block_tp_plan
+    from planner.nn.tensor_parallel import block_tp_plan
 
     module = case.module
     if case.layer_type == "embedding":
@@ -48,7 +49,7 @@ def tp_plan(case: LayerCase) -> dict:
         return plan
     if case.layer_type == "head":
         return {"output": ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)}
-    return _block_tp_plan(module, sp=False)
+    return block_tp_plan(module, sp=False)
 
 
 def dtensor_case(spec: ModelSpec, layer_type: str, *, tp: int, ep: int, microbatch_size: int, seq_len: int,

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import BadInputError
-from planner.nn.model import TransformerBlock, check_divisible, make_norm, qk_head_dim, rope_cache
+from planner.nn.common import check_divisible
+from planner.nn.model import TransformerBlock, make_norm, qk_head_dim, rope_cache
 from planner.schemas.model import ModelSpec
 
 

@@ -14,7 +14,8 @@ from test_export import LLAMA, make_plan
 from planner.errors import BadInputError
 from planner.export import export_plan
 from planner.export.common import Export
-from planner.export.judges import JudgeUnavailable, judge
+from planner.export.judges import judge
+from planner.export.verdicts import JudgeUnavailable
 from planner.schemas.model import MLASpec, ModelSpec, MoESpec
 
 MOE = ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))

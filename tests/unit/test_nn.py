@@ -110,7 +110,7 @@ def test_rope_scores_depend_only_on_relative_position():
 
 def naive_moe(moe, x):
     """Per token: top-k of softmax, renormalised, capacity in token order per expert, plus shared experts."""
-    from planner.nn.model import activation_fn
+    from planner.nn.common import activation_fn
 
     x2 = x.reshape(-1, x.shape[-1])
     probs = torch.softmax(moe.router.gate(x2), dim=-1)
