@@ -58,7 +58,7 @@ def assemble(request: PlanRequest, result, preference=None) -> LaunchPlan:
     decision (planner.search.practice): its note, and the why-not of the fastest plan when another was chosen."""
     from planner.cost.estimate import model_notes
     from planner.plan import batch_of, build_launch_plan, parallelism_of
-    from planner.search.driver import make_cost_model
+    from planner.search.costing import make_cost_model
 
     best, rest = result.ranked[0], result.ranked[1:]
     cost = make_cost_model(request)  # a fresh model: its notes name the winner's shapes only

@@ -44,6 +44,7 @@ import numpy as np
 from planner.errors import InfeasibleError, SolverTimeoutError
 from planner.frameworks import config_of, refusal
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
+from planner.search.costing import make_cost_model
 from planner.search.floors import Floors
 from planner.search.group_bounds import MARGIN_BYTES
 from planner.search.members import Members
@@ -314,19 +315,6 @@ def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progres
         evaluated=state.evaluated, counters=state.counters, memory_floor=state.floor, capacity_bytes=state.capacity,
         opts=opts, timed_out=state.timed_out,
     )
-
-
-def make_cost_model(request: PlanRequest):
-    """The cost model of a request, with its measured profile when the request names one."""
-    from planner.cost.model import CostModel
-
-    profile = None
-    if request.profile is not None:
-        from planner.io import load_file
-        from planner.schemas.profile import Profile
-
-        profile = load_file(Profile, request.profile)
-    return CostModel(request, profile)
 
 
 def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dict[str, int] | None = None) -> LaunchPlan:
