@@ -296,7 +296,7 @@ def ranking_pairs(rows: list[dict], key: str = "loso_error", tie: float = 0.02) 
 
 def error_bands(rows: list[dict], quantile: float = 0.9) -> dict[tuple[str, str], float]:
     """Per (family, stack) and (family, '*'): the `quantile` of |leave-one-source-out error| of its runs (the band a
-    prediction carries: planner.cost.estimate.model_notes)."""
+    prediction carries: planner.cost.notes.model_notes)."""
     groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in rows:
         if r["loso_error"] == r["loso_error"]:

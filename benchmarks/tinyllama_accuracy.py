@@ -72,7 +72,7 @@ def predict(row: dict, *, profile: str | None):
 
 def step_with(row: dict, **constants: float) -> float:
     """Predicted step time of `row` with the hopper calibration's eager constants replaced by `constants`."""
-    from planner.cost.estimate import candidate_of
+    from planner.cost.notes import candidate_of
 
     request = request_of(row)
     cal = dataclasses.replace(device_calibration(request.topology.device, "planner", eager=True), **constants)

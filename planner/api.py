@@ -104,7 +104,7 @@ def _check_precision(precision: str, topology: Topology) -> None:
 
 def estimate(request: PlanRequest, config: Configuration) -> LaunchPlan:
     """Evaluate one fully given configuration; an infeasible one comes back with feasible=False and reasons."""
-    from planner.cost.estimate import estimate as _estimate
+    from planner.estimate import estimate as _estimate
 
     return _estimate(request, config)
 

@@ -1,7 +1,7 @@
 """CI regression of committed plans: recompute each plan from the request inside it and compare.
 
 A plan of kind "plan" is re-searched (planner.search.driver.plan, as `api.plan`); a plan of kind "estimate" is
-re-estimated for its own configuration (planner.cost.estimate.estimate, as `api.estimate`). A plan fails the check when
+re-estimated for its own configuration (planner.estimate.estimate, as `api.estimate`). A plan fails the check when
 - the predicted step time got worse by more than `tolerance` (relative, default 2%),
 - it no longer fits (or is no longer feasible), or
 - the chosen configuration changed (degrees, batch split, schedule, stage split, recompute), unless
@@ -89,7 +89,7 @@ def recompute_plan(plan: LaunchPlan) -> LaunchPlan:
         from planner.search.driver import plan as search_plan
 
         return search_plan(plan.request)
-    from planner.cost.estimate import estimate
+    from planner.estimate import estimate
 
     return estimate(plan.request, configuration_of(plan))
 

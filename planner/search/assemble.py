@@ -56,7 +56,7 @@ def placement_note(cost, best: Scored) -> str | None:
 def assemble(request: PlanRequest, result, preference=None) -> LaunchPlan:
     """The plan of the best configuration of `result` (which must have one); `preference` is the practice rule's
     decision (planner.search.practice): its note, and the why-not of the fastest plan when another was chosen."""
-    from planner.cost.estimate import model_notes
+    from planner.cost.notes import model_notes
     from planner.plan import batch_of, build_launch_plan, parallelism_of
     from planner.search.costing import make_cost_model
 

@@ -98,7 +98,7 @@ def test_error_bands_are_the_loso_percentiles(bench):
         cal = device_calibration(DEVICES[family], None if stack == "*" else stack)
         assert cal.error_band == pytest.approx(band, abs=0.0015)
     from planner import api
-    from planner.cost.estimate import model_notes
+    from planner.cost.notes import model_notes
     from planner.cost.model import CostModel
 
     request = api.build_request(model="gpt3-175b", topology="dgx-a100-80g", gpus=64, global_batch_size=64)

@@ -168,7 +168,7 @@ def test_profile_replaces_compute_of_the_shapes_it_covers(tmp_path):
     assert not any(s.startswith("decoder") for s in measured.analytic_shapes)  # embedding and head stay analytic
     other = measured.layer_costs(Candidate(dp=1, tp=1, pp=1, microbatch_size=1, num_microbatches=4, recompute="full"))
     assert other.forward_s[1] == pytest.approx(0.01)
-    from planner.cost.estimate import model_notes
+    from planner.cost.notes import model_notes
 
     assert any(note.startswith("compute measured") for note in model_notes(measured))
 

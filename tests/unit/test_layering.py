@@ -31,8 +31,7 @@ LAYER_RULES = [
     (prefix, ABOVE_COST + ("planner.cost",), "sits below the cost model")
     for prefix in ("planner.models", "planner.topology", "planner.frameworks", "planner.profiling")
 ] + [
-    # planner.plan is left out: cost/estimate.py builds the LaunchPlan of one configuration with it (no module circle).
-    ("planner.cost", tuple(m for m in ABOVE_COST if m != "planner.plan") + ("planner.nn",),
+    ("planner.cost", ABOVE_COST + ("planner.estimate", "planner.nn"),
      "the cost model sits below the search and everything after it (and stays torch-free)"),
     ("planner.search", ADAPTERS + ("planner.export", "planner.executor", "planner.check", "planner.explain",
                                    "planner.plot", "planner.report", "planner.nn"),

@@ -1,6 +1,7 @@
-"""`planner estimate`: evaluate one fully given configuration and write its LaunchPlan.
+"""What a prediction assumed (model_notes) and the Candidate of a user's Configuration (candidate_of): the
+cost-model side of `planner estimate` (planner.estimate builds its LaunchPlan).
 
-Malformed configurations for the model (tp not dividing the heads, ep without experts, degrees that do not
+In `planner estimate`, malformed configurations for the model (tp not dividing the heads, ep without experts, degrees that do not
 multiply to the GPU count) and configurations that do not divide the batch or the layers are bad input
 (BadInputError, exit 2, HTTP 422) naming the numbers: the user's fixed configuration is inconsistent, which
 the command line contract answers with 2. Configurations that do not fit in memory come back as a LaunchPlan with
@@ -12,13 +13,9 @@ does not have); an explicit 2BW schedule is the user's opt-in.
 from __future__ import annotations
 
 from planner.cost import contention
-from planner.cost.calibration import DeviceCalibration
-from planner.cost.model import Candidate, CostModel, CostOptions
-from planner.cost.validity import input_reasons
+from planner.cost.model import Candidate, CostModel
 from planner.errors import BadInputError
-from planner.frameworks import config_of, load_framework, refusal
-from planner.plan import build_launch_plan
-from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
+from planner.schemas.plan import Configuration, PlanRequest
 
 
 def candidate_of(request: PlanRequest, config: Configuration) -> Candidate:
@@ -71,21 +68,3 @@ def model_notes(model: CostModel) -> list[str]:
         notes.append(f"expected step-time error within +/-{cal.error_band:.0%} (90th percentile of the leave-one-source-out "
                      f"errors of published {cal.family}" + (f" {cal.stack}" if cal.stack else "") + " runs, benchmarks/accuracy.py)")
     return notes
-
-
-def estimate(request: PlanRequest, config: Configuration, *, options: CostOptions | None = None,
-             calibration: DeviceCalibration | None = None) -> LaunchPlan:
-    """Evaluate `config` on `request`; the LaunchPlan says whether it fits and why not."""
-    cand = candidate_of(request, config)
-    model = CostModel(request, options=options, calibration=calibration)
-    bad = input_reasons(request, cand)
-    if bad:
-        raise BadInputError("; ".join(bad))
-    refused = refusal(load_framework(request.framework), config_of(cand, model=request.model, precision=request.precision))
-    if refused is not None:
-        raise BadInputError(refused[1])
-    reasons = model.validity_reasons(cand)
-    if reasons:
-        raise BadInputError("; ".join(reasons))
-    evaluation = model.evaluate(cand, stage_layers=config.stage_layers)
-    return build_launch_plan(model, cand, evaluation, kind="estimate", notes=model_notes(model))

@@ -1,0 +1,39 @@
+"""`planner estimate`: evaluate one fully given configuration and write its LaunchPlan.
+
+Malformed configurations for the model (tp not dividing the heads, ep without experts, degrees that do not
+multiply to the GPU count) and configurations that do not divide the batch or the layers are bad input
+(BadInputError, exit 2, HTTP 422) naming the numbers: the user's fixed configuration is inconsistent, which
+the command line contract answers with 2. Configurations that do not fit in memory come back as a LaunchPlan with
+feasible=False and the reasons (which rank, by how much, which part dominates). A configuration the request's
+framework cannot run is refused with that framework's reason (bad input: the user asked for something the stack
+does not have); an explicit 2BW schedule is the user's opt-in. Sits above the cost model (it builds a plan).
+"""
+
+from __future__ import annotations
+
+from planner.cost.calibration import DeviceCalibration
+from planner.cost.model import CostModel, CostOptions
+from planner.cost.notes import candidate_of, model_notes
+from planner.cost.validity import input_reasons
+from planner.errors import BadInputError
+from planner.frameworks import config_of, load_framework, refusal
+from planner.plan import build_launch_plan
+from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
+
+
+def estimate(request: PlanRequest, config: Configuration, *, options: CostOptions | None = None,
+             calibration: DeviceCalibration | None = None) -> LaunchPlan:
+    """Evaluate `config` on `request`; the LaunchPlan says whether it fits and why not."""
+    cand = candidate_of(request, config)
+    model = CostModel(request, options=options, calibration=calibration)
+    bad = input_reasons(request, cand)
+    if bad:
+        raise BadInputError("; ".join(bad))
+    refused = refusal(load_framework(request.framework), config_of(cand, model=request.model, precision=request.precision))
+    if refused is not None:
+        raise BadInputError(refused[1])
+    reasons = model.validity_reasons(cand)
+    if reasons:
+        raise BadInputError("; ".join(reasons))
+    evaluation = model.evaluate(cand, stage_layers=config.stage_layers)
+    return build_launch_plan(model, cand, evaluation, kind="estimate", notes=model_notes(model))
