@@ -48,6 +48,7 @@ PUBLISHED_OOMS = (
      "not fit on 560 GPUs when using a microbatch size of 4 with ZeRO-3'"),
 )
 TARGET_LOSO_MEDIAN, TARGET_LOSO_MAX, TARGET_COVERAGE, TARGET_VS_NAIVE = 0.10, 0.35, 0.90, 0.6
+STEP_OVERHEAD_GRID_S = tuple(round(0.025 * i, 3) for i in range(17))  # 0 to 0.4 s (calibration.yaml `loop`)
 
 
 @dataclasses.dataclass
@@ -85,16 +86,18 @@ def build_case(run: dict) -> Case | None:
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates)
 
 
-def cost_model(case: Case, ceiling: float | None) -> CostModel:
+def cost_model(case: Case, ceiling: float | None, overhead: float | None = None) -> CostModel:
+    """The run's CostModel with the shipped calibration, or a GEMM ceiling and per-step loop overhead given."""
     cal = device_calibration(case.request.topology.device, framework=case.stack)
     if ceiling is not None:
         cal = dataclasses.replace(cal, matmul_ceiling_fraction=ceiling)
-    return CostModel(case.request, calibration=cal)
+    return CostModel(case.request, calibration=cal, step_overhead=overhead)
 
 
-def choose(case: Case, ceiling: float | None = None):
-    """(candidate, evaluation) of the unsaid-settings rule: the fastest that fits; if none fits, the fastest."""
-    model = cost_model(case, ceiling)
+def choose(case: Case, ceiling: float | None = None, overhead: float | None = None):
+    """(candidate, evaluation) of the unsaid-settings rule: the fastest that fits; if none fits, the fastest (a
+    per-step constant does not change the choice)."""
+    model = cost_model(case, ceiling, overhead)
     best = None
     for cand in case.candidates:
         if model.validity_reasons(cand):
@@ -119,8 +122,8 @@ def naive_step_s(case: Case) -> float:
     return 6 * params * tokens / (case.request.gpus * 0.5 * peak_tflops(case.request.topology.device, "bf16") * 1e12)
 
 
-def evaluate_case(case: Case, ceiling: float | None = None) -> dict | None:
-    cand, ev = choose(case, ceiling)
+def evaluate_case(case: Case, ceiling: float | None = None, overhead: float | None = None) -> dict | None:
+    cand, ev = choose(case, ceiling, overhead)
     if cand is None:
         return None
     meas = measured(case, cand, ev)
@@ -132,12 +135,13 @@ def evaluate_case(case: Case, ceiling: float | None = None) -> dict | None:
                 peak_gib=ev.peak_bytes / 2**30, why="; ".join(ev.reasons)[:160])
 
 
-def implied(case: Case, row: dict) -> float:
-    """The GEMM ceiling at which the model reproduces the run's measured step time (its chosen settings)."""
+def implied(case: Case, row: dict, overhead: float | None = None) -> float:
+    """The GEMM ceiling at which the model (with the per-step loop overhead given, else the shipped one)
+    reproduces the run's measured step time (its chosen settings)."""
     cand = row["cand"]
 
     def tflops(c: float) -> float:
-        return 1.0 / cost_model(case, c).evaluate(cand).step_time_s
+        return 1.0 / cost_model(case, c, overhead).evaluate(cand).step_time_s
 
     return implied_ceiling(tflops, 1.0 / row["measured_s"])
 
@@ -175,6 +179,38 @@ def load(path: Path, only: str | None = None) -> tuple[list[Case], list[tuple[st
     return cases, skipped
 
 
+class Overheads:
+    """The per-step loop overhead (calibration.yaml `loop`) derived jointly with the GEMM ceilings: for each value
+    of STEP_OVERHEAD_GRID_S, every run's implied ceiling under it, the ceilings derived from them (derive), and the
+    runs' errors at their cell's ceiling; the value with the least median |error| wins. `without` leaves one
+    source out of all of it (its leave-one-source-out value). A per-step constant does not move the unsaid-settings
+    choice, so a prediction under overhead o is the one under 0 plus o."""
+
+    def __init__(self, rows: list[dict], by_id: dict[str, Case]):
+        self.rows, self.by_id = rows, by_id
+        self._ceilings: dict[float, dict[str, float]] = {}
+        self._base: dict[tuple[str, float | None], float] = {}
+
+    def ceilings(self, overhead: float) -> dict[str, float]:
+        if overhead not in self._ceilings:
+            self._ceilings[overhead] = {r["run"]: implied(self.by_id[r["run"]], r, overhead) for r in self.rows}
+        return self._ceilings[overhead]
+
+    def predicted(self, run: str, ceiling: float | None, overhead: float) -> float:
+        key = (run, ceiling)
+        if key not in self._base:
+            self._base[key] = evaluate_case(self.by_id[run], ceiling, 0.0)["predicted_s"]
+        return self._base[key] + overhead
+
+    def errors(self, overhead: float, without: str | None = None) -> dict[str, float]:
+        derived = derive(self.rows, self.ceilings(overhead), without_source=without)
+        return {r["run"]: self.predicted(r["run"], lookup(derived, r["family"], r["stack"]), overhead) / r["measured_s"] - 1
+                for r in self.rows if r["source"] != without}
+
+    def best(self, without: str | None = None) -> float:
+        return min(STEP_OVERHEAD_GRID_S, key=lambda o: (statistics.median(abs(e) for e in self.errors(o, without).values()), o))
+
+
 def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
     cases, skipped = load(path, only)
     rows, by_id = [], {}
@@ -194,17 +230,21 @@ def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
         row["tokens"] = req.global_batch_size * req.seq_len
         rows.append(row)
         by_id[row["run"]] = case
-    ceilings = {r["run"]: implied(by_id[r["run"]], r) for r in rows}
+    overheads = Overheads(rows, by_id)
+    loso_overheads = {}
     for source in sorted({r["source"] for r in rows}):
-        derived = derive(rows, ceilings, without_source=source)
+        o = loso_overheads[source] = overheads.best(without=source)
+        derived = derive(rows, overheads.ceilings(o), without_source=source)
         for r in rows:
             if r["source"] != source:
                 continue
             c = lookup(derived, r["family"], r["stack"])  # None (no other source on the family): calibration.yaml's
-            loso = evaluate_case(by_id[r["run"]], c)
-            r["loso_error"] = loso["error"] if loso else float("nan")
+            r["loso_error"] = overheads.predicted(r["run"], c, o) / r["measured_s"] - 1
             r["loso_ceiling"] = c
-    return dict(rows=rows, skipped=skipped, ceilings=ceilings, derived=derive(rows, ceilings), published=len(cases) + 0)
+    overhead = overheads.best()
+    ceilings = overheads.ceilings(overhead)
+    return dict(rows=rows, skipped=skipped, ceilings=ceilings, derived=derive(rows, ceilings), step_overhead_s=overhead,
+                loso_step_overhead_s=loso_overheads, published=len(cases) + 0)
 
 
 def summary(values: list[float]) -> str:
@@ -242,6 +282,8 @@ def render(result: dict, *, quiet: bool = False) -> str:
     lines += [published_oom_line(*item) for item in PUBLISHED_OOMS]
     lines.append("ceilings (median implied, per device family x stack): " + ", ".join(
         f"{f}/{s}={v:.3f}" for (f, s), v in sorted(result["derived"].items())))
+    lines.append(f"per-step loop overhead (derived, calibration.yaml loop): {result['step_overhead_s']:.3f} s; each source "
+                 "held out: " + ", ".join(f"{s[:24]} {o:.3f}" for s, o in sorted(result["loso_step_overhead_s"].items())))
     lines.append("error bands (90th percentile |LOSO error|): " + ", ".join(
         f"{f}/{s}={v:.1%}" for (f, s), v in sorted(error_bands(rows).items())))
     (right, total), (naive_right, _) = ranking_pairs(rows), ranking_pairs(rows, "naive_error")
@@ -344,7 +386,7 @@ def _replace_derived(line: str, key: str, family: str | None, values: dict[tuple
 
 def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE,
                    bands: dict[tuple[str, str], float] | None = None,
-                   ranking: dict[tuple[str, str], float] | None = None) -> str:
+                   ranking: dict[tuple[str, str], float] | None = None, overhead: float | None = None) -> str:
     """Rewrite each family's `stack_ceilings:` line of calibration.yaml with the derived medians (rounded to 3
     places), and a `matmul_ceiling_fraction: x  # derived` line with the family's median over all stacks; returns
     the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
@@ -360,6 +402,8 @@ def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATI
         line = _replace_derived(line, "error_band", family, bands)
         line = _replace_map(line, "stack_ranking_bands", family, ranking)
         line = _replace_derived(line, "ranking_band", family, ranking)
+        if overhead is not None and line.strip().startswith("step_overhead_s:") and line.endswith("# derived"):
+            line = line[: line.index("step_overhead_s:")] + f"step_overhead_s: {overhead:.3f}  # derived"
         out.append(line)
     new = "\n".join(out) + "\n"
     partial = path.with_name(path.name + ".tmp")
@@ -375,11 +419,14 @@ def derive_fixed_point(path: Path, rounds: int = 4) -> dict:
     result = None
     for _ in range(rounds):
         calibration._load.cache_clear()
+        calibration._loop.cache_clear()
         result = run_all(path)
         before = CALIBRATION_FILE.read_text(encoding="utf-8")
-        if write_ceilings(result["derived"], bands=error_bands(result["rows"]), ranking=ranking_bands(result["rows"])) == before:
+        if write_ceilings(result["derived"], bands=error_bands(result["rows"]), ranking=ranking_bands(result["rows"]),
+                          overhead=result["step_overhead_s"]) == before:
             break
     calibration._load.cache_clear()
+    calibration._loop.cache_clear()
     return run_all(path)
 
 

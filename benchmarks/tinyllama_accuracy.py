@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="an H100 profile of tinyllama-1.1b (amp-bf16, seq 2048)")
     parser.add_argument("--validation", type=Path, default=VALIDATION)
-    parser.add_argument("--check", action="store_true", help=f"exit 1 if any row is off by more than {TOLERANCE:.0%}")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 if any row is off by more than {TOLERANCE * 100:.0f}%%")
     args = parser.parse_args(argv)
     ceilings, rows = load_rows(args.validation)
     lines, worst_time, worst_mem = table(rows, profile=args.profile)

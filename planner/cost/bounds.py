@@ -32,10 +32,13 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class _DpTerms:
-    """(slope, intercept) of the dense and expert gradient reduction time (the fields dp_exposed reads)."""
+    """(slope, intercept) of the dense and expert gradient reduction time and of its ZeRO-1/2 weight-gather part
+    (the fields dp_exposed reads)."""
 
     dp_dense: tuple[float, float]
     dp_expert: tuple[float, float]
+    gather_dense: tuple[float, float]
+    gather_expert: tuple[float, float]
 
 
 def _memo(model: "CostModel", key: tuple, make):
@@ -234,12 +237,13 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
 
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink) -> _DpTerms:
-    from planner.cost.evaluate import dp_comm_s, linear_fit
+    from planner.cost.evaluate import dp_comm_s, dp_gather_s, linear_fit
 
     links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # dp_comm_s reads dp, expert_dp
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
     return _memo(model, ("dp_terms", cand.zero_stage, m, dp, expert_dp), lambda: _DpTerms(
-        linear_fit(lambda x: dp_comm_s(model, cand, x, 0.0, links)), linear_fit(lambda x: dp_comm_s(model, cand, 0.0, x, links))))
+        *(linear_fit(lambda x, f=f, d=d: f(model, cand, x * d, x * (1 - d), links))
+          for f in (dp_comm_s, dp_gather_s) for d in (1.0, 0.0))))
 
 
 def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from planner.schemas.topology import DeviceSpec
@@ -24,13 +25,17 @@ class DeviceCalibration:
     matmul_ceiling_fraction: float  # large-GEMM achieved / datasheet peak
     gemm_fixed_s: float  # fixed cost per GEMM call (launch, ramp, tail wave)
     hbm_efficiency: float  # achieved / datasheet HBM bandwidth for streaming kernels
-    attention_fraction: float  # fused (flash) attention achieved / datasheet peak
+    attention_fraction: float  # fused (flash) attention achieved / datasheet peak (long sequences)
     source: str
     eager_kernel_s: float = 0.0  # eager recipe: device time per kernel beyond bytes / bandwidth (planner.cost.eager)
     eager_host_op_s: float = 0.0  # eager recipe: host (CPU) time per aten operator (planner.cost.eager)
     error_band: float | None = None  # 90th percentile |step-time error| of the leave-one-source-out predictions
     ranking_band: float | None = None  # median error moving between configurations of one source (calibration.yaml)
     stack: str | None = None  # the software stack whose GEMM ceiling this is (None: the family's)
+    attention_seq_half: float = 0.0  # fused attention reaches half its rate at this sequence length (0: flat)
+    # measured fused-attention rates per kernel: ((kernel, ((head_dim, fraction of peak, seq_half), ...)), ...)
+    attention_kernels: tuple[tuple[str, tuple[tuple[int, float, float], ...]], ...] = ()
+    fp8_matmul_relative: float = 1.0  # fp8 GEMM ceiling / bf16 GEMM ceiling, each against its own peak (measured)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +48,10 @@ class MemoryCalibration:
 
 def _entry(raw: dict) -> DeviceCalibration:
     fields = {key: raw[key] for key in DeviceCalibration.__dataclass_fields__ if key in raw}
+    kernels = raw.get("attention_kernels") or {}
+    fields["attention_kernels"] = tuple(
+        (name, tuple(sorted((int(dim), float(value["fraction"]), float(value["seq_half"])) for dim, value in rates.items())))
+        for name, rates in kernels.items())
     return DeviceCalibration(**fields)
 
 
@@ -83,10 +92,53 @@ def device_calibration(device: DeviceSpec, framework: str | None = None, *, eage
     return default
 
 
+@lru_cache(maxsize=1)
 def flash_attention_1_relative_rate() -> float:
     """FlashAttention v1's forward + backward rate relative to FlashAttention-2's (calibration.yaml kernels)."""
     raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
     return float(raw["kernels"]["flash_attention_1_relative_rate"])
+
+
+FLASH_ATTENTION_2 = "flash-attention-2"
+
+
+def attention_rate_for(cal: DeviceCalibration, kernel: str, head_dim: int) -> tuple[float, float]:
+    """(fraction of peak on long sequences, seq_half) of the stack's fused-attention kernel at a head dim, forward +
+    backward; the rate on blocks of s tokens is fraction * s / (s + seq_half) (compute.attention_seq_factor).
+
+    The family's measured rates (`attention_kernels`, benchmarks/gpu_kernels.py) are interpolated linearly in
+    the head dim between measured ones and held flat outside them (the rate grows with the head dim: the
+    tensor-core tiles of q @ k^T and p @ v get longer). Rules for what was not measured: a kernel the family has
+    no rate for runs at FlashAttention-2's (e.g. cuDNN on Ampere, where Transformer Engine selects flash-attn
+    anyway); FlashAttention-2 unmeasured is the family's `attention_fraction` and `attention_seq_half`;
+    FlashAttention v1 is FlashAttention-2 x kernels.flash_attention_1_relative_rate (Dao 2023: about 2x)."""
+    if kernel == "flash-attention-1":
+        fraction, seq_half = attention_rate_for(cal, FLASH_ATTENTION_2, head_dim)
+        return fraction * flash_attention_1_relative_rate(), seq_half
+    table = dict(cal.attention_kernels)
+    rates = table.get(kernel) or table.get(FLASH_ATTENTION_2)
+    if not rates:
+        return cal.attention_fraction, cal.attention_seq_half
+    dims = [dim for dim, _, _ in rates]
+    return (float(np.interp(head_dim, dims, [fraction for _, fraction, _ in rates])),
+            float(np.interp(head_dim, dims, [seq_half for _, _, seq_half in rates])))
+    for (d0, v0), (d1, v1) in zip(rates, rates[1:]):
+        if d0 <= head_dim <= d1:
+            return v0 + (v1 - v0) * (head_dim - d0) / (d1 - d0)
+    return values[-1]
+
+
+@lru_cache(maxsize=1)
+def _loop() -> dict:
+    return yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))["loop"]
+
+
+def step_overhead_s(framework: str | None) -> float:
+    """Per-step loop overhead of a software stack (calibration.yaml `loop`): measured where the stack's loop was
+    measured, else the value derived from every published run."""
+    loop = _loop()
+    measured = loop.get("measured_stack_step_overhead_s") or {}
+    return float(measured[framework]) if framework in measured else float(loop["step_overhead_s"])
 
 
 def memory_calibration() -> MemoryCalibration:

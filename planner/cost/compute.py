@@ -10,10 +10,11 @@ convention of eq. 3 and of MFU (PaLM, Chowdhery et al. 2022, App. B); the *time*
 uses half of it, because FlashAttention skips the masked blocks of a causal mask.
 
 Time. A GEMM of g FLOPs takes g / (peak * ceiling) + t0: efficiency(g) = ceiling * g / (g + ceiling*peak*t0),
-a saturating curve of achieved matmul efficiency vs per-GPU GEMM size, with `ceiling` and `t0` global per
-device family (planner/cost/calibration.yaml: measured H100 ceiling 784/989; A100 from Narayanan 2021 Table 1).
-FlashAttention runs at its own published rate; its backward is 2.5x its forward (FlashAttention-2, Dao 2023,
-Sec. 3.1.2: five matmuls against two, recomputing the scores). Norms, activations, residual adds, RoPE and
+a saturating curve of achieved matmul efficiency vs per-GPU GEMM size, with `t0` per device family (measured on
+Hopper: benchmarks/gpu_kernels.py) and `ceiling` per family and software stack (derived from published runs:
+planner/cost/calibration.yaml). Fused attention runs at the measured rate of the stack's kernel (FlashAttention
+v1/v2 or cuDNN) for the model's head dim; its backward is 2.5x its forward (FlashAttention-2, Dao 2023, Sec.
+3.1.2: five matmuls against two, recomputing the scores). Norms, activations, residual adds, RoPE and
 softmax are memory-bound: bytes moved / (HBM bandwidth * achieved fraction); their backward moves twice.
 """
 
@@ -106,6 +107,7 @@ class Gemm:
     flops: float
     calls: int = 1
     attention_core: bool = False
+    block_seq: float = 0.0  # attention core: the sequence length one kernel call sees (s / cp)
 
 
 def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
@@ -131,8 +133,8 @@ def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> lis
         else:
             proj += [Gemm("q_down", 2 * tokens * h * mla.q_lora_rank), Gemm("q_up", 2 * tokens * mla.q_lora_rank * a * qk_dim / t)]
     return proj + [
-        Gemm("attn_scores", 2 * core * qk_dim, attention_core=True),
-        Gemm("attn_values", 2 * core * v_dim, attention_core=True),
+        Gemm("attn_scores", 2 * core * qk_dim, attention_core=True, block_seq=s / cp),
+        Gemm("attn_values", 2 * core * v_dim, attention_core=True, block_seq=s / cp),
     ]
 
 
@@ -170,10 +172,22 @@ def head_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gem
 
 def gemm_time_s(gemm: Gemm, *, peak_tflops: float, cal: DeviceCalibration, flash: bool) -> float:
     """Forward time of one matmul: flops / (peak * ceiling) + calls * t0 (the efficiency curve, module docstring).
-    A flash attention core runs at the published flash rate over the causal half of the blocks."""
+    A fused attention core runs over the causal half of the blocks at its kernel's measured rate for the block
+    length s: fraction * s / (s + s_half) (calibration.attention_rate_for)."""
     if gemm.attention_core and flash:
-        return gemm.flops * CAUSAL_SKIP / (peak_tflops * 1e12 * cal.attention_fraction) + cal.gemm_fixed_s
+        rate = cal.attention_fraction * attention_seq_factor(gemm.block_seq, cal.attention_seq_half)
+        return gemm.flops * CAUSAL_SKIP / (peak_tflops * 1e12 * rate) + cal.gemm_fixed_s
     return gemm.flops / (peak_tflops * 1e12 * cal.matmul_ceiling_fraction) + gemm.calls * cal.gemm_fixed_s
+
+
+def attention_seq_factor(block_seq: float, seq_half: float) -> float:
+    """Fraction of its long-sequence rate a fused attention kernel reaches on blocks of `block_seq` tokens:
+    s / (s + s_half). Time = quadratic work at the long-sequence rate plus work linear in s (loading q, writing o,
+    the softmax rescaling per row and block), which is s_half / s of it; fitted per kernel and head dim from
+    measurements (benchmarks/kernel_constants.py). 1 where no s_half is measured or no length is known."""
+    if seq_half <= 0 or block_seq <= 0:
+        return 1.0
+    return block_seq / (block_seq + seq_half)
 
 
 def gemm_efficiency(flops: float, *, peak_tflops: float, cal: DeviceCalibration) -> float:
@@ -241,6 +255,16 @@ def peak_tflops(device: DeviceSpec, precision: str) -> float:
     if precision == "fp8" and device.peak_fp8_tflops is not None:
         return device.peak_fp8_tflops
     return device.peak_bf16_tflops
+
+
+def gemm_peak_tflops(device: DeviceSpec, precision: str, cal: DeviceCalibration) -> float:
+    """The peak a GEMM's ceiling fraction applies to: the datasheet peak of the precision, and for fp8 GEMMs that
+    peak times the family's measured fp8/bf16 ceiling ratio (cuBLASLt fp8 GEMMs reach a smaller fraction of their
+    doubled peak than bf16 GEMMs of theirs: benchmarks/gpu_kernels.py, calibration.yaml fp8_matmul_relative)."""
+    peak = peak_tflops(device, precision)
+    if precision == "fp8" and device.peak_fp8_tflops is not None:
+        return peak * cal.fp8_matmul_relative
+    return peak
 
 
 def gemms_flops(gemms: list[Gemm], *, attention_only: bool = False) -> float:

@@ -1,6 +1,7 @@
 """Evaluate one candidate with one stage split: pipeline step time, breakdown, memory per pipeline rank, MFU.
 
-Step time (per optimizer step) = m * t_b + bubble(t_b) + pp_comm + dp_comm_exposed + optimizer, where t_b is the
+Step time (per optimizer step) = m * t_b + bubble(t_b) + pp_comm + dp_comm_exposed + optimizer + step overhead (the
+training loop's per-step work outside the micro-batches, CostModel.step_overhead_s), where t_b is the
 per-micro-batch forward + backward (+ recompute) time of the bottleneck pipeline rank (the sum over its virtual
 stages) and the bubble follows the schedule (planner.cost.schedule). Where a node has fewer compute slots than
 ranks (CPU processes sharing cores), the step is at least the node's compute work / slots plus the exposed
@@ -117,6 +118,16 @@ def _stage_sums(prefix: np.ndarray, split: tuple[int, ...], full: tuple[int, ...
     return sums
 
 
+def dp_gather_s(model: "CostModel", cand: "Candidate", dense: float, expert: float, links=None) -> float:
+    """The all-gather of the updated weights in dp_comm_s under ZeRO-1/2 (0 otherwise): the part a stack that
+    overlaps it (options.dp_gather_overlap) hides behind the next step's first forward."""
+    if cand.zero_stage not in (1, 2):
+        return 0.0
+    links = model.links(cand) if links is None else links
+    return sum(comm.all_gather_s(params * model.recipe.gather_bytes, group=link)
+               for params, link in ((dense, links.dp), (expert, links.expert_dp)) if params > 0 and link.size > 1)
+
+
 def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float, links=None) -> float:
     """Data-parallel gradient reduction (and ZeRO weight gathers) of one pipeline rank holding `dense` and
     `expert` parameters, before overlap.
@@ -163,6 +174,8 @@ class _Fixed:
     pp_comm_s: float
     dp_dense: tuple[float, float]  # (slope per parameter, intercept) of the dense reduction time
     dp_expert: tuple[float, float]
+    gather_dense: tuple[float, float]  # the same of its ZeRO-1/2 weight all-gather part (dp_gather_s)
+    gather_expert: tuple[float, float]
     optimizer_per_param_s: tuple[float, float]  # (dense, expert) seconds per parameter held
     peak_tflops: float
 
@@ -191,6 +204,8 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         pp_comm_s=model.pp_comm_s(cand),
         dp_dense=linear_fit(lambda x: dp_comm_s(model, cand, x, 0.0)),
         dp_expert=linear_fit(lambda x: dp_comm_s(model, cand, 0.0, x)),
+        gather_dense=linear_fit(lambda x: dp_gather_s(model, cand, x, 0.0)),
+        gather_expert=linear_fit(lambda x: dp_gather_s(model, cand, 0.0, x)),
         optimizer_per_param_s=(per_param / (cand.dp * cand.cp if sharded else 1), per_param / (edp if sharded else 1)),
         peak_tflops=peak_tflops(model.device, model.request.precision),
     )
@@ -201,18 +216,31 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
 def dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) -> float:
     """Exposed data-parallel time, the slowest pipeline rank. Overlap (options.dp_overlap): hidden behind the
     backward of the last micro-batch (ZeRO-0/1), every backward (ZeRO-2), every forward and backward (ZeRO-3);
-    the last bucket (options.bucket_params) is always exposed. Without overlap all of it is exposed, and so it
-    is where ranks share a node's cores (planner.cost.contention): a CPU backend's collectives (gloo) copy and
-    reduce on those same cores, so nothing is left to run them beside the backward."""
+    the last bucket (options.bucket_params) is always exposed. Where the stack overlaps the ZeRO-1/2 weight
+    all-gather with the next step's forward (options.dp_gather_overlap: Megatron-Core --overlap-param-gather
+    dispatches bucket i+1's all-gather while bucket i's layers compute, megatron/core/distributed/
+    distributed_data_parallel.py), that part hides behind the first micro-batch's forward instead, its first
+    bucket exposed. Without overlap all of it is exposed, and so it is where ranks share a node's cores
+    (planner.cost.contention): a CPU backend's collectives (gloo) copy and reduce on those same cores, so
+    nothing is left to run them beside the backward."""
     dense, expert = row["dense"], row["expert"]
-    total = np.where(dense > 0, fixed.dp_dense[0] * dense + fixed.dp_dense[1], 0.0)
-    total = total + np.where(expert > 0, fixed.dp_expert[0] * expert + fixed.dp_expert[1], 0.0)
+    total = _affine(fixed.dp_dense, dense) + _affine(fixed.dp_expert, expert)
     if not model.options.dp_overlap or contention.contended(cand.world_size, model.topology):
         return float(total.max())
     m, z = cand.num_microbatches, cand.zero_stage
     window = row["bwd_compute"] * (1 if z <= 1 else m) if z <= 2 else m * row["compute"]
     bucket = np.minimum(1.0, model.options.bucket_params / np.maximum(dense + expert, 1.0))
-    return float(np.maximum(total - window, total * bucket).max())
+    if z not in (1, 2) or not model.options.dp_gather_overlap:
+        return float(np.maximum(total - window, total * bucket).max())
+    gather = _affine(fixed.gather_dense, dense) + _affine(fixed.gather_expert, expert)
+    reduce = total - gather
+    forward = row["compute"] - row["bwd_compute"]
+    return float((np.maximum(reduce - window, reduce * bucket) + np.maximum(gather - forward, gather * bucket)).max())
+
+
+def _affine(fit: tuple[float, float], params: np.ndarray) -> np.ndarray:
+    """An affine (slope, intercept) time of `params` per rank, 0 where a rank holds none."""
+    return np.where(params > 0, fit[0] * params + fit[1], 0.0)
 
 
 def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: Sequence[int] | None,
@@ -239,9 +267,9 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     breakdown = {
         "compute_s": m * (t_b - rec_b - tp_b - ep_b - cp_b), "recompute_s": m * rec_b, "bubble_s": bubble,
         "tp_comm_exposed_s": m * tp_b, "pp_comm_s": fixed.pp_comm_s, "dp_comm_exposed_s": dp,
-        "ep_comm_s": m * ep_b, "cp_comm_s": m * cp_b, "optimizer_s": optimizer,
+        "ep_comm_s": m * ep_b, "cp_comm_s": m * cp_b, "optimizer_s": optimizer, "step_overhead_s": model.step_overhead_s,
     }
-    step = m * t_b + bubble + fixed.pp_comm_s + dp + optimizer
+    step = m * t_b + bubble + fixed.pp_comm_s + dp + optimizer + model.step_overhead_s
     if contention.contended(cand.world_size, model.topology):  # ranks sharing a node's cores (planner.cost.contention)
         work = m * (rank_time - row["tp"] - row["ep"] - row["cp"]) + opt
         comm_s = m * (tp_b + ep_b + cp_b) + fixed.pp_comm_s + dp

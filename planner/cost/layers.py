@@ -79,7 +79,7 @@ class ModuleCost:
 
 def gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float]:
     """(forward, backward, attention-core forward) seconds of a list of matmuls."""
-    peak = compute.peak_tflops(env.device, env.precision)
+    peak = compute.gemm_peak_tflops(env.device, env.precision, env.cal)
     attn_peak = env.device.peak_bf16_tflops if env.precision == "fp8" else peak
     flash = env.shape.flash_attention
     fwd = bwd = core = 0.0
@@ -201,7 +201,7 @@ def _eager_compute_s(env: Env, params: float) -> tuple[float, float, float, floa
     g_fwd, g_bwd, core = gemm_times(env, gemms)
     mlp_flops = next(g.flops for g in gemms if g.name == "mlp")
     last = compute.Gemm("down", mlp_flops / (3 if spec.gated else 2))
-    last_s = compute.gemm_time_s(last, peak_tflops=compute.peak_tflops(env.device, env.precision), cal=cal, flash=False)
+    last_s = compute.gemm_time_s(last, peak_tflops=compute.gemm_peak_tflops(env.device, env.precision, cal), cal=cal, flash=False)
     ops = eager.decoder_ops(spec, shape)
     dev_f, dev_b = _eager_device_s(env, ops, g_fwd, g_bwd, params)
     skipped_bytes = ops.fwd_bytes - eager.recompute_bytes(spec, shape, ops)

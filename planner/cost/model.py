@@ -17,7 +17,8 @@ import numpy as np
 
 from planner.cost import layers as L
 from planner.cost import memory
-from planner.cost.calibration import DeviceCalibration, device_calibration, memory_calibration
+from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
+                                      memory_calibration, step_overhead_s)
 from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
 from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
@@ -32,7 +33,7 @@ class CostModel:
     """Analytic (or profiled) cost of candidates for one PlanRequest."""
 
     def __init__(self, request: PlanRequest, profile: Profile | None = None, *, options: CostOptions | None = None,
-                 calibration: DeviceCalibration | None = None):
+                 calibration: DeviceCalibration | None = None, step_overhead: float | None = None):
         self.request = request
         self.spec = request.model
         self.topology = request.topology
@@ -47,13 +48,12 @@ class CostModel:
         self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
         eager = request.precision == "amp-bf16" and not self.fused_kernels  # planner.cost.eager's recipe
         self.cal = calibration or device_calibration(self.device, request.framework, eager=eager)
-        if options.flash_attention_version == 1:
-            from planner.cost.calibration import flash_attention_1_relative_rate
-
-            self.cal = dataclasses.replace(
-                self.cal, attention_fraction=self.cal.attention_fraction * flash_attention_1_relative_rate())
+        fraction, seq_half = attention_rate_for(self.cal, options.attention_kernel, self.spec.dim_per_head)
+        self.cal = dataclasses.replace(self.cal, attention_fraction=fraction, attention_seq_half=seq_half)
         if request.precision == "bf16" and not options.main_grads_fp32:
             self.recipe = memory.FP32_MASTER_PARAMS_BF16
+        # the training loop's per-step work outside the micro-batches (calibration.yaml `loop`)
+        self.step_overhead_s = step_overhead_s(request.framework) if step_overhead is None else step_overhead
         self.mem_cal = memory_calibration()
         if options.allocator_fraction is not None:
             self.mem_cal = dataclasses.replace(self.mem_cal, fragmentation_fraction=options.allocator_fraction)

@@ -35,6 +35,6 @@ def options_for(framework: str, precision: str):
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
         allocator_fraction=b.memory.allocator_allowance_fraction,
         grad_reduce_fp32=b.memory.grad_reduce_fp32,
-        selective_mode=b.memory.selective_recompute, flash_attention_version=k.flash_attention_version,
+        selective_mode=b.memory.selective_recompute, attention_kernel=k.attention_kernel,
         moe_hierarchical=o.moe_hierarchical_dispatch,
     )

@@ -65,8 +65,8 @@ class CostOptions:
         2022), "half_forward" (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes
         every other matmul and the pointwise ops), "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
-    flash_attention_version: 1 = the stack runs FlashAttention v1 (attention_fraction x calibration.yaml's
-        kernels.flash_attention_1_relative_rate), 2 = FlashAttention-2 rates (calibration.yaml attention_fraction).
+    attention_kernel: the stack's fused-attention kernel ("flash-attention-1", "flash-attention-2", "cudnn"),
+        priced at the device family's measured rate for the model's head dim (calibration.attention_rate_for).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
         (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
@@ -87,7 +87,7 @@ class CostOptions:
     pp_scatter_gather: bool = False
     grad_reduce_fp32: bool = True
     selective_mode: str = "attention_core"
-    flash_attention_version: int = 2
+    attention_kernel: str = "flash-attention-2"
     moe_hierarchical: bool = False
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False

@@ -124,7 +124,8 @@ class Overlap(Schema):
 
     tp_comm: bool = Field(description="TP all-gather/reduce-scatter overlapped with GEMMs (userbuffers, async TP)")
     dp_grad_reduce: bool = Field(description="gradient all-reduce/reduce-scatter overlapped with backward")
-    dp_param_gather: bool = Field(description="ZeRO-1/3 parameter all-gather overlapped with forward")
+    dp_param_gather: bool = Field(description="ZeRO-1/2: the all-gather of the updated parameters overlapped with "
+                                              "the next step's first forward (ZeRO-3 gathers: zero3_prefetch_layers)")
     pp_send_recv: bool = Field(description="pipeline sends/receives overlapped with compute")
     moe_all_to_all: bool = Field(description="MoE dispatch/combine all-to-all overlapped with compute")
     zero3_prefetch_layers: int = Field(ge=0, description="layers whose parameters are gathered ahead (prefetch depth)")
@@ -141,8 +142,10 @@ class Overlap(Schema):
 
 class Kernels(Schema):
     fused_attention: bool = Field(description="flash/cuDNN attention: no s x s score tensor saved")
-    flash_attention_version: Literal[1, 2] = Field(default=2, description="FlashAttention generation the stack runs "
-                                                                         "(v1 runs at about half the v2 rate)")
+    attention_kernel: Literal["flash-attention-1", "flash-attention-2", "cudnn"] = Field(
+        default="flash-attention-2", description="the fused-attention kernel the stack runs on Hopper-class GPUs: "
+        "FlashAttention v1 (about half the v2 rate), FlashAttention-2, or cuDNN's fused attention (Transformer "
+        "Engine's FusedAttention); priced at the device family's measured rate (planner/cost/calibration.yaml)")
     fused_norm: bool
     fused_activation: bool
     source: str = Sourced

@@ -156,6 +156,7 @@ class Breakdown(Schema):
     ep_comm_s: float = 0.0
     cp_comm_s: float = 0.0
     optimizer_s: float = 0.0
+    step_overhead_s: float = 0.0
 
 
 class Prediction(Schema):

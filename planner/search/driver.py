@@ -76,7 +76,7 @@ class _Search:
         self.exhaustive, self.progress = exhaustive, progress
         self.space = Space(request, opts)
         self.limits = request.search or SearchLimits()
-        self.ranking = Ranking(self.limits.top_k + 1)
+        self.ranking = Ranking(self.limits.top_k + 1, offset_s=cost.step_overhead_s)
         self.capacity = float(cost.capacity_bytes())
         self.counters = Counters()
         self.closest: Scored | None = None

@@ -27,6 +27,7 @@ BREAKDOWN_WORDS = {
     "ep_comm_s": "more EP all-to-all",
     "cp_comm_s": "more CP communication",
     "optimizer_s": "slower optimizer step",
+    "step_overhead_s": "larger per-step loop overhead",
 }
 
 
@@ -67,6 +68,8 @@ class Ranking:
     size: int
     items: list[Scored] = field(default_factory=list)
     ceiling_s: float = math.inf  # nothing slower is wanted (planner.search.practice's second search)
+    # what every step time pays beyond the search's lower bounds (CostModel.step_overhead_s): the bounds leave it out
+    offset_s: float = 0.0
 
     def offer(self, item: Scored) -> None:
         """Keep the best of each distinct configuration (distinct_key) and the best `size` of those."""
@@ -82,8 +85,9 @@ class Ranking:
 
     @property
     def threshold_s(self) -> float:
+        """The bound an entry must not exceed: the worst kept step time (or the ceiling), less offset_s."""
         held = self.items[-1].ev.step_time_s if len(self.items) >= self.size else math.inf
-        return min(held, self.ceiling_s)
+        return min(held, self.ceiling_s) - self.offset_s
 
 
 def describe(cand: Any) -> str:

@@ -183,6 +183,6 @@ def test_flash_attention_v1_runs_at_the_published_fraction_of_v2():
 
     kw = dict(model="llama3-8b", topology="dgx-a100-80g", gpus=8, global_batch_size=8, seq_len=8192)
     v1, v2 = _model("pytorch-fsdp", **kw), _model("torchtitan", **kw)
-    assert options_for("pytorch-fsdp", "bf16").flash_attention_version == 1
+    assert options_for("pytorch-fsdp", "bf16").attention_kernel == "flash-attention-1"
     assert v1.cal.attention_fraction == pytest.approx(v2.cal.attention_fraction * flash_attention_1_relative_rate())
     assert flash_attention_1_relative_rate() == pytest.approx(0.5)
