@@ -16,6 +16,7 @@ import typer
 from typer import _click
 from typer._click import exceptions as click_exceptions
 from typer.core import TyperGroup
+from typer.exceptions import Abort
 
 from planner.errors import PlannerError
 
@@ -95,7 +96,7 @@ def main() -> None:
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         print(f"error: {exc.format_message()}{where}", file=sys.stderr)
         sys.exit(2)
-    except click_exceptions.Abort:
+    except Abort:  # Ctrl-C at a prompt, or typer's own abort (typer.exceptions, not typer._click.exceptions)
         sys.exit(1)
     except PlannerError as exc:
         from planner.cli.common import print_error

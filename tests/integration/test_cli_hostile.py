@@ -258,3 +258,17 @@ def test_help_imports_no_command_module():
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
     assert "HEAVY []" in done.stderr and "estimate" in done.stdout, done.stderr
+
+
+def test_a_reader_that_goes_away_is_no_traceback():
+    """`planner models --help | head -1`: stdout's reader is gone before the help is written. rich exits 1 on the
+    broken pipe; main() must pass that on, not fail on its own except clauses with a traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        done = subprocess.run([sys.executable, "-m", "planner.cli", "models", "--help"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=30, env=env)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and done.returncode == 1, done.stderr
