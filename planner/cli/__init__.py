@@ -18,6 +18,7 @@ from typer._click import exceptions as click_exceptions
 from typer.core import TyperGroup
 from typer.exceptions import Abort
 
+from planner.cli.common import BoolHelpFlag
 from planner.errors import PlannerError
 
 # name: (module under planner/cli, one line for `planner --help`), in the order --help lists them.
@@ -38,7 +39,7 @@ COMMANDS = {
 }
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(BoolHelpFlag, TyperGroup):
     """The top-level group: commands listed from COMMANDS, each module imported only when its command runs."""
 
     def list_commands(self, ctx: _click.Context) -> list[str]:
