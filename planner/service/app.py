@@ -3,8 +3,9 @@
 Routes: POST /v1/plan, POST /v1/estimate, GET /v1/plans/{id}, GET /v1/models, GET /v1/topologies,
 GET /healthz; OpenAPI docs at /docs. Statuses: 200 plan (the LaunchPlan JSON; headers X-Plan-Id,
 X-Cache hit|miss, Location), 401 missing/wrong bearer token (when PLANNER_TOKEN is set), 404 unknown
-plan id, 409 infeasible, 413 body over the size limit (counted as it arrives, chunked or not), 422 bad
-input (the field, or the planner's message; NaN and Infinity included), 504 past the per-request time limit.
+plan id, 408 body not complete within the body time limit (planner.service.body_limit), 409 infeasible,
+413 body over the size limit (counted as it arrives, chunked or not), 422 bad input (the field, or the
+planner's message; NaN and Infinity included), 504 past the per-request time limit.
 Every error body is `{"detail": ...}` (planner.service.schemas.ErrorBody).
 Identical requests (same sha256 of the canonical request JSON) are answered from the store, and
 concurrent identical requests share one solve. A solve is stopped at its own time limit plus the grace
@@ -57,6 +58,7 @@ class Settings:
     max_time_limit_s: float = 300.0
     grace_s: float = 30.0
     worker_memory_mb: int = 4096
+    body_timeout_s: float = 10.0  # the whole request body must arrive within this (408); see body_limit
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -69,6 +71,7 @@ class Settings:
 ERRORS = {
     401: "missing or wrong bearer token (when PLANNER_TOKEN is set)",
     404: "no stored plan with this id",
+    408: "the request body was not complete within the service's body time limit (--body-timeout-s); the connection is closed",
     409: "valid input, but no configuration fits (the detail says how far the closest is)",
     413: "request body over the service's size limit",
     422: "bad input: one line naming the field, the value and the fix, or the list of schema problems",
@@ -232,14 +235,14 @@ def create_app(settings: Settings | None = None, *, on_ready: Callable[[Settings
 
     from planner.service.body_limit import BodyLimit
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     _add_routes(app, [Depends(authorize)])
     return app
 
 
 def _add_routes(app: FastAPI, guard: list) -> None:
     """The HTTP routes; `guard` (the bearer-token check) protects everything under /v1."""
-    solve_errors = _responses(401, 409, 413, 422, 504)
+    solve_errors = _responses(401, 408, 409, 413, 422, 504)
 
     @app.get("/healthz")
     async def healthz() -> dict:

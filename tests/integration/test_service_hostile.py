@@ -2,13 +2,15 @@
 
 Every refusal is 422 or 413 with a JSON `detail`, quickly; a solve past its deadline is stopped and does not
 starve later requests; a finished solve is stored even when its client gave up; `kill -9` of the server leaves
-no worker behind.
+no worker behind; a request body that does not arrive in time is 408 and its connection closed.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from test_service import PLAN, SMALL, Server, _session_pids
 DEEP = {"name": "deep", "num_layers": 1024, "hidden_size": 8192, "ffn_hidden_size": 28672, "num_attention_heads": 64,
         "num_kv_heads": 8, "vocab_size": 128256, "seq_len": 8192, "activation": "swiglu", "norm": "rmsnorm"}
 ESTIMATE = SMALL | {"gpus": 8, "tp": 2, "zero_stage": 1, "time_limit_s": 10, "framework": "megatron-core"}
+BODY_TIMEOUT_S = 2.0
 
 
 def rss_kib(pid: int) -> int:
@@ -31,8 +34,10 @@ def rss_kib(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """grace 0: a solve is stopped exactly at its time_limit_s; 640 MiB per worker: enough for any preset."""
-    srv = Server(tmp_path_factory.mktemp("hostile") / "plans.sqlite", extra=("--grace-s", "0", "--worker-memory-mb", "640"))
+    """grace 0: a solve is stopped exactly at its time_limit_s; 640 MiB per worker: enough for any preset; a body
+    must arrive within 2 s."""
+    srv = Server(tmp_path_factory.mktemp("hostile") / "plans.sqlite",
+                 extra=("--grace-s", "0", "--worker-memory-mb", "640", "--body-timeout-s", str(BODY_TIMEOUT_S)))
     yield srv
     srv.stop()
 
@@ -141,7 +146,7 @@ def test_chunked_body_over_the_limit_is_413_without_reading_it(server):
 def test_openapi_documents_every_status(server):
     doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
     plan = doc["paths"]["/v1/plan"]["post"]["responses"]
-    assert {"200", "401", "409", "413", "422", "504"} <= set(plan)
+    assert {"200", "401", "408", "409", "413", "422", "504"} <= set(plan)
     assert {"404", "401"} <= set(doc["paths"]["/v1/plans/{plan_id}"]["get"]["responses"])
     error = doc["components"]["schemas"]["ErrorBody"]["properties"]["detail"]
     assert {"type": "string"} in error["anyOf"] and any(item.get("type") == "array" for item in error["anyOf"])
@@ -195,3 +200,42 @@ def _post_quietly(url: str, body: dict) -> None:
         httpx.post(url + "/v1/plan", json=body, timeout=30)
     except httpx.HTTPError:
         pass
+
+
+def _raw_request(port: int, head: bytes, *, trickle_every_s: float | None, limit_s: float) -> tuple[bytes, float]:
+    """Send `head`, then (with `trickle_every_s`) one more body byte at that interval, until the server closes
+    the connection or `limit_s` passes; what it answered and when it closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as sock:
+        sock.sendall(head)
+        started, answer = time.monotonic(), b""
+        while time.monotonic() - started < limit_s:
+            if select.select([sock], [], [], trickle_every_s or 0.1)[0]:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+            elif trickle_every_s is not None:
+                try:
+                    sock.sendall(b" ")
+                except OSError:
+                    break
+        return answer, time.monotonic() - started
+
+
+def test_a_slow_body_is_408_and_its_connection_closed(server):
+    head = b"POST /v1/plan HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    for trickle in (None, 0.25):  # 10 bytes then silence; one byte every 0.25 s (never idle, never done)
+        answer, elapsed = _raw_request(server.port, head + b'{"model": ', trickle_every_s=trickle, limit_s=BODY_TIMEOUT_S + 20)
+        assert answer.startswith(b"HTTP/1.1 408") and b'"detail"' in answer and b"connection: close" in answer.lower(), answer
+        assert BODY_TIMEOUT_S - 0.5 < elapsed < BODY_TIMEOUT_S + 8, elapsed  # closed, soon after the deadline
+    normal = httpx.post(server.url + "/v1/estimate", json=ESTIMATE, timeout=30)
+    assert normal.status_code == 200, normal.text
+
+
+def test_a_client_stalled_in_its_headers_does_not_block_the_others(server):
+    """uvicorn (h11) waits for unfinished headers without a time limit (README); the rest of the service goes on."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as stalled:
+        stalled.sendall(b"POST /v1/plan HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        time.sleep(0.5)
+        assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
+        assert httpx.post(server.url + "/v1/estimate", json=ESTIMATE, timeout=30).status_code == 200
