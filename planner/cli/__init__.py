@@ -16,7 +16,9 @@ import typer
 from typer import _click
 from typer._click import exceptions as click_exceptions
 from typer.core import TyperGroup
+from typer.exceptions import Abort
 
+from planner.cli.common import BoolHelpFlag
 from planner.errors import PlannerError
 
 # name: (module under planner/cli, one line for `planner --help`), in the order --help lists them.
@@ -37,7 +39,7 @@ COMMANDS = {
 }
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(BoolHelpFlag, TyperGroup):
     """The top-level group: commands listed from COMMANDS, each module imported only when its command runs."""
 
     def list_commands(self, ctx: _click.Context) -> list[str]:
@@ -95,7 +97,7 @@ def main() -> None:
         where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
         print(f"error: {exc.format_message()}{where}", file=sys.stderr)
         sys.exit(2)
-    except click_exceptions.Abort:
+    except Abort:  # Ctrl-C at a prompt, or typer's own abort (typer.exceptions, not typer._click.exceptions)
         sys.exit(1)
     except PlannerError as exc:
         from planner.cli.common import print_error

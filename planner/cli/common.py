@@ -12,6 +12,20 @@ from planner.errors import PlannerError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class BoolHelpFlag:
+    """A mixin for typer command and group classes: their --help flag defaults to False, not None.
+
+    Why: typer 0.29 leaves that default at None, and a value that is not a bool is coerced through a pydantic
+    TypeAdapter on every call, importing pydantic (about 40 ms of start-up) even for a command that needs no
+    schema (`planner models list`; benchmarks/cli_startup.py). False is what an absent flag means."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
+
 def print_error(exc: BaseException | str) -> None:
     """One line on stderr: `error: <message>` (no markup interpretation of the message)."""
     from planner.report import console

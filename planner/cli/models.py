@@ -1,25 +1,39 @@
 """`planner models list|show`: browse presets and inspect any model reference (preset, HF config.json, spec file)."""
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from planner.cli.common import emit_text, guarded
-from planner.models.hf import supported_model_types
+from planner.cli.common import BoolHelpFlag, emit_text, guarded
 
-models_app = typer.Typer(
-    name="models",
-    help=(
-        "Model presets and imported configs with their parameter counts. A model is a preset name, a HuggingFace "
-        f"config.json (or its folder; model_type {', '.join(supported_model_types())}) or a model spec YAML/JSON.\n\n"
-        "Examples:\n\n"
-        "  planner models list\n\n"
-        "  planner models show llama3-70b\n\n"
-        "  planner models show path/to/config.json --json"
-    ),
-    no_args_is_help=True,
+HELP = (
+    "Model presets and imported configs with their parameter counts. A model is a preset name, a HuggingFace "
+    "config.json (or its folder; model_type {model_types}) or a model spec YAML/JSON.\n\n"
+    "Examples:\n\n"
+    "  planner models list\n\n"
+    "  planner models show llama3-70b\n\n"
+    "  planner models show path/to/config.json --json"
 )
 
 
-@models_app.command("list")
+class ModelsGroup(BoolHelpFlag, TyperGroup):
+    """`planner models`: its help names the HuggingFace model types, which are read (importing the importers and
+    the schemas) only when the help is shown, not on every `planner models list`."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from planner.models.hf import supported_model_types
+
+        self.help = HELP.format(model_types=", ".join(supported_model_types()))
+        super().format_help(ctx, formatter)
+
+
+class ModelsCommand(BoolHelpFlag, TyperCommand):
+    """`planner models list|show`: typer's command with a bool --help default (see BoolHelpFlag)."""
+
+
+models_app = typer.Typer(name="models", cls=ModelsGroup, help=HELP, no_args_is_help=True)
+
+
+@models_app.command("list", cls=ModelsCommand)
 @guarded
 def list_models(
     json_output: bool = typer.Option(False, "--json", help="Print JSON (one object per preset) instead of a table."),
@@ -28,12 +42,12 @@ def list_models(
 
     Example: planner models list --json
     """
-    from planner.io import canonical_json
-    from planner.models import list_presets, load_preset
-    from planner.models.summary import model_row
+    from planner.models.preset_index import preset_rows
 
-    rows = [model_row(load_preset(name)) for name in list_presets()]
+    rows = preset_rows()
     if json_output:
+        from planner.io import canonical_json
+
         emit_text(canonical_json(rows), None)
         return
     from planner.report import console, models_table
@@ -41,7 +55,7 @@ def list_models(
     console().print(models_table(rows))
 
 
-@models_app.command("show")
+@models_app.command("show", cls=ModelsCommand)
 @guarded
 def show_model(
     ref: str = typer.Argument(..., metavar="NAME_OR_PATH", help="A preset name, a HuggingFace config.json, or a model spec YAML/JSON."),

@@ -5,26 +5,37 @@ A model reference is one of:
 - a HuggingFace `config.json` (a file named config.json, a folder holding one, or any JSON/YAML with a
   `model_type` key);
 - our own model spec as YAML/JSON (the ModelSpec fields).
+
+Importing this package imports neither the YAML parser nor the pydantic schemas (they are imported by the
+functions that load a model), so `planner models list` can list the presets from planner.models.preset_index
+without them.
 """
+
+from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner.errors import BadInputError
-from planner.io import is_file, load_file, load_structured
-from planner.schemas.model import ModelSpec
+
+if TYPE_CHECKING:
+    from planner.schemas.model import ModelSpec
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 PRESET_SUFFIX = ".yaml"
 
 
-def list_presets() -> list[str]:
-    """Names of the shipped presets, sorted."""
-    return sorted(path.stem for path in PRESET_DIR.glob(f"*{PRESET_SUFFIX}"))
+def list_presets(preset_dir: Path = PRESET_DIR) -> list[str]:
+    """Names of the shipped presets (the YAML files of `preset_dir`), sorted."""
+    return sorted(path.stem for path in preset_dir.glob(f"*{PRESET_SUFFIX}"))
 
 
 def load_preset(name: str) -> ModelSpec:
     """Load a shipped preset by name; an unknown name raises BadInputError with the closest names."""
+    from planner.io import is_file, load_file
+    from planner.schemas.model import ModelSpec
+
     path = PRESET_DIR / f"{name}{PRESET_SUFFIX}"
     if "/" in name or not is_file(path):
         raise BadInputError(_unknown_model_message(name))
@@ -47,6 +58,9 @@ def _is_hf_config(path: Path, data: object) -> bool:
 
 def load_model(ref: str) -> ModelSpec:
     """Resolve a model reference: preset name first, else a path (HF config.json or our spec)."""
+    from planner.io import is_file, load_structured, validate
+    from planner.schemas.model import ModelSpec
+
     if "/" not in ref and is_file(PRESET_DIR / f"{ref}{PRESET_SUFFIX}"):
         return load_preset(ref)
     path = Path(ref).expanduser()
@@ -59,8 +73,6 @@ def load_model(ref: str) -> ModelSpec:
         from planner.models.hf import spec_from_hf_config
 
         return spec_from_hf_config(path)
-    from planner.io import validate
-
     return validate(ModelSpec, data, source=str(path))
 
 

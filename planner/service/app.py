@@ -3,13 +3,17 @@
 Routes: POST /v1/plan, POST /v1/estimate, GET /v1/plans/{id}, GET /v1/models, GET /v1/topologies,
 GET /healthz; OpenAPI docs at /docs. Statuses: 200 plan (the LaunchPlan JSON; headers X-Plan-Id,
 X-Cache hit|miss, Location), 401 missing/wrong bearer token (when PLANNER_TOKEN is set), 404 unknown
-plan id, 409 infeasible, 413 body over the size limit (counted as it arrives, chunked or not), 422 bad
-input (the field, or the planner's message; NaN and Infinity included), 504 past the per-request time limit.
-Every error body is `{"detail": ...}` (planner.service.schemas.ErrorBody).
+plan id, 408 body not complete within the body time limit (planner.service.body_limit), 409 infeasible,
+413 body over the size limit (counted as it arrives, chunked or not), 422 bad input (the field, or the
+planner's message; NaN and Infinity included), 503 solve queue full (with Retry-After), 504 past the
+per-request time limit. Every error body is `{"detail": ...}` (planner.service.schemas.ErrorBody).
 Identical requests (same sha256 of the canonical request JSON) are answered from the store, and
-concurrent identical requests share one solve. A solve is stopped at its own time limit plus the grace
-(planner.service.pool kills its worker), and a solve that finishes after its client gave up (504 from
-queueing) is still stored, so the retry is a cache hit.
+concurrent identical requests share one solve. A new distinct solve is refused at once (503) when
+`max_queue` solves already wait for a worker: queued longer, it would mostly end in a 504, and an
+unbounded queue is unbounded memory; a cache hit or a request joining its identical solve in flight is
+never refused. A solve is stopped at its own time limit plus the grace (planner.service.pool kills its
+worker), and a solve that finishes after its client gave up (504 from queueing) is still stored, so the
+retry is a cache hit.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class Settings:
     max_time_limit_s: float = 300.0
     grace_s: float = 30.0
     worker_memory_mb: int = 4096
+    max_queue: int = 64  # solves waiting for a worker before a new one is refused (503); see _refuse_if_queue_full
+    body_timeout_s: float = 10.0  # the whole request body must arrive within this (408); see body_limit
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -69,15 +75,24 @@ class Settings:
 ERRORS = {
     401: "missing or wrong bearer token (when PLANNER_TOKEN is set)",
     404: "no stored plan with this id",
+    408: "the request body was not complete within the service's body time limit (--body-timeout-s); the connection is closed",
     409: "valid input, but no configuration fits (the detail says how far the closest is)",
     413: "request body over the service's size limit",
     422: "bad input: one line naming the field, the value and the fix, or the list of schema problems",
+    503: "the solve queue is full (--max-queue solves already wait for a worker): retry after Retry-After seconds; "
+         "a cached or identical in-flight request is never refused",
     504: "no answer within time_limit_s + the service's grace (a solve that finishes later is still stored)",
 }
 
 
+RETRY_AFTER_S = 5  # the Retry-After of a 503: a few solves' time (0.1-1.5 s each, README) on a busy pool
+
+
 def _responses(*codes: int) -> dict:
-    return {code: {"model": ErrorBody, "description": ERRORS[code]} for code in codes}
+    out = {code: {"model": ErrorBody, "description": ERRORS[code]} for code in codes}
+    if 503 in out:
+        out[503]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+    return out
 
 
 def _json(status: int, body: str, **headers: str) -> Response:
@@ -153,6 +168,7 @@ async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:
         return _json(200, stored.plan_json, **headers, **{"X-Cache": "hit"})
     inflight: dict[str, asyncio.Task] = app.state.inflight
     if key not in inflight:
+        _refuse_if_queue_full(app)
         task = asyncio.get_running_loop().create_task(_solve_and_store(app, key, kind, body))
         inflight[key] = task
         task.add_done_callback(lambda _t: inflight.pop(key, None))
@@ -160,11 +176,28 @@ async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:
         status, text = await asyncio.wait_for(asyncio.shield(inflight[key]), timeout=body.time_limit_s + settings.grace_s)
     except asyncio.TimeoutError:
         raise HTTPException(504, f"no answer within time_limit_s={body.time_limit_s:g} + {settings.grace_s:g} s grace "
-                                 f"({app.state.pool.queued} requests waiting for a worker): the solve goes on and its plan "
+                                 f"({waiting_solves(app)} requests waiting for a worker): the solve goes on and its plan "
                                  f"will be at GET /v1/plans/{key}", headers=headers) from None
     if status == 200:
         return _json(200, text, **headers, **{"X-Cache": "miss"})
     return _json(status, text)
+
+
+def waiting_solves(app: FastAPI) -> int:
+    """Distinct solves waiting for a worker: the pool's own count, or, where larger, the solves in flight beyond
+    the workers (a solve just admitted is in flight before its task has asked the pool for a worker)."""
+    pool = app.state.pool
+    return max(pool.queued, len(app.state.inflight) - pool.size)
+
+
+def _refuse_if_queue_full(app: FastAPI) -> None:
+    """503 at once, before a new distinct solve is queued, when `max_queue` solves already wait for a worker."""
+    settings: Settings = app.state.settings
+    waiting = waiting_solves(app)
+    if waiting >= settings.max_queue:
+        raise HTTPException(503, f"the solve queue is full: {waiting} solves are waiting for {app.state.pool.size} "
+                                 f"worker(s) (the service's max_queue is {settings.max_queue}): retry in {RETRY_AFTER_S} s",
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def _solve_and_store(app: FastAPI, key: str, kind: str, body: PlanBody) -> tuple[int, str]:
@@ -232,21 +265,21 @@ def create_app(settings: Settings | None = None, *, on_ready: Callable[[Settings
 
     from planner.service.body_limit import BodyLimit
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     _add_routes(app, [Depends(authorize)])
     return app
 
 
 def _add_routes(app: FastAPI, guard: list) -> None:
     """The HTTP routes; `guard` (the bearer-token check) protects everything under /v1."""
-    solve_errors = _responses(401, 409, 413, 422, 504)
+    solve_errors = _responses(401, 408, 409, 413, 422, 503, 504)
 
     @app.get("/healthz")
     async def healthz() -> dict:
         pool = app.state.pool
         return {"status": "ok", "stored_plans": await asyncio.to_thread(app.state.store.count),
-                "workers": pool.size, "queued": pool.queued, "solving": len(app.state.inflight),
-                "workers_replaced": pool.replaced}
+                "workers": pool.size, "queued": waiting_solves(app), "max_queue": app.state.settings.max_queue,
+                "solving": len(app.state.inflight), "workers_replaced": pool.replaced}
 
     @app.post("/v1/plan", dependencies=guard, responses=solve_errors,
               summary="Search for the fastest plan that fits (returns a LaunchPlan)")

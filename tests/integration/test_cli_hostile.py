@@ -258,3 +258,31 @@ def test_help_imports_no_command_module():
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
     assert "HEAVY []" in done.stderr and "estimate" in done.stdout, done.stderr
+
+
+def test_models_list_imports_no_schema_and_prints_every_preset():
+    """`planner models list` reads presets/index.json: no YAML parser, no pydantic (not even through typer's --help
+    coercion; planner.cli.common.BoolHelpFlag), no schema module; the table is the one the presets compute."""
+    code = ("import sys\nfrom planner.cli import main\nsys.argv = ['planner', 'models', 'list']\ntry:\n    main()\nexcept SystemExit:\n"
+            "    pass\nheavy = [m for m in ('pydantic', 'yaml', 'planner.schemas.model', 'planner.io', 'planner.models.hf') "
+            "if m in sys.modules]\nprint('HEAVY', heavy, file=sys.stderr)")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "120"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
+    assert "HEAVY []" in done.stderr, done.stderr
+    from planner.models import list_presets
+
+    assert all(name in done.stdout for name in list_presets()) and "46.70B" in done.stdout and "12.88B" in done.stdout
+
+
+def test_a_reader_that_goes_away_is_no_traceback():
+    """`planner models --help | head -1`: stdout's reader is gone before the help is written. rich exits 1 on the
+    broken pipe; main() must pass that on, not fail on its own except clauses with a traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        done = subprocess.run([sys.executable, "-m", "planner.cli", "models", "--help"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=30, env=env)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and done.returncode == 1, done.stderr

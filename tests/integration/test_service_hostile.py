@@ -2,13 +2,17 @@
 
 Every refusal is 422 or 413 with a JSON `detail`, quickly; a solve past its deadline is stopped and does not
 starve later requests; a finished solve is stored even when its client gave up; `kill -9` of the server leaves
-no worker behind.
+no worker behind; a full solve queue answers a new distinct solve 503 at once (never a cached or identical one);
+a request body that does not arrive in time is 408 and its connection closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,6 +24,7 @@ from test_service import PLAN, SMALL, Server, _session_pids
 DEEP = {"name": "deep", "num_layers": 1024, "hidden_size": 8192, "ffn_hidden_size": 28672, "num_attention_heads": 64,
         "num_kv_heads": 8, "vocab_size": 128256, "seq_len": 8192, "activation": "swiglu", "norm": "rmsnorm"}
 ESTIMATE = SMALL | {"gpus": 8, "tp": 2, "zero_stage": 1, "time_limit_s": 10, "framework": "megatron-core"}
+BODY_TIMEOUT_S = 2.0
 
 
 def rss_kib(pid: int) -> int:
@@ -31,8 +36,10 @@ def rss_kib(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """grace 0: a solve is stopped exactly at its time_limit_s; 640 MiB per worker: enough for any preset."""
-    srv = Server(tmp_path_factory.mktemp("hostile") / "plans.sqlite", extra=("--grace-s", "0", "--worker-memory-mb", "640"))
+    """grace 0: a solve is stopped exactly at its time_limit_s; 640 MiB per worker: enough for any preset; a body
+    must arrive within 2 s."""
+    srv = Server(tmp_path_factory.mktemp("hostile") / "plans.sqlite",
+                 extra=("--grace-s", "0", "--worker-memory-mb", "640", "--body-timeout-s", str(BODY_TIMEOUT_S)))
     yield srv
     srv.stop()
 
@@ -141,7 +148,8 @@ def test_chunked_body_over_the_limit_is_413_without_reading_it(server):
 def test_openapi_documents_every_status(server):
     doc = httpx.get(server.url + "/openapi.json", timeout=10).json()
     plan = doc["paths"]["/v1/plan"]["post"]["responses"]
-    assert {"200", "401", "409", "413", "422", "504"} <= set(plan)
+    assert {"200", "401", "408", "409", "413", "422", "503", "504"} <= set(plan)
+    assert set(plan) == set(doc["paths"]["/v1/estimate"]["post"]["responses"]) and "Retry-After" in plan["503"]["headers"]
     assert {"404", "401"} <= set(doc["paths"]["/v1/plans/{plan_id}"]["get"]["responses"])
     error = doc["components"]["schemas"]["ErrorBody"]["properties"]["detail"]
     assert {"type": "string"} in error["anyOf"] and any(item.get("type") == "array" for item in error["anyOf"])
@@ -195,3 +203,120 @@ def _post_quietly(url: str, body: dict) -> None:
         httpx.post(url + "/v1/plan", json=body, timeout=30)
     except httpx.HTTPError:
         pass
+
+
+def _wait_for_health(srv: Server, expect: dict, within_s: float = 30) -> dict:
+    """/healthz once it shows `expect` (e.g. {"queued": 1}); fails after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        health = httpx.get(srv.url + "/healthz", timeout=10).json()
+        if all(health[key] == value for key, value in expect.items()):
+            return health
+        time.sleep(0.05)
+    raise AssertionError(f"/healthz never showed {expect}: {health}")
+
+
+def test_a_full_queue_refuses_a_new_solve_at_once_but_never_a_cached_or_identical_one(tmp_path):
+    srv = Server(tmp_path / "queue.sqlite", extra=("--workers", "1", "--max-queue", "1", "--grace-s", "1"))
+    answers: dict = {}
+
+    def post(name: str, path: str, body: dict) -> threading.Thread:
+        thread = threading.Thread(target=lambda: answers.__setitem__(name, httpx.post(srv.url + path, json=body, timeout=90)))
+        thread.start()
+        return thread
+
+    queued = ESTIMATE | {"seq_len": 2048, "time_limit_s": 60}
+    try:
+        assert httpx.post(srv.url + "/v1/estimate", json=ESTIMATE, timeout=30).status_code == 200  # now a cache hit
+        threads = [post("blocker", "/v1/plan", {"model": DEEP, "nodes": 512, "time_limit_s": 8, "framework": "torchtitan"})]
+        _wait_for_health(srv, {"solving": 1, "queued": 0})  # the only worker is busy for ~8 s
+        threads.append(post("queued", "/v1/estimate", queued))
+        assert _wait_for_health(srv, {"queued": 1})["max_queue"] == 1
+        started = time.monotonic()
+        refused = httpx.post(srv.url + "/v1/estimate", json=ESTIMATE | {"seq_len": 1024}, timeout=30)
+        assert refused.status_code == 503 and time.monotonic() - started < 3, refused.text
+        assert "queue is full" in refused.json()["detail"] and int(refused.headers["retry-after"]) > 0
+        cached = httpx.post(srv.url + "/v1/estimate", json=ESTIMATE, timeout=30)
+        assert cached.status_code == 200 and cached.headers["x-cache"] == "hit"
+        threads.append(post("repeat", "/v1/estimate", queued))  # joins the queued solve
+        for thread in threads:
+            thread.join(90)
+        assert answers["queued"].status_code == 200 and answers["repeat"].text == answers["queued"].text
+        assert answers["blocker"].status_code != 503
+        assert httpx.post(srv.url + "/v1/estimate", json=ESTIMATE | {"seq_len": 1024}, timeout=30).status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_thread_pool_one_busy_worker_two_distinct_solves_one_place_in_the_queue(tmp_path):
+    """In process (`--threads`), on one event loop: one of the two solves waits for the worker, the other is 503."""
+    from planner.service.app import Settings, create_app
+
+    async def scenario() -> list[int]:
+        app = create_app(Settings(db_path=str(tmp_path / "s.sqlite"), workers=1, use_processes=False, max_queue=1))
+        async with app.router.lifespan_context(app):
+            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://planner")
+            async with client:
+                blocker = asyncio.create_task(client.post("/v1/plan", json={"model": DEEP, "nodes": 512, "time_limit_s": 3,
+                                                                            "framework": "torchtitan"}, timeout=60))
+                while not app.state.inflight:
+                    await asyncio.sleep(0.01)
+                both = await asyncio.gather(*(client.post("/v1/estimate", json=ESTIMATE | {"seq_len": n}, timeout=60)
+                                              for n in (1024, 2048)))
+                await blocker
+                return sorted(response.status_code for response in both)
+
+    assert asyncio.run(scenario()) == [200, 503]
+
+
+def test_a_solve_admitted_but_not_yet_started_counts_as_waiting():
+    """Two requests admitted in the same loop turn: the second must see the first, whose task has not yet asked
+    the pool for a worker (so the pool's own count is still 0)."""
+    from types import SimpleNamespace
+
+    from planner.service.app import waiting_solves
+
+    pool = SimpleNamespace(size=1, queued=0)
+    app = SimpleNamespace(state=SimpleNamespace(pool=pool, inflight={"running": None, "admitted": None}))
+    assert waiting_solves(app) == 1
+    pool.queued, app.state.inflight = 2, {"running": None}  # workers being replaced: the pool knows better
+    assert waiting_solves(app) == 2
+
+
+def _raw_request(port: int, head: bytes, *, trickle_every_s: float | None, limit_s: float) -> tuple[bytes, float]:
+    """Send `head`, then (with `trickle_every_s`) one more body byte at that interval, until the server closes
+    the connection or `limit_s` passes; what it answered and when it closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=limit_s) as sock:
+        sock.sendall(head)
+        started, answer = time.monotonic(), b""
+        while time.monotonic() - started < limit_s:
+            if select.select([sock], [], [], trickle_every_s or 0.1)[0]:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+            elif trickle_every_s is not None:
+                try:
+                    sock.sendall(b" ")
+                except OSError:
+                    break
+        return answer, time.monotonic() - started
+
+
+def test_a_slow_body_is_408_and_its_connection_closed(server):
+    head = b"POST /v1/plan HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    for trickle in (None, 0.25):  # 10 bytes then silence; one byte every 0.25 s (never idle, never done)
+        answer, elapsed = _raw_request(server.port, head + b'{"model": ', trickle_every_s=trickle, limit_s=BODY_TIMEOUT_S + 20)
+        assert answer.startswith(b"HTTP/1.1 408") and b'"detail"' in answer and b"connection: close" in answer.lower(), answer
+        assert BODY_TIMEOUT_S - 0.5 < elapsed < BODY_TIMEOUT_S + 8, elapsed  # closed, soon after the deadline
+    normal = httpx.post(server.url + "/v1/estimate", json=ESTIMATE, timeout=30)
+    assert normal.status_code == 200, normal.text
+
+
+def test_a_client_stalled_in_its_headers_does_not_block_the_others(server):
+    """uvicorn (h11) waits for unfinished headers without a time limit (README); the rest of the service goes on."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as stalled:
+        stalled.sendall(b"POST /v1/plan HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+        time.sleep(0.5)
+        assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
+        assert httpx.post(server.url + "/v1/estimate", json=ESTIMATE, timeout=30).status_code == 200

@@ -1,4 +1,5 @@
-"""Presets: every one loads, counts within 1% of its published size, and agrees with the validation data."""
+"""Presets: every one loads, counts within 1% of its published size, and agrees with the validation data; the
+precomputed `planner models list` rows (presets/index.json) are fresh, and a stale index is not used."""
 
 import json
 from pathlib import Path
@@ -9,6 +10,8 @@ from planner.errors import BadInputError
 from planner.io import load_file
 from planner.models import PRESET_DIR, list_presets, load_model, load_preset
 from planner.models.counting import active_params, total_params
+from planner.models.preset_index import INDEX_PATH, computed_rows, fingerprint, index_text, preset_rows
+from planner.models.summary import model_row
 from planner.schemas.model import ModelSpec
 
 # Published total parameter counts, with where each comes from.
@@ -135,3 +138,31 @@ def test_unknown_preset_suggests_close_names_and_paths():
     assert "'llama3-8'" in message and "did you mean llama3-8b" in message and "config.json" in message
     with pytest.raises(BadInputError, match="neither a preset nor an existing file"):
         load_preset("gpt5")
+
+
+def test_the_preset_index_is_fresh():
+    """presets/index.json holds what the presets compute now; if not: python -m planner.models.preset_index."""
+    index = json.loads(INDEX_PATH.read_text())
+    assert index["fingerprint"] == fingerprint(), "stale presets/index.json: run python -m planner.models.preset_index"
+    assert index["rows"] == computed_rows() == [model_row(load_preset(name)) for name in list_presets()]
+    assert INDEX_PATH.read_text() == index_text()
+
+
+def test_a_stale_or_broken_index_is_not_used(tmp_path):
+    presets, index_path = tmp_path / "presets", tmp_path / "index.json"
+    presets.mkdir()
+    for name in ("llama3-8b", "mixtral-8x7b"):
+        (presets / f"{name}.yaml").write_text((PRESET_DIR / f"{name}.yaml").read_text())
+    index_path.write_text(index_text(presets))
+    rows = preset_rows(presets, index_path)
+    assert [row["name"] for row in rows] == ["llama3-8b", "mixtral-8x7b"] and rows[0]["num_layers"] == 32
+    edited = (presets / "llama3-8b.yaml").read_text().replace("num_layers: 32", "num_layers: 16")
+    (presets / "llama3-8b.yaml").write_text(edited)  # the index still says 32 layers
+    assert preset_rows(presets, index_path)[0]["num_layers"] == 16
+    (presets / "tinyllama-1.1b.yaml").write_text((PRESET_DIR / "tinyllama-1.1b.yaml").read_text())
+    assert [row["name"] for row in preset_rows(presets, index_path)][-1] == "tinyllama-1.1b"
+    for broken in ("", "[1, 2]", '{"fingerprint": 1}', "{"):
+        index_path.write_text(broken)
+        assert preset_rows(presets, index_path) == computed_rows(presets)
+    index_path.unlink()
+    assert preset_rows(presets, index_path) == computed_rows(presets)
