@@ -60,6 +60,21 @@ def test_breakdown_adds_up_to_step_time(model):
         assert len(ev.stage_times) == c.pp * c.vpp and len(ev.stage_memory) == c.pp
 
 
+def test_every_step_pays_the_stacks_loop_overhead(model):
+    """calibration.yaml loop: a published stack's step carries step_overhead_s in its breakdown (the sum still the
+    step time); the same candidate under the planner's executor (measured without it) is that much shorter."""
+    from planner.cost.calibration import step_overhead_s
+
+    c = cand()
+    ours = model.evaluate(c)
+    theirs = CostModel(model.request.model_copy(update={"framework": "megatron-core"}), options=model.options,
+                       calibration=model.cal).evaluate(c)
+    assert ours.breakdown.step_overhead_s == 0.0 and step_overhead_s("megatron-core") > 0
+    assert theirs.breakdown.step_overhead_s == step_overhead_s("megatron-core")
+    assert theirs.step_time_s == pytest.approx(ours.step_time_s + step_overhead_s("megatron-core"))
+    assert sum(theirs.breakdown.model_dump().values()) == pytest.approx(theirs.step_time_s)
+
+
 def test_stage_time_is_sum_of_layer_times(model):
     c = cand(pp=2)
     costs = model.layer_costs(c)

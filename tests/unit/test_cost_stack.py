@@ -186,3 +186,26 @@ def test_flash_attention_v1_runs_at_the_published_fraction_of_v2():
     assert options_for("pytorch-fsdp", "bf16").attention_kernel == "flash-attention-1"
     assert v1.cal.attention_fraction == pytest.approx(v2.cal.attention_fraction * flash_attention_1_relative_rate())
     assert flash_attention_1_relative_rate() == pytest.approx(0.5)
+
+
+def test_overlapped_param_gather_hides_behind_the_first_forward():
+    """Megatron-Core --overlap-param-gather: the ZeRO-1 weight all-gather runs beside the next step's first forward,
+    the gradient reduce-scatter beside the last backward; a stack that gathers inside step() (dp_param_gather
+    false) exposes what does not fit the backward. Same request, same candidate, only the option differs."""
+    from planner.cost.evaluate import dp_gather_s
+
+    req = api.build_request(model="gpt3-175b", topology="dgx-h100", gpus=768, global_batch_size=384, seq_len=2048)
+    cand = Candidate(dp=48, tp=8, pp=2, zero_stage=1, microbatch_size=1, num_microbatches=8, schedule="1f1b", sp=True)
+    core = options_for("megatron-core", "bf16")
+    assert core.dp_gather_overlap and not options_for("deepspeed", "bf16").dp_gather_overlap
+    overlapped = CostModel(req.model_copy(update={"framework": "megatron-core"}), options=core)
+    serial = CostModel(req.model_copy(update={"framework": "megatron-core"}),
+                       options=dataclasses.replace(core, dp_gather_overlap=False))
+    a, b = overlapped.evaluate(cand), serial.evaluate(cand)
+    assert a.step_time_s < b.step_time_s
+    gather = dp_gather_s(overlapped, cand, 87.5e9 / 8, 0.0)  # one pipeline rank's parameters, tp-sharded
+    assert gather > 0 and dp_gather_s(overlapped, dataclasses.replace(cand, zero_stage=3), 1e9, 0.0) == 0.0
+    # what moved is the DP term only, by at most the gather (it hid behind the forward instead of the backward)
+    moved = b.breakdown.dp_comm_exposed_s - a.breakdown.dp_comm_exposed_s
+    assert 0 < moved <= gather * 1.01
+    assert a.breakdown.compute_s == pytest.approx(b.breakdown.compute_s)
