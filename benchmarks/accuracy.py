@@ -9,7 +9,8 @@ the step-time error per run, per source and overall, with:
 - leave-one-source-out (LOSO): each source predicted with ceilings derived from the other sources only (a
   (family, stack) cell with no other source falls back to the family's median over all its other runs, a family
   with no other source to calibration.yaml's value);
-- the naive estimate 6 * P * tokens / (GPUs * 0.5 * peak) on the same runs; llm-analysis if installed.
+- the naive estimate 6 * P * tokens / (GPUs * 0.5 * peak) on the same runs; llm-analysis at 0.5 FLOP efficiency
+  with each run's chosen configuration where it is installed (benchmarks/llm_analysis_baseline.py says how).
 Also the runs predicted not to fit at their published settings (false OOM).
 
 Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet]
@@ -29,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import llm_analysis_baseline  # noqa: E402
 import published_runs as P  # noqa: E402
 
 from planner.cost.calibration import CALIBRATION_FILE, device_calibration  # noqa: E402
@@ -224,6 +226,9 @@ def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
             skipped.append((case.run["id"], "no valid candidate"))
             continue
         row["naive_error"] = naive_step_s(case) / row["measured_s"] - 1
+        if llm_analysis_baseline.available():
+            other = llm_analysis_baseline.step_s(case.request, row["cand"])
+            row["llm_analysis_error"] = other / row["measured_s"] - 1 if other else float("nan")
         req = case.request
         shape = json.dumps(req.model.model_dump(mode="json", exclude={"name"}), sort_keys=True)
         row["setting"] = (case.source, shape, req.gpus, req.topology.device.name, req.seq_len)
@@ -272,6 +277,7 @@ def render(result: dict, *, quiet: bool = False) -> str:
                      f"{summary([r['naive_error'] for r in sub]):>34}")
     lines.append(f"{'OVERALL':48} {summary([r['error'] for r in rows]):>34} {summary([r['loso_error'] for r in rows]):>34} "
                  f"{summary([r['naive_error'] for r in rows]):>34}")
+    lines.append(llm_analysis_line(rows))
     evaluable = len(rows) + sum(1 for _, why in result["skipped"] if why.startswith("no valid candidate"))
     with_tp = len(rows) + sum(1 for _, why in result["skipped"]
                               if why not in ("no throughput published", "no topology preset for this GPU"))
@@ -293,6 +299,18 @@ def render(result: dict, *, quiet: bool = False) -> str:
         f"{f}/{s}={v:.1%}" for (f, s), v in sorted(ranking_bands(rows).items())))
     lines += [f"skipped {name}: {why}" for name, why in result["skipped"]]
     return "\n".join(lines)
+
+
+def llm_analysis_line(rows: list[dict]) -> str:
+    """llm-analysis at 0.5 FLOP efficiency beside the planner (leave-one-source-out) and the naive estimate, on the
+    runs llm-analysis can express (benchmarks/llm_analysis_baseline.py), or how to install it."""
+    if not llm_analysis_baseline.available():
+        return ("llm-analysis: not installed (pip install --no-deps llm-analysis==0.2.2 'fire>=0.5,<0.6' for its column; "
+                "benchmarks/llm_analysis_baseline.py)")
+    same = [r for r in rows if r.get("llm_analysis_error", float("nan")) == r.get("llm_analysis_error")]
+    return (f"llm-analysis (0.5 efficiency) on the {len(same)} runs it expresses: {summary([r['llm_analysis_error'] for r in same])}; "
+            f"planner leave-one-source-out on them: {summary([r['loso_error'] for r in same])}; "
+            f"naive: {summary([r['naive_error'] for r in same])}")
 
 
 def published_oom_line(run_id: str, gpus: int, quote: str, path: Path = RUNS_FILE) -> str:

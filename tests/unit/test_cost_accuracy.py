@@ -148,3 +148,16 @@ def test_configurations_of_one_setting_are_ranked_as_measured(bench):
     module, result = bench
     right, total = module.ranking_pairs(result["rows"])
     assert total >= 10 and right >= 0.9 * total, (right, total)
+
+
+@needs_runs
+def test_llm_analysis_column_or_how_to_install_it(bench):
+    """llm-analysis is an optional baseline: installed, every run it expresses gets its error and the report line
+    compares it with the planner on the same runs; absent, the report says how to install it."""
+    module, result = bench
+    line = module.llm_analysis_line(result["rows"])
+    if not module.llm_analysis_baseline.available():
+        assert "not installed" in line and "pip install" in line
+        return
+    errors = [r["llm_analysis_error"] for r in result["rows"] if r["llm_analysis_error"] == r["llm_analysis_error"]]
+    assert len(errors) >= 0.5 * len(result["rows"]) and "planner leave-one-source-out on them" in line
