@@ -7,9 +7,9 @@ the attention kernels' rates, the HBM efficiency) are measurements, not priors. 
 such a file (no GPU needed) and prints them; tests/unit/test_kernel_constants.py checks calibration.yaml holds
 what --derive prints for the committed file.
 
-    python benchmarks/gpu_kernels.py -o profiles/kernels-h200.json      # on a CUDA machine (about 2 min)
+    python benchmarks/gpu_kernels.py -o profiles/kernels-h100.json      # on a CUDA machine (about 2 min)
     python benchmarks/gpu_kernels.py --device cpu --quick -o /tmp/k.json  # the same code path, tiny sizes
-    python benchmarks/gpu_kernels.py --derive profiles/kernels-h200.json
+    python benchmarks/gpu_kernels.py --derive profiles/kernels-h100.json
 
 Timing: CUDA events around `reps` back-to-back calls after 3 warm-up calls, reps chosen so one timed batch
 lasts >= 20 ms; the median of 3 batches. Attention FLOPs follow the causal convention of FlashAttention-2

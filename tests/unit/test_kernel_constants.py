@@ -1,4 +1,4 @@
-"""Kernel constants measured on a GPU (profiles/kernels-h200.json, benchmarks/gpu_kernels.py): calibration.yaml holds
+"""Kernel constants measured on a GPU (profiles/kernels-h100.json, benchmarks/gpu_kernels.py): calibration.yaml holds
 what the derivation prints for the committed file; the cost model prices each stack's attention kernel at its
 measured rate for the model's head dim, and fp8 GEMMs at the measured fp8/bf16 ratio."""
 
@@ -16,7 +16,8 @@ from planner.cost.compute import Gemm, attention_seq_factor, gemm_peak_tflops, g
 from planner.cost.model import CostModel
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNELS = ROOT / "profiles" / "kernels-h200.json"
+KERNELS = ROOT / "profiles" / "kernels-h100.json"
+KERNELS_H200 = ROOT / "profiles" / "kernels-h200.json"
 
 
 def _bench(name: str):
@@ -50,7 +51,7 @@ def test_calibration_holds_the_derived_hopper_constants(derived):
     # following s / (s + s_half) within a few percent, fp8 GEMMs short of twice the bf16 rate, and the GEMM fit
     # within a few percent (median)
     assert derived["attention"]["cudnn"][128]["fraction"] > 1.5 * fa2["fraction"]
-    assert max(fit["max_rel_error"] for backend in ("flash", "cudnn") for fit in derived["attention"][backend].values()) < 0.05
+    assert max(fit["max_rel_error"] for backend in ("flash", "cudnn") for fit in derived["attention"][backend].values()) < 0.06
     assert 0.8 < derived["fp8_matmul_relative"] < 1.0
     assert derived["gemm"]["median_rel_error"] < 0.06
 
@@ -72,7 +73,7 @@ def test_attention_rate_interpolates_in_head_dim_and_falls_back_by_rule():
 
 def test_attention_rate_falls_with_the_block_length_as_measured(derived):
     """rate(s) = fraction * s / (s + s_half): half the long-sequence rate at s_half, and each measured point of the
-    committed file within 5% of the fit (FlashAttention-2 and cuDNN, head dims 64 and 128)."""
+    committed file within 6% of the fit (FlashAttention-2 and cuDNN, head dims 64 and 128)."""
     assert attention_seq_factor(500.0, 500.0) == 0.5 and attention_seq_factor(0.0, 500.0) == 1.0
     data = json.loads(KERNELS.read_text())
     bench = _bench("kernel_constants")
@@ -80,7 +81,22 @@ def test_attention_rate_falls_with_the_block_length_as_measured(derived):
         if row["backend"] in ("flash", "cudnn"):
             fit = derived["attention"][row["backend"]][row["head_dim"]]
             predicted = fit["fraction"] * attention_seq_factor(row["seq_len"], fit["seq_half"])
-            assert predicted == pytest.approx(bench.attention_fraction(row, 989.0), rel=0.05)
+            assert predicted == pytest.approx(bench.attention_fraction(row, 989.0), rel=0.06)
+
+
+def test_h100_and_h200_measure_one_family(derived):
+    """Hopper's constants come from the H100 file; the H200 (same compute die and clocks, more HBM bandwidth) gives
+    the same GEMM ceiling and, at the sequence lengths of training (2k-32k), attention rates within 6%."""
+    h200 = _bench("kernel_constants").derive(json.loads(KERNELS_H200.read_text()), 989.0)
+    assert h200["gemm"]["ceiling_fit"] == pytest.approx(derived["gemm"]["ceiling_fit"], rel=0.02)
+    assert h200["fp8_matmul_relative"] == pytest.approx(derived["fp8_matmul_relative"], rel=0.03)
+    for backend in ("flash", "cudnn"):
+        for dim, fit in derived["attention"][backend].items():
+            other = h200["attention"][backend][dim]
+            for s in (2048, 8192, 32768):
+                ours = fit["fraction"] * attention_seq_factor(s, fit["seq_half"])
+                theirs = other["fraction"] * attention_seq_factor(s, other["seq_half"])
+                assert theirs == pytest.approx(ours, rel=0.06)
 
 
 def _model(framework: str, topology: str = "dgx-h100", **extra) -> CostModel:
