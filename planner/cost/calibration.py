@@ -15,6 +15,7 @@ import yaml
 from planner.schemas.topology import DeviceSpec
 
 CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.yaml"
+FLASH_ATTENTION_2 = "flash-attention-2"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +49,11 @@ class MemoryCalibration:
 
 def _entry(raw: dict) -> DeviceCalibration:
     fields = {key: raw[key] for key in DeviceCalibration.__dataclass_fields__ if key in raw}
-    kernels = raw.get("attention_kernels") or {}
+    kernels = dict(raw.get("attention_kernels") or {})
+    # a family without a measured FlashAttention-2 rate runs it at its attention_fraction: the table always has it,
+    # so resolving a stack's kernel (attention_rate_for) never reads a fraction resolved before
+    kernels.setdefault(FLASH_ATTENTION_2, {128: {"fraction": raw["attention_fraction"],
+                                                 "seq_half": raw.get("attention_seq_half", 0.0)}})
     fields["attention_kernels"] = tuple(
         (name, tuple(sorted((int(dim), float(value["fraction"]), float(value["seq_half"])) for dim, value in rates.items())))
         for name, rates in kernels.items())
@@ -99,9 +104,6 @@ def flash_attention_1_relative_rate() -> float:
     return float(raw["kernels"]["flash_attention_1_relative_rate"])
 
 
-FLASH_ATTENTION_2 = "flash-attention-2"
-
-
 def attention_rate_for(cal: DeviceCalibration, kernel: str, head_dim: int) -> tuple[float, float]:
     """(fraction of peak on long sequences, seq_half) of the stack's fused-attention kernel at a head dim, forward +
     backward; the rate on blocks of s tokens is fraction * s / (s + seq_half) (compute.attention_seq_factor).
@@ -110,22 +112,18 @@ def attention_rate_for(cal: DeviceCalibration, kernel: str, head_dim: int) -> tu
     the head dim between measured ones and held flat outside them (the rate grows with the head dim: the
     tensor-core tiles of q @ k^T and p @ v get longer). Rules for what was not measured: a kernel the family has
     no rate for runs at FlashAttention-2's (e.g. cuDNN on Ampere, where Transformer Engine selects flash-attn
-    anyway); FlashAttention-2 unmeasured is the family's `attention_fraction` and `attention_seq_half`;
-    FlashAttention v1 is FlashAttention-2 x kernels.flash_attention_1_relative_rate (Dao 2023: about 2x)."""
+    anyway); FlashAttention-2 unmeasured is the family's `attention_fraction` and `attention_seq_half` (_entry
+    puts them in the table); FlashAttention v1 is FlashAttention-2 x kernels.flash_attention_1_relative_rate (Dao 2023: about 2x)."""
     if kernel == "flash-attention-1":
         fraction, seq_half = attention_rate_for(cal, FLASH_ATTENTION_2, head_dim)
         return fraction * flash_attention_1_relative_rate(), seq_half
     table = dict(cal.attention_kernels)
     rates = table.get(kernel) or table.get(FLASH_ATTENTION_2)
-    if not rates:
+    if not rates:  # a calibration built by hand without a table
         return cal.attention_fraction, cal.attention_seq_half
     dims = [dim for dim, _, _ in rates]
     return (float(np.interp(head_dim, dims, [fraction for _, fraction, _ in rates])),
             float(np.interp(head_dim, dims, [seq_half for _, _, seq_half in rates])))
-    for (d0, v0), (d1, v1) in zip(rates, rates[1:]):
-        if d0 <= head_dim <= d1:
-            return v0 + (v1 - v0) * (head_dim - d0) / (d1 - d0)
-    return values[-1]
 
 
 @lru_cache(maxsize=1)

@@ -137,3 +137,13 @@ def test_kernel_benchmark_runs_its_code_path_on_cpu(tmp_path):
     assert data["gemms"] and data["gemms_fp8"] and data["attention"] and data["streams"]
     assert all(r["time_s"] > 0 for r in data["gemms"])
     assert _bench("kernel_constants").derive(data, 989.0, hbm_GBps=50.0)["gemm"]["n"] == len(data["gemms"])
+
+
+def test_resolving_a_stacks_kernel_twice_changes_nothing():
+    """A CostModel built from another's calibration (accuracy.py, the published-OOM check) prices attention the
+    same: the kernel table is never rewritten, so FlashAttention v1 is not halved twice."""
+    for topology in ("dgx-a100-80g", "dgx-h100"):
+        first = _model("pytorch-fsdp", topology)
+        again = CostModel(first.request, calibration=first.cal)
+        assert (again.cal.attention_fraction, again.cal.attention_seq_half) == (
+            first.cal.attention_fraction, first.cal.attention_seq_half)
