@@ -192,6 +192,8 @@ def measure(device: str, quick: bool) -> dict:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """planner.io.atomic_write_text's job, without importing the planner: this script runs on GPU machines where
+    only torch is installed (the device image has no pydantic)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
