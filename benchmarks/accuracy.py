@@ -436,15 +436,13 @@ def derive_fixed_point(path: Path, rounds: int = 4) -> dict:
 
     result = None
     for _ in range(rounds):
-        calibration._load.cache_clear()
-        calibration._loop.cache_clear()
+        calibration.reload()
         result = run_all(path)
         before = CALIBRATION_FILE.read_text(encoding="utf-8")
         if write_ceilings(result["derived"], bands=error_bands(result["rows"]), ranking=ranking_bands(result["rows"]),
                           overhead=result["step_overhead_s"]) == before:
             break
-    calibration._load.cache_clear()
-    calibration._loop.cache_clear()
+    calibration.reload()
     return run_all(path)
 
 

@@ -103,11 +103,11 @@ def derive(data: dict, peak_tflops: float, hbm_GBps: float | None = None) -> dic
     gemm_fp8 = gemm_fit(fp8, FP8_PEAK_RATIO * peak_tflops) if len(fp8) > 2 else None
     same_shapes = {(r["name"], r["m"], r["n"], r["k"]) for r in fp8}
     bf16_same = gemm_fit([r for r in data["gemms"] if (r["name"], r["m"], r["n"], r["k"]) in same_shapes], peak_tflops)
+    streams = stream_fractions(data["streams"], hbm) if hbm else {}
     return {"device": data["device"], "gemm": gemm_fit(data["gemms"], peak_tflops), "gemm_fp8": gemm_fp8,
             "fp8_matmul_relative": gemm_fp8["ceiling_fit"] / bf16_same["ceiling_fit"] if gemm_fp8 else None,
             "attention": fractions, "attention_backward_factor": backward_factors(data["attention"]),
-            "streams": stream_fractions(data["streams"], hbm) if hbm else {},
-            "hbm_efficiency": stream_fractions(data["streams"], hbm)["copy"] if hbm else None}
+            "streams": streams, "hbm_efficiency": streams.get("copy")}
 
 
 def print_derivation(data: dict, peak_tflops: float, hbm_GBps: float | None) -> int:

@@ -237,13 +237,11 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
 
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink) -> _DpTerms:
-    from planner.cost.evaluate import dp_comm_s, dp_gather_s, linear_fit
+    from planner.cost.evaluate import dp_fits
 
     links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # dp_comm_s reads dp, expert_dp
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
-    return _memo(model, ("dp_terms", cand.zero_stage, m, dp, expert_dp), lambda: _DpTerms(
-        *(linear_fit(lambda x, f=f, d=d: f(model, cand, x * d, x * (1 - d), links))
-          for f in (dp_comm_s, dp_gather_s) for d in (1.0, 0.0))))
+    return _memo(model, ("dp_terms", cand.zero_stage, m, dp, expert_dp), lambda: _DpTerms(*dp_fits(model, cand, links)))
 
 
 def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:

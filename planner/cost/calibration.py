@@ -73,8 +73,20 @@ def _stacks(raw: dict, key: str = "stack_ceilings") -> tuple[tuple[str, DeviceCa
 
 
 @lru_cache(maxsize=1)
+def _raw() -> dict:
+    """calibration.yaml, parsed once (reload() reads it again)."""
+    return yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
+
+
+def reload() -> None:
+    """Forget the parsed calibration.yaml (benchmarks/accuracy.py --derive rewrites it and reads it again)."""
+    _raw.cache_clear()
+    _load.cache_clear()
+
+
+@lru_cache(maxsize=1)
 def _load() -> tuple[tuple, DeviceCalibration, MemoryCalibration]:
-    raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
+    raw = _raw()
     devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item)),
                      dict(_stacks(item, "measured_stack_ceilings"))) for item in raw["devices"])
     memory = MemoryCalibration(**raw["memory"])
@@ -97,11 +109,9 @@ def device_calibration(device: DeviceSpec, framework: str | None = None, *, eage
     return default
 
 
-@lru_cache(maxsize=1)
 def flash_attention_1_relative_rate() -> float:
     """FlashAttention v1's forward + backward rate relative to FlashAttention-2's (calibration.yaml kernels)."""
-    raw = yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))
-    return float(raw["kernels"]["flash_attention_1_relative_rate"])
+    return float(_raw()["kernels"]["flash_attention_1_relative_rate"])
 
 
 def attention_rate_for(cal: DeviceCalibration, kernel: str, head_dim: int) -> tuple[float, float]:
@@ -126,15 +136,10 @@ def attention_rate_for(cal: DeviceCalibration, kernel: str, head_dim: int) -> tu
             float(np.interp(head_dim, dims, [seq_half for _, _, seq_half in rates])))
 
 
-@lru_cache(maxsize=1)
-def _loop() -> dict:
-    return yaml.safe_load(CALIBRATION_FILE.read_text(encoding="utf-8"))["loop"]
-
-
 def step_overhead_s(framework: str | None) -> float:
     """Per-step loop overhead of a software stack (calibration.yaml `loop`): measured where the stack's loop was
     measured, else the value derived from every published run."""
-    loop = _loop()
+    loop = _raw()["loop"]
     measured = loop.get("measured_stack_step_overhead_s") or {}
     return float(measured[framework]) if framework in measured else float(loop["step_overhead_s"])
 

@@ -187,6 +187,13 @@ def linear_fit(fn, reference: float = 1e9) -> tuple[float, float]:
     return slope, one - slope * reference
 
 
+def dp_fits(model: "CostModel", cand: "Candidate", links=None) -> tuple[tuple[float, float], ...]:
+    """(slope, intercept) in parameters of the dense and expert data-parallel time (dp_comm_s) and of its ZeRO-1/2
+    weight-gather part (dp_gather_s), in that order: what dp_exposed reads, for evaluate and the search's bounds."""
+    return tuple(linear_fit(lambda x, f=f, dense=dense: f(model, cand, x if dense else 0.0, 0.0 if dense else x, links))
+                 for f in (dp_comm_s, dp_gather_s) for dense in (True, False))
+
+
 def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     cache = model.fixed_cache
     found = cache.get(cand)
@@ -198,14 +205,12 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
     sharded = cand.zero_stage >= 1
+    dp_dense, dp_expert, gather_dense, gather_expert = dp_fits(model, cand)
     found = _Fixed(
         inflight=model.inflight_per_rank(cand),
         other=model.other_per_rank(cand),
         pp_comm_s=model.pp_comm_s(cand),
-        dp_dense=linear_fit(lambda x: dp_comm_s(model, cand, x, 0.0)),
-        dp_expert=linear_fit(lambda x: dp_comm_s(model, cand, 0.0, x)),
-        gather_dense=linear_fit(lambda x: dp_gather_s(model, cand, x, 0.0)),
-        gather_expert=linear_fit(lambda x: dp_gather_s(model, cand, 0.0, x)),
+        dp_dense=dp_dense, dp_expert=dp_expert, gather_dense=gather_dense, gather_expert=gather_expert,
         optimizer_per_param_s=(per_param / (cand.dp * cand.cp if sharded else 1), per_param / (edp if sharded else 1)),
         peak_tflops=peak_tflops(model.device, model.request.precision),
     )
