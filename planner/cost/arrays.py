@@ -22,7 +22,7 @@ ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weight
         "dense", "expert", "rec_flops", "full_dt", "full_dact", "full_dflops")
 
 MODULE_FIELDS = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_fwd_s", "ep_bwd_s", "cp_fwd_s", "cp_bwd_s",
-                 "selective_s", "act_none", "act_selective", "act_full", "full_recompute_s")
+                 "selective_s", "act_none", "act_selective", "act_full", "full_recompute_s", "act_transient")
 KIND_ORDER = ("embedding", "decoder", "moe_decoder", "head")
 
 
@@ -131,6 +131,36 @@ def zero3_gather_bytes(model: "CostModel", cand: "Candidate") -> float:
     return found
 
 
+def zero3_working_bytes(model: "CostModel", cand: "Candidate") -> float:
+    """What the stack's ZeRO-3 holds gathered at once (memory.zero3_working_set_bytes): two whole blocks, or
+    per sub-module (the largest nn.Linear or embedding on this GPU) within the resident-parameter limit; plus the
+    contiguous gradient bucket a DeepSpeed-style stack allocates once."""
+    key = ("zero3_working", cand.tp, cand.ep, cand.pp > 1)
+    found = model.memo.get(key)
+    if found is None:
+        o = model.options
+        gather = model.recipe.gather_bytes
+        if o.zero3_gather_unit == "module":
+            unit_params = counting.largest_linear_params(model.spec) / cand.tp
+        else:
+            dense, expert = module_params_of(model, cand)
+            unit_params = float(np.max(dense + expert))
+        found = memory.zero3_working_set_bytes(unit_params, gather_bytes=gather, unit=o.zero3_gather_unit,
+                                               max_live_params=o.zero3_max_live_params)
+        found += o.zero3_reduce_bucket_params * memory.DEEPSPEED_REDUCE_BUCKET_BYTES
+        model.memo[key] = found
+    return found
+
+
+def layer_working_bytes(model: "CostModel", cand: "Candidate", *, full_recompute: bool) -> float:
+    """Transient bytes of the layer running its backward (the largest over modules): the gradients in flight
+    (memory.backward_transient_bytes) and, under full recompute, the activations of the layer being recomputed
+    (memory.recompute_working_set_bytes). One layer of one micro-batch at a time on a pipeline rank."""
+    col = dict(zip(MODULE_FIELDS, module_table(model, cand)))
+    extra = col["act_transient"] + (np.maximum(0.0, col["act_none"] - col["act_full"]) if full_recompute else 0.0)
+    return float(np.max(extra))
+
+
 def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     """All per-module arrays of `cand` (memoised by CostModel.detail)."""
     row = rows_of(module_table(model, cand), cand.recompute)
@@ -170,8 +200,12 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
 
 def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
     """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO,
-    routed experts over their dp*cp/ep expert-data-parallel ranks. PipeDream-2BW keeps a second weight version."""
+    routed experts over their dp*cp/ep expert-data-parallel ranks. PipeDream-2BW keeps a second weight version.
+    A stack whose ZeRO-3 gradient partition is 16-bit (options.zero3_grads_fp32 False) holds 2 bytes per
+    parameter there; its optimizer step's fp32 copies are checked by evaluate (the step peak)."""
     recipe, zero = model.recipe, cand.zero_stage
+    if zero >= 3 and not model.options.zero3_grads_fp32:  # the 16-bit gradient partition (DeepSpeed stage 3)
+        recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, recipe.gather_bytes))
     d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.dp * cand.cp)
     e = memory.static_split(expert, recipe, zero_stage=zero, dp=max(1, cand.dp * cand.cp // cand.ep))
     weights, grads, optim = (d[i] + e[i] for i in range(3))

@@ -31,7 +31,7 @@ in DDP buckets) and the usual sum applies. On the 8 H100 rows this puts every pe
 from __future__ import annotations
 
 from planner.cost.compute import Shape
-from planner.cost.memory import LayerActivations
+from planner.cost.memory import LayerActivations, backward_transient_bytes
 from planner.schemas.model import ModelSpec
 
 RECIPE = "amp-bf16"
@@ -50,7 +50,8 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape) -> LayerActivations:
     mlp = (4 if spec.gated else 2) * BF16 * tokens * f
     lse = FP32 * b * a * s
     base = replicated / shape.sp_div + (attention + mlp + lse) / t
-    return LayerActivations(none=base, selective=base, full=FP32 * tokens * h / shape.sp_div)
+    return LayerActivations(none=base, selective=base, full=FP32 * tokens * h / shape.sp_div,
+                            transient=backward_transient_bytes(spec, shape, moe_layer=False))
 
 
 def head_activation_bytes(spec: ModelSpec, shape: Shape) -> float:

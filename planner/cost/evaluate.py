@@ -285,14 +285,43 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     return _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown)
 
 
-def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate") -> tuple[np.ndarray, tuple[str, ...]]:
+def _partial_full_working_bytes(model: "CostModel", cand: "Candidate", full: tuple[int, ...]) -> float:
+    """A candidate whose base mode is not full recompute but whose split recomputes some layers fully holds the
+    recomputed layer's activations too (arrays.layer_working_bytes); stage_other_bytes counts it for "full"."""
+    if cand.recompute == "full" or not any(full):
+        return 0.0
+    from planner.cost.arrays import layer_working_bytes
+
+    return layer_working_bytes(model, cand, full_recompute=True) - layer_working_bytes(model, cand, full_recompute=False)
+
+
+def _step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray | float:
+    """Bytes the optimizer step adds to the static ones when a ZeRO-3 stack keeps 16-bit gradient partitions:
+    their fp32 copies, options.zero3_step_fp32_grad_params at a time (DeepSpeed: two sub-groups), beside its
+    gradient bucket. 0 otherwise (the step then needs no more than the backward)."""
+    o = model.options
+    if cand.zero_stage < 3 or o.zero3_grads_fp32 or not o.zero3_step_fp32_grad_params:
+        return 0.0
+    from planner.cost.memory import DEEPSPEED_REDUCE_BUCKET_BYTES
+
+    local = row["dense"] / (cand.dp * cand.cp) + row["expert"] / max(1, cand.dp * cand.cp // cand.ep)
+    return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + o.zero3_reduce_bucket_params * DEEPSPEED_REDUCE_BUCKET_BYTES
+
+
+def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
+            full: tuple[int, ...] = ()) -> tuple[np.ndarray, tuple[str, ...]]:
     """Per pipeline rank (MEMORY_ROWS x pp): allocated = static + inflight * activations + other (amp-bf16 with one
     micro-batch, one replica, no ZeRO: planner.cost.autocast.allocated_peak); peak = allocated * (1 + fragmentation
     fraction) + fixed allowance (calibration.yaml). Reasons name the worst rank over capacity."""
     cal = model.mem_cal
     acts = fixed.inflight * row["act"]
     static = row["weights"] + row["grads"] + row["optimizer"]
-    weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + fixed.other
+    other = fixed.other + _partial_full_working_bytes(model, cand, full)
+    weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + other
+    step_peak = static + _step_extra_bytes(model, cand, row)
+    if (step_peak > allocated).any():  # the optimizer step, activations freed, outgrows the backward
+        acts = np.where(step_peak > allocated, 0.0, acts)
+        allocated = np.maximum(allocated, step_peak)
     if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
             dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
         weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, fixed.other)
@@ -318,7 +347,7 @@ def _over_reason(rank: int, column: np.ndarray, inflight: float, usable: int, ot
 
 
 def _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown) -> Evaluation:
-    memory_table, reasons = _memory(model, fixed, row, cand)
+    memory_table, reasons = _memory(model, fixed, row, cand, full)
     request = model.request
     sequences = request.global_batch_size
     rec_flops = float(sums[REC_FLOPS].sum())

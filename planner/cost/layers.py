@@ -67,6 +67,7 @@ class ModuleCost:
     act_none: float = 0.0
     act_selective: float = 0.0
     act_full: float = 0.0
+    act_transient: float = 0.0  # gradients in flight during this module's backward (memory.backward_transient_bytes)
     recompute_compute_s: float | None = None  # compute a full recompute adds, when it is not one more forward
 
     @property
@@ -246,7 +247,7 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,
-        act_none=acts.none, act_selective=act_selective, act_full=acts.full,
+        act_none=acts.none, act_selective=act_selective, act_full=acts.full, act_transient=acts.transient,
     )
 
 
@@ -258,7 +259,7 @@ def _eager_decoder_cost(env: Env) -> ModuleCost:
     acts = autocast.decoder_activation_bytes(env.spec, env.shape)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd,
                       cp_bwd_s=cp_bwd, act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
-                      recompute_compute_s=rec)
+                      act_transient=acts.transient, recompute_compute_s=rec)
 
 
 def _eager_phases(env: Env, ops: eager.OpCount, gemm_fwd_s: float, gemm_bwd_s: float, params: float) -> tuple[float, float]:

@@ -77,6 +77,7 @@ class LayerActivations:
     none: float  # no recompute
     selective: float  # attention core recomputed
     full: float  # only the layer input kept
+    transient: float = 0.0  # gradients in flight while the layer runs its backward (backward_transient_bytes)
 
 
 def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) -> LayerActivations:
@@ -121,7 +122,58 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
         core = a * s * (s * shape.cp) * b * (5 if shape.dropout else 2)
     base = replicated / shape.sp_div + sharded / t
     full = 2 * sbh / shape.sp_div
-    return LayerActivations(none=base + core / t, selective=base, full=full)
+    return LayerActivations(none=base + core / t, selective=base, full=full,
+                            transient=backward_transient_bytes(spec, shape, moe_layer=moe_layer))
+
+
+def backward_transient_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) -> float:
+    """Gradient tensors one layer's backward holds beyond what it saved: an elementwise op's backward reads the
+    gradient of its output and writes that of its input, both alive at once (16-bit each). The largest such pair:
+    without fused attention the softmax over the s x s scores per head (2 * a*s^2*b elements), else the FFN
+    activation function (output f wide, input f wide, or 2f for a gated unit: Megatron's fused SwiGLU takes
+    the 2f-wide fc1 output; HuggingFace's act(gate) * up holds f + f + f), or for MoE layers the same over the
+    routed tokens (what one GPU receives, as decoder_activation_bytes) or the shared experts.
+    Measured: without this term the unfused-attention steps of benchmarks/gpu_memory.py exceed the prediction
+    (benchmarks/memory_mechanisms.py)."""
+    b, s, t = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp
+    pair = 3 if spec.gated else 2  # output gradient f wide + input gradient f (2f gated) wide, in units of f
+    largest = s * b * pair * spec.ffn_hidden_size
+    if moe_layer:
+        cfg = spec.moe
+        routed = s * b * cfg.top_k * (cfg.capacity_factor or 1.0)
+        largest = max(s * b * pair * cfg.shared_ffn_hidden_size, routed * pair * cfg.expert_ffn_hidden_size)
+    if not shape.flash_attention:
+        largest = max(largest, 2 * spec.num_attention_heads * s * (s * shape.cp) * b)
+    return 2 * largest / t
+
+
+def recompute_working_set_bytes(layer: LayerActivations) -> float:
+    """What full recompute adds at its peak: the layer being recomputed holds everything it saves without
+    recompute (its checkpoint is already counted among the saved inputs) while its backward runs. Megatron-LM's
+    CheckpointFunction and torch.utils.checkpoint rerun one layer's forward at a time inside the backward
+    (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", Sec. 4: the peak is the checkpoints plus
+    one segment's activations). Measured: benchmarks/gpu_memory.py, benchmarks/memory_mechanisms.py."""
+    return max(0.0, layer.none - layer.full)
+
+
+def zero3_working_set_bytes(module_params: float, *, gather_bytes: float, unit: str, max_live_params: float) -> float:
+    """Gathered weights (and unsharded gradients) a ZeRO-3 stack holds at once, by how it gathers.
+
+    unit "block" (PyTorch FSDP1/FSDP2, Megatron-FSDP): the running block and the prefetched next, each gathered
+    whole, `module_params` being the largest block. unit "module" (DeepSpeed ZeRO-3: per sub-module hooks,
+    deepspeed/runtime/zero/partitioned_param_coordinator.py): the parameter coordinator keeps at most
+    stage3_max_live_parameters gathered, but always the module running (`module_params` = the largest single
+    nn.Linear / embedding); in backward that module's full-size weight gradient exists until it is reduce-scattered.
+    """
+    if unit == "module":
+        return (max(max_live_params, module_params) + module_params) * gather_bytes
+    return 2 * module_params * gather_bytes
+
+
+DEEPSPEED_REDUCE_BUCKET_BYTES = 2
+"""Bytes per element of DeepSpeed ZeRO-3's contiguous gradient bucket (reduce_bucket_size elements of the 16-bit
+training dtype, allocated once: deepspeed/runtime/zero/stage3.py __ipg_bucket_flat_buffer). Measured as the
+difference of the static bytes with reduce_bucket_size 5e8 and 1e7 (profiles/memory-h200.json)."""
 
 
 def embedding_activation_bytes(spec: ModelSpec, shape: Shape) -> float:

@@ -150,15 +150,19 @@ class CostModel:
         return inflight_microbatches(cand.schedule, pp=cand.pp, stage=stage, num_microbatches=cand.num_microbatches, vpp=cand.vpp)
 
     def stage_other_bytes(self, cand: Candidate, stage: int) -> int:
-        """Logits buffer on the last pipeline rank (fp32 T*V/t) and, with ZeRO-3, the gathered weights of two
-        modules (the one running and the one prefetched). The allocator allowance is in capacity_bytes()."""
-        other = 0.0
-        if stage == cand.pp - 1:
-            other += memory.logits_buffer_bytes(self.spec, self.shape(cand))
-        if cand.zero_stage >= 3:
-            from planner.cost.arrays import zero3_gather_bytes
+        """The larger of two phases that do not overlap: the loss's logits buffer on the last pipeline rank (fp32
+        T*V/t, freed once the head's backward is done, unless options.logits_live_in_backward) and the transient bytes of a layer running its backward (its
+        gradients in flight and, under full recompute, its recomputed activations: arrays.layer_working_bytes);
+        plus, with ZeRO-3, what the stack holds gathered (arrays.zero3_working_bytes). The allocator allowance is
+        in capacity_bytes()."""
+        from planner.cost.arrays import layer_working_bytes, zero3_working_bytes
 
-            other += 2 * zero3_gather_bytes(self, cand)
+        other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
+        if stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
+            logits = memory.logits_buffer_bytes(self.spec, self.shape(cand))
+            other = other + logits if self.options.logits_live_in_backward else max(other, logits)
+        if cand.zero_stage >= 3:
+            other += zero3_working_bytes(self, cand)
         return int(other)
 
     def inflight_per_rank(self, cand: Candidate) -> np.ndarray:
@@ -174,7 +178,8 @@ class CostModel:
     def other_per_rank(self, cand: Candidate) -> np.ndarray:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
-        key = ("other", cand.pp, cand.zero_stage >= 3, cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size)
+        key = ("other", cand.pp, cand.zero_stage >= 3, cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size,
+               cand.recompute == "full", cand.tp_overlap)
         found = self.memo.get(key)
         if found is None:
             found = np.full(cand.pp, float(self.stage_other_bytes(cand, 0)))

@@ -25,7 +25,7 @@ from planner.frameworks import load_framework
 def options_for(framework: str, precision: str):
     """CostOptions of a stack (by name or profile path) for a precision recipe."""
     b = load_framework(framework).behaviour
-    k, o = b.kernels, b.overlap
+    k, o, m = b.kernels, b.overlap, b.memory
     return CostOptions(
         flash_attention=(k.fused_attention and precision != "fp32"),
         fused_kernels=None,
@@ -37,4 +37,7 @@ def options_for(framework: str, precision: str):
         grad_reduce_fp32=b.memory.grad_reduce_fp32,
         selective_mode=b.memory.selective_recompute, attention_kernel=k.attention_kernel,
         moe_hierarchical=o.moe_hierarchical_dispatch,
+        logits_live_in_backward=m.logits_live_in_backward, zero3_gather_unit=m.zero3_gather_unit, zero3_max_live_params=m.zero3_max_live_params,
+        zero3_reduce_bucket_params=m.zero3_reduce_bucket_params, zero3_grads_fp32=m.zero3_grads_fp32,
+        zero3_step_fp32_grad_params=m.zero3_step_fp32_grad_params,
     )

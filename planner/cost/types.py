@@ -69,6 +69,11 @@ class CostOptions:
         priced at the device family's measured rate for the model's head dim (calibration.attention_rate_for).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
         (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
+    logits_live_in_backward: the fp32 logits stay allocated through the layers' backward (else the loss's phase and
+        a layer's backward phase do not overlap: CostModel.stage_other_bytes).
+    zero3_gather_unit, zero3_max_live_params, zero3_reduce_bucket_params, zero3_grads_fp32,
+        zero3_step_fp32_grad_params: how the stack holds ZeRO-3 memory (behaviour.memory; memory.zero3_working_set_bytes,
+        measured by benchmarks/gpu_memory.py).
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
     """
 
@@ -84,6 +89,12 @@ class CostOptions:
     zero3_prefetch_layers: int = 1
     main_grads_fp32: bool = True
     allocator_fraction: float | None = None
+    logits_live_in_backward: bool = False
+    zero3_gather_unit: str = "block"
+    zero3_max_live_params: float = 0.0
+    zero3_reduce_bucket_params: float = 0.0
+    zero3_grads_fp32: bool = True
+    zero3_step_fp32_grad_params: float = 0.0
     pp_scatter_gather: bool = False
     grad_reduce_fp32: bool = True
     selective_mode: str = "attention_core"

@@ -184,3 +184,20 @@ def active_params(spec: ModelSpec) -> int:
     moe = moe_params(spec)
     skipped = (moe.num_experts - moe.top_k) * moe.per_expert
     return total_params(spec) - spec.num_moe_layers * skipped
+
+
+def largest_linear_params(spec: ModelSpec) -> int:
+    """Parameters of the largest single weight-holding sub-module (what a per-module ZeRO-3 such as DeepSpeed's
+    gathers at once): the fused QKV projection, the output projection, the FFN input projection (fused gate and
+    up for gated units, as Megatron-LM builds it), one expert's or the shared experts' input projection, or the
+    embedding / LM head table. MLA attention is bounded by its whole attention block."""
+    h, d = spec.hidden_size, spec.dim_per_head
+    gate = 2 if spec.gated else 1
+    if spec.mla is not None:
+        attention = attention_params(spec)
+    else:
+        attention = max(h * (spec.num_attention_heads + 2 * spec.kv_heads) * d, spec.num_attention_heads * d * h)
+    ffn = gate * h * spec.ffn_hidden_size
+    if spec.moe is not None:
+        ffn = max(ffn, gate * h * spec.moe.expert_ffn_hidden_size, gate * h * spec.moe.shared_ffn_hidden_size)
+    return max(attention, ffn, spec.vocab_size * h)

@@ -161,6 +161,20 @@ class MemoryHabits(Schema):
                                               "or the norms and MLA up-projections (DeepSeek-V3)")
     grad_reduce_fp32: bool = Field(default=True, description="gradients reduced across data-parallel ranks in fp32 "
                                                              "(else in the 16-bit training dtype)")
+    logits_live_in_backward: bool = Field(default=False, description="the loop keeps the loss's fp32 logits alive "
+                                          "through the layers' backward (a HuggingFace model's output object holds them)")
+    zero3_gather_unit: Literal["block", "module"] = Field(
+        default="block", description="what ZeRO-3 gathers at once: a whole block (FSDP, Megatron-FSDP) or one "
+                                     "sub-module (DeepSpeed ZeRO-3's per-module hooks)")
+    zero3_max_live_params: float = Field(default=0, ge=0, le=1e12, description="gathered parameters a per-module "
+                                         "ZeRO-3 keeps resident (DeepSpeed stage3_max_live_parameters)")
+    zero3_reduce_bucket_params: float = Field(default=0, ge=0, le=1e12, description="elements of the contiguous "
+                                              "16-bit gradient bucket ZeRO-3 allocates once (DeepSpeed reduce_bucket_size)")
+    zero3_grads_fp32: bool = Field(default=True, description="under ZeRO-3 the gradient partition is fp32; False: "
+                                   "the 16-bit dtype, cast to fp32 only in the optimizer step (DeepSpeed stage 3)")
+    zero3_step_fp32_grad_params: float = Field(default=0, ge=0, le=1e12, description="with zero3_grads_fp32 false: "
+                                               "parameters whose fp32 gradient copies the optimizer step holds at once "
+                                               "(DeepSpeed: two sub-groups of sub_group_size)")
     source: str = Sourced
 
 
