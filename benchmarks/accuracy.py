@@ -36,6 +36,7 @@ import published_runs as P  # noqa: E402
 from planner.cost.calibration import CALIBRATION_FILE, device_calibration  # noqa: E402
 from planner.cost.compute import peak_tflops  # noqa: E402
 from planner.cost.derivation import implied_ceiling  # noqa: E402
+from planner.cost.evaluate import Evaluation  # noqa: E402
 from planner.cost.model import Candidate, CostModel  # noqa: E402
 from planner.models import counting  # noqa: E402
 from planner.schemas.plan import PlanRequest  # noqa: E402
@@ -305,7 +306,7 @@ def llm_analysis_line(rows: list[dict]) -> str:
     """llm-analysis at 0.5 FLOP efficiency beside the planner (leave-one-source-out) and the naive estimate, on the
     runs llm-analysis can express (benchmarks/llm_analysis_baseline.py), or how to install it."""
     if not llm_analysis_baseline.available():
-        return ("llm-analysis: not installed (pip install --no-deps llm-analysis==0.2.2 'fire>=0.5,<0.6' for its column; "
+        return ("llm-analysis: not installed (pip install --no-deps llm-analysis==0.2.2 'fire>=0.5,<0.6' termcolor for its column; "
                 "benchmarks/llm_analysis_baseline.py)")
     same = [r for r in rows if r.get("llm_analysis_error", float("nan")) == r.get("llm_analysis_error")]
     return (f"llm-analysis (0.5 efficiency) on the {len(same)} runs it expresses: {summary([r['llm_analysis_error'] for r in same])}; "
@@ -313,9 +314,9 @@ def llm_analysis_line(rows: list[dict]) -> str:
             f"naive: {summary([r['naive_error'] for r in same])}")
 
 
-def published_oom_line(run_id: str, gpus: int, quote: str, path: Path = RUNS_FILE) -> str:
-    """Whether the model flags a published out-of-memory configuration: the run's chosen settings at `gpus` GPUs
-    (the same per-GPU batch)."""
+def published_oom(run_id: str, gpus: int, path: Path = RUNS_FILE) -> tuple[Evaluation, Evaluation, int]:
+    """(evaluation at `gpus`, evaluation of the run itself, the run's GPU count): the run's chosen settings moved
+    to `gpus` GPUs with the same per-GPU batch, as the source describes its out-of-memory configuration."""
     raw = json.loads(path.read_text(encoding="utf-8"))
     run = next(r for r in (raw["runs"] if isinstance(raw, dict) else raw) if r["id"] == run_id)
     case = build_case(run)
@@ -326,9 +327,15 @@ def published_oom_line(run_id: str, gpus: int, quote: str, path: Path = RUNS_FIL
     scale = gpus / case.request.gpus
     failed = CostModel(request, calibration=cost_model(case, None).cal).evaluate(
         dataclasses.replace(cand, dp=int(cand.dp * scale)))
+    return failed, ev, case.request.gpus
+
+
+def published_oom_line(run_id: str, gpus: int, quote: str, path: Path = RUNS_FILE) -> str:
+    """Whether the model flags a published out-of-memory configuration (published_oom)."""
+    failed, ev, run_gpus = published_oom(run_id, gpus, path)
     verdict = "flagged" if not failed.fits else "NOT flagged"
     return (f"published OOM {run_id} at {gpus} GPUs: predicted {failed.peak_bytes / 2**30:.1f} of "
-            f"{failed.capacity_bytes / 2**30:.1f} GiB ({verdict}; the run itself at {case.request.gpus} GPUs: "
+            f"{failed.capacity_bytes / 2**30:.1f} GiB ({verdict}; the run itself at {run_gpus} GPUs: "
             f"{ev.peak_bytes / 2**30:.1f} GiB); {quote}")
 
 

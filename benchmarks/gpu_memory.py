@@ -13,7 +13,8 @@ recomputed layer holds during its backward, and what a ZeRO-3 stack keeps gather
 Each case runs in its own process (a fresh caching allocator, one torch.distributed world of 1 rank), trains
 three steps of a GPT decoder (LayerNorm, GeLU MLP of 4h, causal attention) on random tokens, and reports for the
 third step: bytes allocated before it, the peak of forward + backward, the peak of the optimizer step, and the
-bytes allocated after it (torch.cuda.max_memory_allocated / memory_allocated after reset_peak_memory_stats).
+bytes allocated after it (torch.cuda.max_memory_allocated / memory_allocated after reset_peak_memory_stats), and
+the caching allocator's reserved peak of each phase (max_memory_reserved: what the stack's fragmentation costs).
 Attention: "flash" = SDPA's flash backend (keeps the log-sum-exp only), "math" = an explicit softmax that keeps
 its probabilities (a*s^2*b bf16 elements), as the pre-FlashAttention stacks did.
 """
@@ -176,6 +177,7 @@ def run_case(name: str, size: dict, device: str) -> dict:
     cuda = device == "cuda"
     mem = (lambda: torch.cuda.memory_allocated()) if cuda else (lambda: 0)
     peak = (lambda: torch.cuda.max_memory_allocated()) if cuda else (lambda: 0)
+    peak_reserved = (lambda: torch.cuda.max_memory_reserved()) if cuda else (lambda: 0)
     reset = torch.cuda.reset_peak_memory_stats if cuda else (lambda: None)
     row = {}
     for i in range(3):
@@ -185,11 +187,12 @@ def run_case(name: str, size: dict, device: str) -> dict:
         reset()
         before = mem()
         update = step(ids)
-        fwd_bwd_peak, after_backward = peak(), mem()
+        fwd_bwd_peak, after_backward, fwd_bwd_reserved = peak(), mem(), peak_reserved()
         reset()
         update()
         row = {"allocated_before_bytes": before, "fwd_bwd_peak_bytes": fwd_bwd_peak,
-               "after_backward_bytes": after_backward, "step_peak_bytes": peak(), "allocated_after_bytes": mem()}
+               "after_backward_bytes": after_backward, "step_peak_bytes": peak(), "allocated_after_bytes": mem(),
+               "fwd_bwd_peak_reserved_bytes": fwd_bwd_reserved, "step_peak_reserved_bytes": peak_reserved()}
     torch.distributed.destroy_process_group()
     return {"case": name, "stack": stack, "attention": attention, "recompute": recompute, "ds": extra,
             "size": size, "params": counts, **row}

@@ -14,6 +14,10 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
   hai-llm;
 - precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
+- dropout: no source states it, so the model spec leaves it unsaid (ModelSpec.dropout None) and the stack's
+  default applies (frameworks/<stack>.yaml behaviour.defaults: Megatron-LM, Megatron-Core and Megatron-DeepSpeed
+  default to 0.1 attention and hidden dropout, the others to none);
+- pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
   schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
   stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
@@ -213,7 +217,8 @@ def schedule_of(run: dict) -> tuple[str | None, int | None]:
     text = (train.get("pipeline_schedule") or "").lower()
     if pp == 1:
         return "1f1b", 1
-    if "interleav" in text and "not stated" not in text:
+    unstated = "not stated" in text or "no interleaving stated" in text  # interleaving unsaid: the planner's choice
+    if "interleav" in text and not unstated:
         vpp = train.get("virtual_pipeline_stages") or (int(m.group(1)) if (m := re.search(r"(\d+) interleaving", text)) else None)
         return "interleaved", vpp
     if "dualpipe" in text:  # bidirectional, backward split into input and weight parts: the zero-bubble family

@@ -47,6 +47,7 @@ class Shape:
     dropout: bool = False
     fused_kernels: bool = True
     fp8_inputs: bool = False  # fp8 recipe: GEMMs save their fp8-cast inputs for backward (1 byte per element)
+    softmax_in_place: bool = False  # unfused attention: the softmax backward overwrites its output gradient
 
     @property
     def kernels(self) -> "KernelBytes":

@@ -129,7 +129,9 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
 def backward_transient_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) -> float:
     """Gradient tensors one layer's backward holds beyond what it saved: an elementwise op's backward reads the
     gradient of its output and writes that of its input, both alive at once (16-bit each). The largest such pair:
-    without fused attention the softmax over the s x s scores per head (2 * a*s^2*b elements), else the FFN
+    without fused attention the softmax over the s x s scores per head (2 * a*s^2*b elements; a*s^2*b when the
+    stack's fused softmax backward runs in place, megatron/fused_kernels/scaled_upper_triang_masked_softmax_cuda.cu
+    "backward pass is completely in-place"), else the FFN
     activation function (output f wide, input f wide, or 2f for a gated unit: Megatron's fused SwiGLU takes
     the 2f-wide fc1 output; HuggingFace's act(gate) * up holds f + f + f), or for MoE layers the same over the
     routed tokens (what one GPU receives, as decoder_activation_bytes) or the shared experts.
@@ -142,8 +144,8 @@ def backward_transient_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
         cfg = spec.moe
         routed = s * b * cfg.top_k * (cfg.capacity_factor or 1.0)
         largest = max(s * b * pair * cfg.shared_ffn_hidden_size, routed * pair * cfg.expert_ffn_hidden_size)
-    if not shape.flash_attention:
-        largest = max(largest, 2 * spec.num_attention_heads * s * (s * shape.cp) * b)
+    if not shape.flash_attention:  # an in-place softmax backward (Megatron's fused kernel) writes no second tensor
+        largest = max(largest, (1 if shape.softmax_in_place else 2) * spec.num_attention_heads * s * (s * shape.cp) * b)
     return 2 * largest / t
 
 

@@ -43,6 +43,8 @@ class CostModel:
             from planner.cost.stack import options_for
 
             options = options_for(request.framework, request.precision)
+        if self.spec.dropout is not None and self.spec.dropout != options.dropout:  # the model says; else the stack's default
+            options = dataclasses.replace(options, dropout=self.spec.dropout)
         self.options = options
         fused = options.fused_kernels
         self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
@@ -139,7 +141,8 @@ class CostModel:
     def shape(self, cand: Candidate) -> Shape:
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
                      ep=L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp), sp=cand.sp, flash_attention=self.flash_attention,
-                     dropout=self.options.dropout, fused_kernels=self.fused_kernels, fp8_inputs=self.request.precision == "fp8")
+                     dropout=self.options.dropout, fused_kernels=self.fused_kernels, fp8_inputs=self.request.precision == "fp8",
+                     softmax_in_place=self.options.softmax_in_place)
 
     # --- schedule-dependent terms -----------------------------------------------------------------------
 

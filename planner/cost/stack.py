@@ -27,7 +27,7 @@ def options_for(framework: str, precision: str):
     b = load_framework(framework).behaviour
     k, o, m = b.kernels, b.overlap, b.memory
     return CostOptions(
-        flash_attention=(k.fused_attention and precision != "fp32"),
+        flash_attention=(k.fused_attention and precision != "fp32"), dropout=b.defaults.dropout,
         fused_kernels=None,
         dp_overlap=o.dp_grad_reduce, dp_gather_overlap=o.dp_param_gather, pp_overlap=o.pp_send_recv,
         tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
@@ -37,7 +37,7 @@ def options_for(framework: str, precision: str):
         grad_reduce_fp32=b.memory.grad_reduce_fp32,
         selective_mode=b.memory.selective_recompute, attention_kernel=k.attention_kernel,
         moe_hierarchical=o.moe_hierarchical_dispatch,
-        logits_live_in_backward=m.logits_live_in_backward, zero3_gather_unit=m.zero3_gather_unit, zero3_max_live_params=m.zero3_max_live_params,
+        logits_live_in_backward=m.logits_live_in_backward, softmax_in_place=k.softmax_backward_in_place, zero3_gather_unit=m.zero3_gather_unit, zero3_max_live_params=m.zero3_max_live_params,
         zero3_reduce_bucket_params=m.zero3_reduce_bucket_params, zero3_grads_fp32=m.zero3_grads_fp32,
         zero3_step_fp32_grad_params=m.zero3_step_fp32_grad_params,
     )

@@ -45,7 +45,8 @@ class CostOptions:
     fused_kernels: fused norm/activation/RoPE kernels; None = on for bf16 and fp8 (the Megatron-LM/torchtitan
         recipes with bf16 parameters), off for amp-bf16 and fp32 (plain PyTorch with torch.autocast or none, as
         HuggingFace transformers runs: eager fp32 norms, unfused SwiGLU and RoPE; compute.KernelBytes).
-    dropout: dropout layers present (GPT-3-era models); adds masks to activations and memory traffic.
+    dropout: dropout layers present (GPT-3-era models); adds masks to activations and memory traffic. Taken from
+        the model spec when it says (ModelSpec.dropout), else the stack's default (behaviour.defaults.dropout).
     dp_overlap: gradient reduction overlapped with backward (Megatron --overlap-grad-reduce, FSDP, DeepSpeed
         ZeRO overlap_comm); False = the reduction starts after the last backward (2021-22 Megatron-LM, DeepSpeed
         PipelineEngine).
@@ -69,6 +70,7 @@ class CostOptions:
         priced at the device family's measured rate for the model's head dim (calibration.attention_rate_for).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
         (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
+    softmax_in_place: the unfused softmax's backward overwrites its output gradient (kernels.softmax_backward_in_place).
     logits_live_in_backward: the fp32 logits stay allocated through the layers' backward (else the loss's phase and
         a layer's backward phase do not overlap: CostModel.stage_other_bytes).
     zero3_gather_unit, zero3_max_live_params, zero3_reduce_bucket_params, zero3_grads_fp32,
@@ -90,6 +92,7 @@ class CostOptions:
     main_grads_fp32: bool = True
     allocator_fraction: float | None = None
     logits_live_in_backward: bool = False
+    softmax_in_place: bool = False
     zero3_gather_unit: str = "block"
     zero3_max_live_params: float = 0.0
     zero3_reduce_bucket_params: float = 0.0

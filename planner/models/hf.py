@@ -15,7 +15,8 @@ size (num_positions), whatever the seq_len.
 Ignored, as they hold no parameters and do not change matmul FLOPs: rope_theta/rope_scaling/rope_parameters,
 partial rotary (NeoX rotary_pct, Phi-3), sliding_window and layer_types (attention FLOPs are counted as full
 causal attention, an overestimate only for seq_len > sliding_window), soft-capping (Gemma2), Granite's
-multipliers, parallel residual/attention data flow (NeoX, Falcon), dropout and initialisation settings.
+multipliers, parallel residual/attention data flow (NeoX, Falcon), and initialisation settings. Dropout is kept as
+one flag (ModelSpec.dropout: any probability > 0; None when the config names none).
 Configurations the schema cannot express raise BadInputError naming the key, its value and the fix: OPT
 word_embed_proj_dim != hidden_size or without its final LayerNorm, Qwen-MoE mlp_only_layers other than the
 leading layers, DeepSeek moe_layer_freq not dividing first_k_dense_replace or attention_bias, GPT-2 cross-attention.
@@ -61,6 +62,17 @@ IMPORTERS: dict[str, Importer] = {
 }
 
 
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout",
+                "activation_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "ffn_dropout")
+
+
+def dropout_of(data: dict[str, Any]) -> bool | None:
+    """Whether the config trains with dropout: True when any dropout probability it sets is > 0, False when it
+    sets them and all are 0 (Llama, Mixtral, BLOOM, NeoX), None when it names none (the framework's default)."""
+    probabilities = [data[k] for k in DROPOUT_KEYS if isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)]
+    return None if not probabilities else any(p > 0 for p in probabilities)
+
+
 def supported_model_types() -> list[str]:
     """model_type values spec_from_hf_config understands."""
     return sorted(IMPORTERS)
@@ -99,6 +111,7 @@ def spec_from_hf_config(
         cfg = HFConfig(data, where, importer.defaults)
         cfg.require_values(importer.expects)
         fields = importer.build(cfg)
+        fields["dropout"] = dropout_of(data)
         fields["name"] = name or _default_name(data, path, model_type)
         fields["source"] = f"HuggingFace config.json ({model_type}): {where}"
         return ModelSpec.model_validate(fields)

@@ -148,6 +148,9 @@ class Kernels(Schema):
         "Engine's FusedAttention); priced at the device family's measured rate (planner/cost/calibration.yaml)")
     fused_norm: bool
     fused_activation: bool
+    softmax_backward_in_place: bool = Field(default=False, description="without fused attention: the softmax "
+                                            "backward overwrites its output gradient (Megatron's fused scaled-masked "
+                                            "softmax) instead of writing a second s x s tensor")
     source: str = Sourced
 
 
@@ -178,10 +181,18 @@ class MemoryHabits(Schema):
     source: str = Sourced
 
 
+class TrainingDefaults(Schema):
+    """What the stack does when neither the model nor the request says (a model spec's None fields)."""
+
+    dropout: bool = Field(default=False, description="dropout layers on by default (attention and hidden dropout)")
+    source: str = Field(default="no dropout unless the model says", min_length=1)
+
+
 class Behaviour(Schema):
     overlap: Overlap
     kernels: Kernels
     memory: MemoryHabits
+    defaults: TrainingDefaults = Field(default_factory=TrainingDefaults)
 
 
 class ExportNaming(Schema):

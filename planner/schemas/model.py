@@ -99,6 +99,8 @@ class ModelSpec(InputSchema):
         description="rows of the learned position table (HF max_position_embeddings, +2 for OPT); None = seq_len",
     )
     embedding_norm: bool = Field(default=False, description="LayerNorm right after the embedding (BLOOM)")
+    dropout: bool | None = Field(default=None, description="dropout in training (attention or hidden dropout > 0): "
+                                 "masks saved and applied; None = unsaid: the framework's default (behaviour.defaults)")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     source: str | None = Field(default=None, description="where the numbers come from")

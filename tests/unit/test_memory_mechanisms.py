@@ -138,3 +138,25 @@ def test_memory_benchmark_runs_its_code_path_on_cpu(tmp_path):
     cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
     assert set(cases) == {"torch-full-math", "fsdp2-full-flash-wide"}
     assert all("error" not in c and c["params"]["total"] > 0 for c in cases.values()), cases
+
+
+def test_dropout_is_the_model_s_when_it_says_else_the_stack_s_default():
+    """ModelSpec.dropout None (unsaid) takes the framework's behaviour.defaults.dropout (Megatron's arguments.py
+    defaults to 0.1 attention and hidden dropout; torchtitan has none); a model that says wins."""
+    request = api.build_request(model="mt-nlg-530b", topology="dgx-a100-80g", gpus=64, global_batch_size=64, seq_len=2048)
+    unsaid = request.model.model_copy(update={"dropout": None})
+    said = request.model.model_copy(update={"dropout": False})
+    for framework, default in (("megatron-core", True), ("megatron-lm", True), ("deepspeed", True), ("torchtitan", False)):
+        assert CostModel(request.model_copy(update={"framework": framework, "model": unsaid})).options.dropout is default
+        assert CostModel(request.model_copy(update={"framework": framework, "model": said})).options.dropout is False
+    llama = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=8, global_batch_size=8, framework="megatron-core")
+    assert llama.model.dropout is False and CostModel(llama).options.dropout is False
+
+
+def test_dropout_of_a_huggingface_config():
+    from planner.models.hf import dropout_of
+
+    assert dropout_of({"attention_dropout": 0.0, "hidden_dropout": 0.0}) is False
+    assert dropout_of({"resid_pdrop": 0.1, "attn_pdrop": 0.1}) is True
+    assert dropout_of({"hidden_size": 4096}) is None
+    assert dropout_of({"dropout": True}) is None  # a flag, not a probability: unsaid
