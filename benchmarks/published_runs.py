@@ -14,9 +14,10 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
   hai-llm;
 - precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
-- dropout: no source states it, so the model spec leaves it unsaid (ModelSpec.dropout None) and the stack's
-  default applies (frameworks/<stack>.yaml behaviour.defaults: Megatron-LM, Megatron-Core and Megatron-DeepSpeed
-  default to 0.1 attention and hidden dropout, the others to none);
+- dropout: no source states it. Gated activations imply none (the Llama convention, as for RMSNorm and RoPE:
+  Llama, Mixtral, DeepSeek and Qwen configs set 0); otherwise the model spec leaves it unsaid (ModelSpec.dropout
+  None) and the stack's default applies (frameworks/<stack>.yaml behaviour.defaults: Megatron-LM, Megatron-Core
+  and Megatron-DeepSpeed default to 0.1 attention and hidden dropout, the others to none);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
   schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
@@ -139,6 +140,7 @@ def model_spec(run: dict) -> ModelSpec:
         ffn_hidden_size=ffn or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
         vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=m["seq_len"], activation=activation,
         norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
+        dropout=False if gated else None,  # Llama convention: no dropout; GPT-3-style: the stack's default
     )
     if m["hidden"] % m["num_heads"]:
         fields["head_dim"] = m.get("head_dim") or m["hidden"] // m["num_heads"]
