@@ -121,16 +121,6 @@ def module_params_of(model: "CostModel", cand: "Candidate") -> tuple[np.ndarray,
     return model.memo[key]
 
 
-def zero3_gather_bytes(model: "CostModel", cand: "Candidate") -> float:
-    """Bytes of the largest module's weights when gathered (the ZeRO-3 working set of one module)."""
-    key = ("gather", cand.tp, cand.ep, cand.pp > 1)
-    found = model.memo.get(key)
-    if found is None:
-        dense, expert = module_params_of(model, cand)
-        found = model.memo[key] = float(np.max(dense + expert)) * model.recipe.gather_bytes
-    return found
-
-
 def zero3_working_bytes(model: "CostModel", cand: "Candidate") -> float:
     """What the stack's ZeRO-3 holds gathered at once (memory.zero3_working_set_bytes): two whole blocks, or
     per sub-module (the largest nn.Linear or embedding on this GPU) within the resident-parameter limit; plus the
@@ -178,7 +168,6 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
         ep_s=row["ep_fwd_s"] + row["ep_bwd_s"], cp_s=row["cp_fwd_s"] + row["cp_bwd_s"], bwd_compute_s=compute_bwd,
         weight_bytes=weights, grad_bytes=grads, optimizer_bytes=optim, dense_params=dense, expert_params=expert,
         model_fwd_flops=model_f, hw_fwd_flops=hw_f, core_fwd_flops=core_f,
-        zero3_gather_bytes=zero3_gather_bytes(model, cand),
     )
     return dataclasses.replace(detail, prefix=prefix_sums(detail, cand.recompute))
 

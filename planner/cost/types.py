@@ -139,7 +139,6 @@ class Detail:
     model_fwd_flops: np.ndarray  # per sequence, whole module, full-attention convention, no capacity padding
     hw_fwd_flops: np.ndarray  # per sequence, with MoE capacity padding
     core_fwd_flops: np.ndarray  # per sequence, attention core (what selective recompute reruns)
-    zero3_gather_bytes: float  # bytes of the largest module's weights when gathered (ZeRO-3 working set)
     prefix: np.ndarray | None = None  # prefix sums of every evaluate row (planner.cost.arrays.prefix_sums)
 
     @property

@@ -160,3 +160,18 @@ def test_dropout_of_a_huggingface_config():
     assert dropout_of({"resid_pdrop": 0.1, "attn_pdrop": 0.1}) is True
     assert dropout_of({"hidden_size": 4096}) is None
     assert dropout_of({"dropout": True}) is None  # a flag, not a probability: unsaid
+
+
+def test_an_in_place_softmax_backward_holds_one_score_gradient():
+    """Megatron's fused scaled-masked softmax overwrites its output gradient (its CUDA source: "backward pass is
+    completely in-place"): without fused attention the gradient pair over the s x s scores is one tensor, not two."""
+    from planner.cost.compute import Shape
+
+    spec = api.build_request(model="gpt3-175b", topology="dgx-a100-80g", gpus=8, global_batch_size=8, seq_len=2048).model
+    scores = spec.num_attention_heads * 2048 * 2048 * 2 * 2 / 8  # a*s^2*b bf16 elements, b = 2, tp = 8
+    eager = Shape(microbatch_size=2, seq_len=2048, tp=8, flash_attention=False)
+    fused = Shape(microbatch_size=2, seq_len=2048, tp=8, flash_attention=False, softmax_in_place=True)
+    assert memory.backward_transient_bytes(spec, eager, moe_layer=False) == pytest.approx(2 * scores)
+    assert memory.backward_transient_bytes(spec, fused, moe_layer=False) == pytest.approx(scores)
+    assert load_framework("megatron-lm").behaviour.kernels.softmax_backward_in_place
+    assert not load_framework("torchtitan").behaviour.kernels.softmax_backward_in_place
