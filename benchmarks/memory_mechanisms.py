@@ -6,9 +6,9 @@ For every measured case it prints the measured peak above the bytes allocated be
 planner's formulas (planner/cost/memory.py) charge for the same step, term by term:
 - plain torch (bf16 weights, no optimizer state): the gradients (2 bytes per parameter), the activations every
   layer saves for its recompute mode, the head (final norm and LM-head inputs, the fp32 softmax the loss keeps),
-  and the larger of two phases: the fp32 logits buffer of the loss, or, in a layer's backward, under full recompute the working set of the layer being recomputed
-  (memory.recompute_working_set_bytes: its activations without recompute less the checkpoint already counted),
-  and in every mode the gradients in flight in one layer's backward (memory.backward_transient_bytes);
+  and the larger of two phases: the fp32 logits buffer of the loss, or a layer's backward, which holds the
+  gradients in flight (memory.backward_transient_bytes) and, under full recompute, the working set of the layer
+  being recomputed (memory.recompute_working_set_bytes: its activations without recompute less its checkpoint);
 - DeepSpeed ZeRO-3: the same activations; the states before the step (16 bytes per parameter: bf16 weight and
   gradient partitions, fp32 master, Adam m and v) plus the contiguous reduce bucket; the live set of gathered
   weights and the unsharded gradient of the module in backward (memory.zero3_working_set_bytes, per module bounded
@@ -69,7 +69,7 @@ def stack_terms(case: dict) -> tuple[dict, float]:
         ds = case["ds"]
         live = memory.zero3_working_set_bytes(params["largest_linear"], gather_bytes=2, unit="module",
                                               max_live_params=ds["max_live"])
-        before = 16 * n + memory.DEEPSPEED_REDUCE_BUCKET_BYTES * ds["reduce_bucket"]
+        before = 16 * n + memory.reduce_bucket_bytes(ds["reduce_bucket"])
         return {"zero3 live weights and gradient": live, **terms}, before
     live = memory.zero3_working_set_bytes(params["block"], gather_bytes=2, unit="block", max_live_params=0)
     return {"grads (fp32)": 4 * n, "zero3 gathered blocks": live, **terms}, 12 * n

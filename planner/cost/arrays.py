@@ -137,7 +137,7 @@ def zero3_working_bytes(model: "CostModel", cand: "Candidate") -> float:
             unit_params = float(np.max(dense + expert))
         found = memory.zero3_working_set_bytes(unit_params, gather_bytes=gather, unit=o.zero3_gather_unit,
                                                max_live_params=o.zero3_max_live_params)
-        found += o.zero3_reduce_bucket_params * memory.DEEPSPEED_REDUCE_BUCKET_BYTES
+        found += memory.reduce_bucket_bytes(o.zero3_reduce_bucket_params)
         model.memo[key] = found
     return found
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from planner.cost import autocast, comm, contention, schedule
 from planner.cost.arrays import ROWS
-from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED
+from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
 from planner.errors import BadInputError
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
 from planner.units import GiB
@@ -302,10 +302,8 @@ def _step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.nd
     o = model.options
     if cand.zero_stage < 3 or o.zero3_grads_fp32 or not o.zero3_step_fp32_grad_params:
         return 0.0
-    from planner.cost.memory import DEEPSPEED_REDUCE_BUCKET_BYTES
-
     local = row["dense"] / (cand.dp * cand.cp) + row["expert"] / max(1, cand.dp * cand.cp // cand.ep)
-    return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + o.zero3_reduce_bucket_params * DEEPSPEED_REDUCE_BUCKET_BYTES
+    return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + reduce_bucket_bytes(o.zero3_reduce_bucket_params)
 
 
 def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
@@ -324,7 +322,7 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
         allocated = np.maximum(allocated, step_peak)
     if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
             dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
-        weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, fixed.other)
+        weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, other)
         static = weights + grads + optimizer
     peak = allocated * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
     table = np.vstack([weights, grads, optimizer, acts, peak - static - acts, peak])

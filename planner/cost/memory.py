@@ -178,6 +178,11 @@ training dtype, allocated once: deepspeed/runtime/zero/stage3.py __ipg_bucket_fl
 difference of the static bytes with reduce_bucket_size 5e8 and 1e7 (profiles/memory-h200.json)."""
 
 
+def reduce_bucket_bytes(bucket_params: float) -> float:
+    """The contiguous gradient bucket a ZeRO-3 stack allocates once (behaviour.memory.zero3_reduce_bucket_params)."""
+    return bucket_params * DEEPSPEED_REDUCE_BUCKET_BYTES
+
+
 def embedding_activation_bytes(spec: ModelSpec, shape: Shape) -> float:
     """The embedding keeps the token ids (int64) and, with dropout, its 1-byte mask of T*h (/t with SP)."""
     ids = 8 * shape.tokens

@@ -154,10 +154,10 @@ class CostModel:
 
     def stage_other_bytes(self, cand: Candidate, stage: int) -> int:
         """The larger of two phases that do not overlap: the loss's logits buffer on the last pipeline rank (fp32
-        T*V/t, freed once the head's backward is done, unless options.logits_live_in_backward) and the transient bytes of a layer running its backward (its
-        gradients in flight and, under full recompute, its recomputed activations: arrays.layer_working_bytes);
-        plus, with ZeRO-3, what the stack holds gathered (arrays.zero3_working_bytes). The allocator allowance is
-        in capacity_bytes()."""
+        T*V/t, freed once the head's backward is done, unless options.logits_live_in_backward) and the transient
+        bytes of a layer running its backward (its gradients in flight and, under full recompute, its recomputed
+        activations: arrays.layer_working_bytes); plus, with ZeRO-3, what the stack holds gathered
+        (arrays.zero3_working_bytes). The allocator allowance is in capacity_bytes()."""
         from planner.cost.arrays import layer_working_bytes, zero3_working_bytes
 
         other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
