@@ -16,8 +16,9 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
 - dropout: no source states it. Gated activations imply none (the Llama convention, as for RMSNorm and RoPE:
   Llama, Mixtral, DeepSeek and Qwen configs set 0); otherwise the model spec leaves it unsaid (ModelSpec.dropout
-  None) and the stack's default applies (frameworks/<stack>.yaml behaviour.defaults: Megatron-LM, Megatron-Core
-  and Megatron-DeepSpeed default to 0.1 attention and hidden dropout, the others to none);
+  None) and the stack's default applies (frameworks/<stack>.yaml behaviour.defaults: 2021-22 Megatron-LM and
+  Megatron-DeepSpeed default to 0.1 attention and hidden dropout; Megatron-Core's large-model recipes and the
+  other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
   schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the

@@ -141,14 +141,17 @@ def test_memory_benchmark_runs_its_code_path_on_cpu(tmp_path):
 
 
 def test_dropout_is_the_model_s_when_it_says_else_the_stack_s_default():
-    """ModelSpec.dropout None (unsaid) takes the framework's behaviour.defaults.dropout (Megatron's arguments.py
-    defaults to 0.1 attention and hidden dropout; torchtitan has none); a model that says wins."""
+    """ModelSpec.dropout None (unsaid) takes the framework's behaviour.defaults.dropout (2021-22 Megatron-LM and
+    Megatron-DeepSpeed default to 0.1 attention and hidden dropout; Megatron-Core's large-model recipes and
+    torchtitan train without); a model that says wins."""
     request = api.build_request(model="mt-nlg-530b", topology="dgx-a100-80g", gpus=64, global_batch_size=64, seq_len=2048)
     unsaid = request.model.model_copy(update={"dropout": None})
     said = request.model.model_copy(update={"dropout": False})
-    for framework, default in (("megatron-core", True), ("megatron-lm", True), ("deepspeed", True), ("torchtitan", False)):
+    for framework, default in (("megatron-core", False), ("megatron-lm", True), ("deepspeed", True), ("torchtitan", False)):
         assert CostModel(request.model_copy(update={"framework": framework, "model": unsaid})).options.dropout is default
         assert CostModel(request.model_copy(update={"framework": framework, "model": said})).options.dropout is False
+        spoken = request.model.model_copy(update={"dropout": True})
+        assert CostModel(request.model_copy(update={"framework": framework, "model": spoken})).options.dropout is True
     llama = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=8, global_batch_size=8, framework="megatron-core")
     assert llama.model.dropout is False and CostModel(llama).options.dropout is False
 
