@@ -220,7 +220,7 @@ def schedule_of(run: dict) -> tuple[str | None, int | None]:
     text = (train.get("pipeline_schedule") or "").lower()
     if pp == 1:
         return "1f1b", 1
-    unstated = "not stated" in text or "no interleaving stated" in text  # interleaving unsaid: the planner's choice
+    unstated = "not stated" in text or "no interleaving stated" in text  # interleaving unsaid: the rest of the text decides (1F1B)
     if "interleav" in text and not unstated:
         vpp = train.get("virtual_pipeline_stages") or (int(m.group(1)) if (m := re.search(r"(\d+) interleaving", text)) else None)
         return "interleaved", vpp

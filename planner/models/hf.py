@@ -69,7 +69,8 @@ DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdro
 def dropout_of(data: dict[str, Any]) -> bool | None:
     """Whether the config trains with dropout: True when any dropout probability it sets is > 0, False when it
     sets them and all are 0 (Llama, Mixtral, BLOOM, NeoX), None when it names none (the framework's default)."""
-    probabilities = [data[k] for k in DROPOUT_KEYS if isinstance(data.get(k), (int, float)) and not isinstance(data.get(k), bool)]
+    values = [data.get(k) for k in DROPOUT_KEYS]
+    probabilities = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return None if not probabilities else any(p > 0 for p in probabilities)
 
 
