@@ -1,4 +1,4 @@
-"""Accuracy of the cost model against every published run of ../shared/validation/published_runs.json.
+"""Accuracy of the cost model against every published run of validation/published_runs.json.
 
 One general conversion (benchmarks/published_runs.py, no per-run table): the run's model, cluster and software
 stack; the published settings fixed and the unsaid ones chosen by the planner's own rule (the fastest that fits
@@ -41,7 +41,7 @@ from planner.cost.model import Candidate, CostModel  # noqa: E402
 from planner.models import counting  # noqa: E402
 from planner.schemas.plan import PlanRequest  # noqa: E402
 
-RUNS_FILE = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published_runs.json"
+RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
 SATURATED = 0.999
 # Published configurations that did NOT fit (stated in a run's source, not a run of the file): (the run whose
 # source says it, the GPU count it failed at with the run's other settings, the quote). The check: predicted not

@@ -1,4 +1,4 @@
-"""One general conversion of a published run (../shared/validation/published_runs.json) into what the cost model
+"""One general conversion of a published run (validation/published_runs.json) into what the cost model
 evaluates: the model, the cluster, the software stack, the published settings, and the measured step time.
 
 No table of per-run settings. What a source leaves unsaid is resolved by stated rules, the same for every run:

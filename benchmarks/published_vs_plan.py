@@ -1,5 +1,5 @@
 """The plan found vs the published configuration, under the same cost model, for every published run on NVIDIA GPUs
-in ../shared/validation/published_runs.json (codegeex13b ran on Ascend 910: no topology of ours describes it).
+in validation/published_runs.json (codegeex13b ran on Ascend 910: no topology of ours describes it).
 
 For each run: the request (model preset, the closest topology preset scaled to the run's nodes, global batch and
 sequence length), the published configuration as a Candidate (assumptions where the source publishes nothing are
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "validation" / "published_runs.json"
+DEFAULT_RUNS = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
 TOPOLOGY_BY_GPU = (("A100-SXM4-40GB", "dgx-a100-40g"), ("A100 40GB", "dgx-a100-40g"), ("A100", "dgx-a100-80g"),
                    ("H100", "dgx-h100"), ("H800", "hgx-h800"))
 PRESET_BY_FAMILY = {"bloom": "bloom-176b", "glm": "glm-130b", "opt": "opt-175b", "mt-nlg": "mt-nlg-530b",

@@ -1,6 +1,6 @@
 """Single-device accuracy: predicted vs measured step time and peak memory of HF TinyLlama-1.1B training.
 
-Measured: /work/shared/validation/h100_hf_tinyllama.jsonl (one H100 80GB HBM3; HF LlamaForCausalLM at the
+Measured: validation/h100_hf_tinyllama.jsonl (one H100 80GB HBM3; HF LlamaForCausalLM at the
 TinyLlama-1.1B shape, seq 2048, fp32 parameters + bf16 autocast + fused AdamW + SDPA, micro-batch 1-8, with
 and without gradient checkpointing; median step of 6 after 3 warm-up; peak allocated CUDA memory).
 
@@ -44,7 +44,7 @@ from planner.cost.model import CostModel
 from planner.schemas.plan import Configuration, Parallelism
 from planner.units import GiB
 
-VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation" / "h100_hf_tinyllama.jsonl"
+VALIDATION = Path(__file__).resolve().parents[1] / "validation" / "h100_hf_tinyllama.jsonl"
 TOLERANCE = 0.10
 H100_PEAK_BF16_TFLOPS = 989.0  # dense, SXM5 datasheet
 DEVICE_BOUND_MBS = 4  # rows from this micro-batch up derive eager_kernel_s; micro-batch 1 rows derive eager_host_op_s

@@ -1,6 +1,6 @@
 """Apply a plan's parallelisms to the plain reference model, one small function each (torchtitan style).
 
-Order that works (see /work/shared/design/torch-distributed-notes.md): init the full model, cut the
+Order that works (see the design notes on torch.distributed on CPU): init the full model, cut the
 pipeline stage, `apply_ep`, `apply_tp` (or `apply_domino_tp`), `apply_ac`, `apply_dp`, `build_optimizer`.
 The training loop calls `sync_gradients(model)` after the last backward of a step (see `train.train_steps`):
 it runs the gradient reductions that no wrapper does (expert parameters under EP, DTensor/manual-TP

@@ -12,7 +12,7 @@ from planner.cost.calibration import device_calibration
 from planner.schemas.topology import DeviceSpec
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
-RUNS = Path(__file__).resolve().parents[3] / "shared" / "validation" / "published_runs.json"
+RUNS = Path(__file__).resolve().parents[2] / "validation" / "published_runs.json"
 
 needs_runs = pytest.mark.skipif(not RUNS.is_file(), reason="validation data not present")
 DEVICES = {"ampere": DeviceSpec(name="A100-SXM4-80GB", memory_bytes=1, peak_bf16_tflops=312, peak_fp32_tflops=19.5,

@@ -11,7 +11,7 @@ from planner import api
 from planner.cost import memory
 from planner.cost.model import Candidate, CostModel
 
-VALIDATION = Path(__file__).resolve().parents[3] / "shared" / "validation" / "h100_hf_tinyllama.jsonl"
+VALIDATION = Path(__file__).resolve().parents[2] / "validation" / "h100_hf_tinyllama.jsonl"
 
 
 def _rows():

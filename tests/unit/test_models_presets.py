@@ -84,7 +84,7 @@ def test_preset_files_are_plain_spec_files():
         assert load_model(str(path)) == spec  # a path to a spec file resolves to the same spec
 
 
-# Architectures from /work/shared/validation/published_runs.json (field "model"), keyed by run id.
+# Architectures from validation/published_runs.json (field "model"), keyed by run id.
 PUBLISHED_RUN_MODELS = {
     "bloom176b_production": ("bloom-176b", dict(num_layers=70, hidden=14336, ffn_hidden=57344, num_heads=112,
                              num_kv_heads=112, vocab=250680, seq_len=2048, activation="GeLU", position="ALiBi",
@@ -98,7 +98,7 @@ PUBLISHED_RUN_MODELS = {
     "gptneox20b_production": ("gpt-neox-20b", dict(num_layers=44, hidden=6144, ffn_hidden=24576, num_heads=64,
                               num_kv_heads=64, vocab=50257, seq_len=2048, activation="GeLU", untied_embeddings=True)),
 }
-VALIDATION_FILE = Path(__file__).resolve().parents[3] / "shared" / "validation" / "published_runs.json"
+VALIDATION_FILE = Path(__file__).resolve().parents[2] / "validation" / "published_runs.json"
 
 
 @pytest.mark.parametrize("run_id", sorted(PUBLISHED_RUN_MODELS))

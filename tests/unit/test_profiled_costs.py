@@ -146,7 +146,7 @@ def test_each_calibrated_collective_is_priced_at_its_own_rates():
     assert comm.reduce_scatter_s(size, group=link) > comm.all_gather_s(size, group=link) > 0
     assert comm.reduce_scatter_s(size, group=link.without_latency()) < comm.reduce_scatter_s(size, group=link)
 
-VALIDATION = str(Path(__file__).resolve().parents[3] / "shared" / "validation" / "h100_hf_tinyllama.jsonl")
+VALIDATION = str(Path(__file__).resolve().parents[2] / "validation" / "h100_hf_tinyllama.jsonl")
 
 
 def test_autocast_activation_count_for_tinyllama():

@@ -1,4 +1,4 @@
-"""Every published configuration in ../shared/validation/published_runs.json is valid in its framework's profile.
+"""Every published configuration in validation/published_runs.json is valid in its framework's profile.
 
 One general conversion, no per-run table:
 - the stacks a run names: its `training.framework` text, matched by keyword (Megatron -> megatron-core,
@@ -21,7 +21,7 @@ import pytest
 
 from planner.frameworks import Config, interleaved_split_reason, load_framework, refusal
 
-RUNS = Path(__file__).resolve().parents[3] / "shared" / "validation" / "published_runs.json"
+RUNS = Path(__file__).resolve().parents[2] / "validation" / "published_runs.json"
 STACK_KEYWORDS = (("megatron-core", "megatron-core"), ("megatron", "megatron-lm"), ("megatron", "megatron-core"),
                   ("hai-llm", "hai-llm"), ("deepspeed", "deepspeed"), ("torchtitan", "torchtitan"),
                   ("fsdp", "pytorch-fsdp"), ("composer", "pytorch-fsdp"), ("metaseq", "pytorch-fsdp"))
@@ -112,7 +112,7 @@ def verdict(run: dict) -> tuple[str, str]:
     return "refused", "; ".join(f"{stack}: {reason}" for stack, reason in reasons.items())
 
 
-@pytest.mark.skipif(not RUNS.is_file(), reason="../shared/validation/published_runs.json not present")
+@pytest.mark.skipif(not RUNS.is_file(), reason="validation/published_runs.json not present")
 @pytest.mark.parametrize("run", runs(), ids=lambda run: run["id"])
 def test_published_configuration_is_valid_in_its_framework(run):
     status, detail = verdict(run)
@@ -120,7 +120,7 @@ def test_published_configuration_is_valid_in_its_framework(run):
     assert status != "refused", f"{run['id']} really ran but is refused: {detail}"
 
 
-@pytest.mark.skipif(not RUNS.is_file(), reason="../shared/validation/published_runs.json not present")
+@pytest.mark.skipif(not RUNS.is_file(), reason="validation/published_runs.json not present")
 def test_most_runs_are_judged_by_a_profile():
     counts = {}
     for run in runs():
