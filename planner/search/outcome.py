@@ -99,6 +99,8 @@ def describe(cand: Any) -> str:
         parts.append("sp")
     if cand.tp_overlap != "none":
         parts.append(f"tp_overlap={cand.tp_overlap}")
+    if cand.compression.methods:
+        parts.append(f"compression={cand.compression.label}")
     return " ".join(parts)
 
 
