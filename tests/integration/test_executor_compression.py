@@ -37,7 +37,7 @@ def test_gradient_hooks_send_the_predicted_bytes_within_the_loss_bound(tmp_path)
     params = counting.total_params(TINY)
     plain = run(tmp_path, "plain", dp=2)
     assert plain.dp_comm_bytes_per_step is None
-    cases = {"powersgd:1": powersgd_ratio(TINY, 1) * params * 4, "bf16-grads": params * 2.0}
+    cases = {"powersgd:1": powersgd_ratio(TINY, 1) * params * 4, "bf16-grads": params * 2.0, "fp16-grads": params * 2.0}
     for text, predicted in cases.items():
         report = run(tmp_path, text.replace(":", "-"), dp=2, compression=parse_compression(text, node_ranks=8))
         assert report.dp_comm_bytes_per_step == pytest.approx(predicted), text
