@@ -116,8 +116,8 @@ class CostModel:
     def layout_key(self, cand: Candidate) -> tuple:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.tp_overlap,
-                cand.microbatch_size, cand.recompute, cand.axis_order, cand.schedule == "2bw",
-                cand.compression.has("fp8-dispatch"))
+                cand.microbatch_size, cand.recompute, cand.compression.has("fp8-dispatch"), cand.axis_order,
+                cand.schedule == "2bw")
 
     def links(self, cand: Candidate) -> L.Links:
         """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""
