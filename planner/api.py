@@ -102,6 +102,23 @@ def _check_precision(precision: str, topology: Topology) -> None:
                             f"{topology.name!r}): use --precision bf16, or a device with fp8 (H100, H200, B200)")
 
 
+def compression(text: str, topology: Topology, *, auto: bool = False):
+    """A `--compression` value as a Compression (planner.schemas.compression): `none`, `zeropp`, a comma list such
+    as `qwz,hpz,powersgd:4`; `auto` (the search's choice per configuration) where `auto` is allowed. hpz without a
+    size spans a node (at most the data-parallel ranks on it)."""
+    from planner.schemas.compression import parse_compression
+
+    if text.strip().lower() == "auto":
+        if not auto:
+            raise BadInputError("--compression=auto: estimate prices one configuration; name the methods "
+                                "(e.g. --compression qwz,hpz) or use `planner plan --compression auto`")
+        return "auto"
+    try:
+        return parse_compression(text, node_ranks=topology.gpus_per_node)
+    except ValueError as exc:
+        raise BadInputError(f"--compression={text!r}: {str(exc).splitlines()[0]}") from None
+
+
 def estimate(request: PlanRequest, config: Configuration) -> LaunchPlan:
     """Evaluate one fully given configuration; an infeasible one comes back with feasible=False and reasons."""
     from planner.estimate import estimate as _estimate

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from planner.compression_whatif import compression_rows
 from planner.export.common import decoder_layers
 from planner.schemas.plan import Alternative, LaunchPlan, Parallelism
 from planner.units import GiB
@@ -65,6 +66,7 @@ class Explanation:
     pruned: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     frameworks: dict[str, str] = field(default_factory=dict)  # stack -> "runs it" or that stack's reason
+    compression: tuple = ()  # planner.compression_whatif.CompressionRow: the plan without and with each compression
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -199,5 +201,5 @@ def explain(plan: LaunchPlan, *, frameworks: list[str] | None = None) -> Explana
         headline=headline, summary=summary, reasons=(*_practice(plan), *_reasons(plan)), time=time, memory=_memory_rows(plan),
         capacity_gib=plan.memory.capacity_bytes / GiB, runner_up=alternatives[0] if alternatives else None,
         alternatives=alternatives, pruned=dict(sorted(plan.pruned.items(), key=lambda kv: -kv[1])), notes=tuple(notes),
-        frameworks=framework_verdicts(plan, frameworks),
+        frameworks=framework_verdicts(plan, frameworks), compression=compression_rows(plan),
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from planner.errors import BadInputError
 from planner.io import load_file, shipped_dir, shipped_names
+from planner.schemas.compression import NONE
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan
@@ -73,6 +74,7 @@ class Config:
     dp_replicate: int = 1  # HSDP replicas of the dp axis (1: plain dp / FSDP over all dp ranks)
     tied_embeddings: bool = False  # the model ties its LM head to the input embedding
     num_microbatches: int = 0  # 0: not known (a factorisation or group probe); torch's micro-batch rules skip it
+    compression: tuple[str, ...] = ()  # planner.schemas.compression methods
 
 
 def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
@@ -81,7 +83,7 @@ def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
                   zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
                   is_moe=model.moe is not None, precision=precision, microbatch_size=cand.microbatch_size,
                   dp_replicate=getattr(cand, "dp_replicate", 1), tied_embeddings=model.tied_embeddings,
-                  num_microbatches=cand.num_microbatches)
+                  num_microbatches=cand.num_microbatches, compression=getattr(cand, "compression", NONE).methods)
 
 
 def plan_configs(plan: LaunchPlan) -> list[Config]:
@@ -91,7 +93,7 @@ def plan_configs(plan: LaunchPlan) -> list[Config]:
                    schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
                    precision=plan.request.precision, microbatch_size=plan.batch.microbatch_size,
                    dp_replicate=par.dp_replicate, tied_embeddings=spec.tied_embeddings,
-                   num_microbatches=plan.batch.num_microbatches)
+                   num_microbatches=plan.batch.num_microbatches, compression=par.compression.methods)
             for mode in sorted({s.recompute.mode for s in plan.stages} or {"none"})]
 
 
@@ -154,7 +156,30 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
         return "zero_stage_not_in_framework", f"zero_stage={c.zero_stage} is not run by framework {name!r}{with_pp}: choose one of {list(zero_ok)}"
     if c.tp_overlap not in caps.tp_overlap:
         return "tp_overlap_not_in_framework", f"tp_overlap={c.tp_overlap!r} is not run by framework {name!r}: use {list(caps.tp_overlap)}"
-    return parallel_refusal(profile, c) or _exclusion(profile, c)
+    return compression_refusal(profile, c) or parallel_refusal(profile, c) or _exclusion(profile, c)
+
+
+def compression_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
+    """A compression method the stack does not run at this ZeRO stage and pp (capabilities.compression), or one
+    with nothing to compress (gradient and weight methods need dp > 1 or expert dp > 1, fp8 dispatch ep > 1)."""
+    entries = {e.method: e for e in profile.capabilities.compression}
+    for method in c.compression:
+        entry = entries.get(method)
+        if entry is None:
+            runs = sorted(entries) or ["none"]
+            return "compression_not_in_framework", (f"compression {method!r} is not run by framework {profile.name!r}: "
+                                                    f"it runs {runs} (see `planner framework show {profile.name}`)")
+        if c.zero_stage not in entry.zero_stages:
+            return "compression_zero_stage", (f"compression {method!r} runs with zero_stage in {list(entry.zero_stages)} "
+                                              f"in framework {profile.name!r}, not {c.zero_stage}: change one")
+        if c.pp > 1 and not entry.with_pp:
+            return "compression_with_pp", (f"compression {method!r} does not run with pp={c.pp} in framework "
+                                           f"{profile.name!r} ({entry.source}): use pp=1 or drop it")
+        if method == "fp8-dispatch" and c.ep <= 1:
+            return "compression_without_ep", "compression 'fp8-dispatch' needs expert parallelism (ep > 1): drop it"
+        if method != "fp8-dispatch" and c.dp * c.cp <= 1:
+            return "compression_without_dp", f"compression {method!r} needs data parallelism (dp > 1): drop it"
+    return None
 
 
 GROUP_FIELDS = frozenset({"dp", "tp", "pp", "cp", "ep", "sp", "recompute", "tp_overlap", "is_moe", "precision",

@@ -16,6 +16,7 @@ from rich.table import Table
 from planner.cli.common import emit_text, guarded
 from planner.errors import BadInputError
 from planner.io import format_validation_error
+from planner.schemas.compression import NONE, Compression
 from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, PlanRequest
 from planner.units import GiB
 
@@ -90,7 +91,8 @@ def check_request_flags(*, precision: str, global_batch_size: int | None, seq_le
 
 
 def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep: int, cp: int, sp: bool, vpp: int,
-                  zero: int, tp_overlap: str, microbatch_size: int, schedule: str, recompute: str) -> Configuration:
+                  zero: int, tp_overlap: str, microbatch_size: int, schedule: str, recompute: str,
+                  compression: Compression = NONE) -> Configuration:
     """The Configuration of the flags; dp defaults to gpus / (tp*pp*cp), which must divide."""
     for name, value in (("recompute", recompute), ("schedule", schedule), ("tp_overlap", tp_overlap), ("zero", zero)):
         if value not in CHOICES[name]:
@@ -109,7 +111,8 @@ def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep:
     if dp * model_parallel != request.gpus:
         raise BadInputError(f"dp*tp*pp*cp={dp}*{tp}*{pp}*{cp}={dp * model_parallel} must equal gpus={request.gpus}: drop --dp or fix it")
     try:
-        parallelism = Parallelism(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap)
+        parallelism = Parallelism(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap,
+                                  compression=compression)
         return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute)
     except ValidationError as exc:
         raise BadInputError(format_validation_error(exc, "configuration")) from None
@@ -140,6 +143,9 @@ def estimate(
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0 | 1 | 2 | 3."),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
     tp_overlap: str = typer.Option("none", "--tp-overlap", help="none | domino."),
+    compression: str = typer.Option("none", "--compression", help=(
+        "Communication compression: none | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, "
+        "fp16-grads, fp8-dispatch (what the framework runs: `planner framework show`).")),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8."),
     profile: str | None = typer.Option(None, "--profile", help="Measured profile file for compute costs."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs it: planner | megatron-core | torchtitan | "
@@ -159,7 +165,8 @@ def estimate(
     request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
                                 seq_len=seq_len, precision=precision, profile=profile, framework=framework)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
-                           microbatch_size=microbatch_size, schedule=schedule, recompute=recompute)
+                           microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
+                           compression=api.compression(compression, request.topology))
     plan = api.estimate(request, config)
     _emit(plan, json_output=json_output, output=output)
     if not plan.feasible:

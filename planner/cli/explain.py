@@ -93,5 +93,10 @@ def _render(ex) -> None:
     out.print("[bold]Which frameworks run it[/]")
     for name, verdict in ex.frameworks.items():
         out.print(f"  - {name}: {verdict}", markup=False)
+    if ex.compression:
+        out.print("[bold]Communication compression on this cluster[/] (what the framework runs at this configuration)")
+        for row in ex.compression:
+            out.print(f"  - {row.compression}: {row.step_time_s:.4g} s ({row.change:+.1%}), peak {row.peak_gib:.1f} GiB: "
+                      f"{row.verdict}", markup=False)
     for note in ex.notes:
         out.print(f"note: {note}", markup=False)

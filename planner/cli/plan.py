@@ -62,6 +62,9 @@ def plan_command(
     tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
+    compression: str = typer.Option("none", "--compression", help=(
+        "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
+        "lossy, so opt-in) | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch.")),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of the summary."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
@@ -77,6 +80,9 @@ def plan_command(
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
         framework=_framework(framework, runnable),
     )
+    if compression.strip().lower() != "none":
+        chosen = api.compression(compression, request.topology, auto=True)
+        request = request.model_copy(update={"search": limits.model_copy(update={"compression": chosen})})
     plan = _search_with_progress(api, request, quiet=json_output and output is None)
     text = canonical_json(plan)
     if output is not None:

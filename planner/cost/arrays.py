@@ -32,7 +32,8 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
               shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
               stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
               selective_mode=model.options.selective_mode,
-              moe_hierarchical=model.options.moe_hierarchical)
+              moe_hierarchical=model.options.moe_hierarchical,
+              moe_dispatch_fp8=cand.compression.has("fp8-dispatch"))
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
         kinds["decoder"] = decoder_cost(env, moe_layer=False)
@@ -54,7 +55,7 @@ def module_table(model: "CostModel", cand: "Candidate", links: Links | None = No
     schedule do not change a module's cost. `links` overrides the candidate's (planner.cost.bounds.floor_links)."""
     links = model.links(cand) if links is None else links
     key = ("modules", cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap, links.tp, links.cp,
-           links.ep)
+           links.ep, cand.compression.has("fp8-dispatch"))
     found = model.memo.get(key)
     if found is None:
         kinds = _kind_costs(model, cand, links)

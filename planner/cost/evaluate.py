@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import autocast, comm, contention, schedule
+from planner.cost import autocast, comm, compression, contention, schedule
 from planner.cost.arrays import ROWS
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
 from planner.errors import BadInputError
@@ -142,13 +142,15 @@ def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float
     through its own NIC share (comm.flat_ring_s), so the time does not shrink as dp grows.
     """
     links = model.links(cand) if links is None else links  # another layout's links (CostModel.dp_exposed_s)
-    r, m, z = model.recipe, cand.num_microbatches, cand.zero_stage
+    r, m, z, comp = model.recipe, cand.num_microbatches, cand.zero_stage, cand.compression
     total = 0.0
     for params, link in ((dense, links.dp), (expert, links.expert_dp)):
         if params <= 0 or link.size <= 1:
             continue
         reduce_bytes = r.grad_reduce_bytes if model.options.grad_reduce_fp32 else min(r.grad_reduce_bytes, 2)
-        grads, weights = params * reduce_bytes, params * r.gather_bytes
+        reduce_bytes = compression.reduce_bytes_per_param(comp, reduce_bytes)
+        grads = params * reduce_bytes * (model.powersgd_ratio(comp.powersgd_rank) if comp.has("powersgd") else 1.0)
+        weights = params * compression.gather_bytes_per_param(comp, r.gather_bytes)
         if z == 0:
             total += comm.ring_all_reduce_s(grads, group=link)
         elif z == 1:
@@ -156,12 +158,11 @@ def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float
         elif z == 2:
             total += m * comm.reduce_scatter_s(grads, group=link) + comm.all_gather_s(weights, group=link)
         else:
-            opts = model.options
-            gathers = 3 if (opts.zero3_regather_for_recompute and cand.recompute == "full") else 2
-            if opts.zero3_hierarchical:
-                total += m * (comm.reduce_scatter_s(grads, group=link) + gathers * comm.all_gather_s(weights, group=link))
-            else:
-                total += m * (gathers * comm.flat_ring_s(weights, group=link) + comm.flat_ring_s(grads, group=link))
+            total += m * compression.zero3_microbatch_s(model.options, cand, params, grads, weights, link)
+        reductions = m if z >= 2 else 1
+        gathers = m * compression.zero3_gathers(model.options, cand) if z == 3 else 0
+        total += compression.compute_s(comp, model.spec, params, gathers=gathers, reductions=reductions,
+                                       reduce_bytes=reduce_bytes, hbm_rate_Bps=model.hbm_rate_Bps)
     return total
 
 
@@ -314,7 +315,7 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     cal = model.mem_cal
     acts = fixed.inflight * row["act"]
     static = row["weights"] + row["grads"] + row["optimizer"]
-    other = fixed.other + _partial_full_working_bytes(model, cand, full)
+    other = fixed.other + _partial_full_working_bytes(model, cand, full) + compression.memory_bytes(model.recipe, cand, row, model.links(cand).dp)
     weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + other
     step_peak = static + _step_extra_bytes(model, cand, row)
     if (step_peak > allocated).any():  # the optimizer step, activations freed, outgrows the backward

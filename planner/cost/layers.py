@@ -15,6 +15,7 @@ import numpy as np
 
 from planner.cost import autocast, comm, compute, eager, memory
 from planner.cost.calibration import DeviceCalibration
+from planner.cost.compression import FP8_DISPATCH_BYTES
 from planner.cost.compute import Shape
 from planner.models import counting
 from planner.schemas.model import ModelSpec
@@ -49,6 +50,7 @@ class Env:
     moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
     selective_mode: str = "attention_core"  # what the stack's selective recompute reruns (behaviour.memory)
     moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
+    moe_dispatch_fp8: bool = False  # dispatch-direction all-to-alls in fp8 (compression fp8-dispatch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,16 +153,21 @@ def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -
 def ep_times(env: Env) -> tuple[float, float]:
     """Two all-to-alls each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2):
     tokens * top_k * capacity_factor * h bf16 each; per node deduplicated where the stack dispatches hierarchically
-    (comm.hierarchical_all_to_all_s)."""
+    (comm.hierarchical_all_to_all_s). With fp8 dispatch one of the two each way moves fp8 values and their
+    scales (planner.cost.compression.FP8_DISPATCH_BYTES per element: DeepSeek-V3 Sec. 3.3.2)."""
     cfg = env.spec.moe
     if env.shape.ep <= 1 or cfg is None:
         return 0.0, 0.0
-    size = env.shape.tokens * cfg.top_k * (cfg.capacity_factor or 1.0) * env.spec.hidden_size * compute.ACT_BYTES
-    if env.moe_hierarchical:
-        one = comm.hierarchical_all_to_all_s(size, top_k=cfg.top_k, group=env.links.ep)
-    else:
-        one = comm.all_to_all_s(size, group=env.links.ep)
-    return 2 * one, 2 * one
+    elements = env.shape.tokens * cfg.top_k * (cfg.capacity_factor or 1.0) * env.spec.hidden_size
+
+    def one(size: float) -> float:
+        if env.moe_hierarchical:
+            return comm.hierarchical_all_to_all_s(size, top_k=cfg.top_k, group=env.links.ep)
+        return comm.all_to_all_s(size, group=env.links.ep)
+
+    bf16 = one(elements * compute.ACT_BYTES)
+    dispatch = one(elements * FP8_DISPATCH_BYTES) if env.moe_dispatch_fp8 else bf16
+    return bf16 + dispatch, bf16 + dispatch
 
 
 def _layer_params_per_gpu(spec: ModelSpec, shape: Shape, moe_layer: bool) -> float:

@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 
 from planner.cost import layers as L
-from planner.cost import memory
+from planner.cost import compression, memory
 from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
                                       memory_calibration, step_overhead_s)
 from planner.cost.compute import Shape
@@ -76,6 +76,18 @@ class CostModel:
         self.fixed_cache: dict[Candidate, object] = {}  # evaluate's split-independent terms per candidate
         self.memo: dict = {}  # per-instance memo of shape/layout-level arrays (planner.cost.arrays)
 
+    @property
+    def hbm_rate_Bps(self) -> float:
+        """The device's achieved HBM bandwidth (datasheet x calibration hbm_efficiency), bytes per second."""
+        return self.device.hbm_bandwidth_GBps * 1e9 * self.cal.hbm_efficiency
+
+    def powersgd_ratio(self, rank: int) -> float:
+        """Elements PowerSGD rank `rank` all-reduces per gradient element (planner.cost.compression)."""
+        key = ("powersgd", rank)
+        if key not in self.memo:
+            self.memo[key] = compression.powersgd_ratio(self.spec, rank)
+        return self.memo[key]
+
     # --- memory capacity -------------------------------------------------------------------------------
 
     def device_usable_bytes(self) -> int:
@@ -104,7 +116,8 @@ class CostModel:
     def layout_key(self, cand: Candidate) -> tuple:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.tp_overlap,
-                cand.microbatch_size, cand.recompute, cand.axis_order, cand.schedule == "2bw")
+                cand.microbatch_size, cand.recompute, cand.compression.has("fp8-dispatch"), cand.axis_order,
+                cand.schedule == "2bw")
 
     def links(self, cand: Candidate) -> L.Links:
         """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""

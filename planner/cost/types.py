@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.schemas.compression import NONE, Compression
+
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
@@ -31,6 +33,7 @@ class Candidate:
     schedule: str = "1f1b"  # "gpipe" | "1f1b" | "interleaved" | "2bw" | "zero-bubble"
     recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
     axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")  # outermost -> innermost
+    compression: Compression = NONE  # communication compression (planner.cost.compression)
 
     @property
     def world_size(self) -> int:

@@ -19,12 +19,15 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from planner.errors import BadInputError
+from planner.executor import compression as compressed
 from planner.nn.common import check_divisible
 from planner.nn.model import Transformer, TransformerBlock
 from planner.nn.moe import MoE, shard_experts
 from planner.nn.tensor_parallel import block_tp_plan
+from planner.schemas.compression import NONE, Compression
 
 GRAD_SYNC_ATTR = "_planner_grad_sync"
+COMM_COUNTER_ATTR = "planner_comm_counter"  # the DDP wrapper's CommCounter (planner.executor.compression), or None
 
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -145,7 +148,8 @@ def mp_policy(precision: str):
 
 
 def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precision: str = "fp32",
-             expert_dp_group: dist.ProcessGroup | None = None, use_ddp: bool = True) -> nn.Module:
+             expert_dp_group: dist.ProcessGroup | None = None, use_ddp: bool = True,
+             compression: Compression = NONE) -> nn.Module:
     """Data parallelism: ZeRO-3 = FSDP2 fully_shard per block then root; ZeRO-2 = the same without
     resharding after forward (Rajbhandari et al. 2020, sec. 5); a 2-D dp_mesh gives HSDP. ZeRO-0/1 = DDP
     (plain tensors, Domino's manual TP shards included) or, when TP DTensors are present, an explicit gradient
@@ -153,6 +157,8 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precisio
     `expert_dp_group` (the dp ranks that hold the same experts; None = none) and divided by the dp size.
     `use_ddp=False` takes the explicit all-reduce for ZeRO-0/1 even where DDP would work (pipeline stages:
     DDP's reducer does not follow torch.distributed.pipelining's per-micro-batch backwards).
+    `compression` (planner.executor.compression): hpZ as FSDP2's reshard_after_forward=<int>, PowerSGD and 16-bit
+    gradient all-reduces as DDP communication hooks (their byte counter on the wrapper's COMM_COUNTER_ATTR).
     Returns the module to train (the DDP wrapper or `model` itself)."""
     dp_size = dp_mesh.size()
     experts = expert_params(model)
@@ -162,7 +168,8 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precisio
         from torch.distributed.fsdp import fully_shard
 
         ignored = set(experts)
-        kwargs = {"mesh": dp_mesh, "reshard_after_forward": zero_stage == 3}
+        reshard = compressed.reshard_after_forward(zero_stage, compression, dp_mesh.size(-1))
+        kwargs = {"mesh": dp_mesh, "reshard_after_forward": reshard}
         if (policy := mp_policy(precision)) is not None:
             kwargs["mp_policy"] = policy
         for _, block in blocks(model):
@@ -184,6 +191,7 @@ def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precisio
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
     ddp = DistributedDataParallel(model, process_group=dp_mesh.get_group())
     setattr(ddp, GRAD_SYNC_ATTR, getattr(model, GRAD_SYNC_ATTR, []))
+    setattr(ddp, COMM_COUNTER_ATTR, compressed.register_ddp_hooks(ddp, compression, dp_mesh.get_group()))
     return ddp
 
 

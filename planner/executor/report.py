@@ -51,6 +51,9 @@ class RankResult(Schema):
     routed_tokens: int = Field(default=0, ge=0, description="MoE (token, expert) assignments, summed over steps")
     checkpoints: tuple[str, ...] = Field(default=(), description="checkpoint folders committed during the run")
     tp_overlap: TpOverlapTiming | None = None
+    dp_comm_bytes: tuple[float, ...] = Field(default=(), description=(
+        "bytes this rank handed to the compressed gradient all-reduce per step (planner.executor.compression); "
+        "empty without a compression hook"))
 
 
 class RankFailure(Schema):
@@ -112,6 +115,9 @@ class RunReport(Schema):
     checkpoints: tuple[str, ...] = ()
     tp_overlap: TpOverlapTiming | None = Field(default=None, description="measured Domino gain (tp_overlap=domino only)")
     threads_per_rank: int | None = Field(default=None, description="torch CPU threads per process (the same for every world size)")
+    dp_comm_bytes_per_step: float | None = Field(default=None, description=(
+        "bytes rank 0 handed to the compressed gradient all-reduce in the last step (PowerSGD compresses from its "
+        "second step on); None without a compression hook"))
     predicted: Predicted
     errors: Errors
     notes: tuple[str, ...] = ()
@@ -161,6 +167,7 @@ def build_report(
                      for r in sorted(results, key=lambda r: r.rank)),
         dropped_tokens=sum(r.dropped_tokens for r in routers), routed_tokens=sum(r.routed_tokens for r in routers),
         checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap, threads_per_rank=max(r.threads for r in results) or None,
+        dp_comm_bytes_per_step=by_rank[0].dp_comm_bytes[-1] if by_rank.get(0) and by_rank[0].dp_comm_bytes else None,
         predicted=Predicted(step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s, peak_bytes=plan.memory.peak_bytes, mfu=pred.mfu),
         errors=Errors(
             step_time_rel=rel_error(pred.step_time_s, step_time_s),

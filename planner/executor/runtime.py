@@ -35,6 +35,7 @@ from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
 from planner.executor.options import RunOptions
+from planner.executor.parallelize import COMM_COUNTER_ATTR
 from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
 from planner.executor.runnable import check_runnable
 from planner.io import atomic_write_text, load_file
@@ -202,7 +203,7 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
         return module
     # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards
     return fns.apply_dp(module, job.dp_mesh if job.dp_mesh is not None else mesh["dp"], zero_stage=zero, precision=precision, expert_dp_group=replica_group,
-                        use_ddp=par.pp == 1)
+                        use_ddp=par.pp == 1, compression=par.compression)
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -319,6 +320,7 @@ def run(job: Job) -> RankResult:
             if opts.checkpoint_every and step % opts.checkpoint_every == 0:
                 save(step)
     counts = [dropped_tokens(part) for part in job.parts]
+    counters = [c for part in job.train_parts if (c := getattr(part, COMM_COUNTER_ATTR, None)) is not None]
     overlap = measure_tp_overlap(job)
     return RankResult(
         rank=dist.get_rank(), coords=job.coords, device=str(job.device), backend=job.backend, first_step=first,
@@ -326,7 +328,7 @@ def run(job: Job) -> RankResult:
         memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak", weights_bytes=weights_bytes(job.parts),
         threads=torch.get_num_threads(),
         dropped_tokens=sum(c[0] for c in counts), routed_tokens=sum(c[1] for c in counts), checkpoints=tuple(saved),
-        tp_overlap=overlap,
+        tp_overlap=overlap, dp_comm_bytes=tuple(counters[0].per_iteration) if counters else (),
     )
 
 

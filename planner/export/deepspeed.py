@@ -81,6 +81,21 @@ def _recompute(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any] | None:
     return {"partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False}
 
 
+def _compression(plan: LaunchPlan, config: dict[str, Any]) -> None:
+    """ZeRO++ (deepspeed/runtime/zero/config.py: zero_quantized_weights, zero_hpz_partition_size,
+    zero_quantized_gradients) and the 16-bit gradient all-reduce (communication_data_type): what deepspeed's profile
+    lists; check_framework refused any other method before this."""
+    comp, zero = plan.parallelism.compression, config["zero_optimization"]
+    if comp.has("qwz"):
+        zero["zero_quantized_weights"] = True
+    if comp.has("hpz"):
+        zero["zero_hpz_partition_size"] = comp.hpz_partition_size
+    if comp.has("qgz"):
+        zero["zero_quantized_gradients"] = True
+    if comp.has("bf16-grads"):
+        config["communication_data_type"] = "bf16"
+
+
 def build_config(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
     """The DeepSpeed config dict; `warnings` collects what DeepSpeed approximates."""
     par, batch = plan.parallelism, plan.batch
@@ -106,6 +121,7 @@ def build_config(plan: LaunchPlan, warnings: list[str]) -> dict[str, Any]:
             "(deepspeed/runtime/engine.py _configure_tensor_parallel_states); the pipeline's layers must be "
             f"tensor-parallel themselves (Megatron-DeepSpeed) on the topology's model-parallel groups (num_mp={par.tp})"
         )
+    _compression(plan, config)
     checkpointing = _recompute(plan, warnings)
     if checkpointing is not None:
         config["activation_checkpointing"] = checkpointing

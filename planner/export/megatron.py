@@ -229,6 +229,8 @@ def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, "--ckpt-format", "fsdp_dtensor"]
     if par.tp_overlap != "none":
         warnings.append(f"tp_overlap={par.tp_overlap!r} (Domino) is not in Megatron-LM; the predicted step time assumes it")
+    if par.compression.has("bf16-grads"):  # the only compression megatron-core's profile lists (check_framework)
+        args.append("--grad-reduce-in-bf16")
     return args
 
 

@@ -172,6 +172,8 @@ def torchtitan_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
         "seq_len": batch.seq_len,
         "mixed_precision_param": PRECISION_PARAM[plan.request.precision],
     }
+    if par.compression.has("bf16-grads"):  # the only compression torchtitan's profile lists (check_framework)
+        training["mixed_precision_reduce"] = "bfloat16"
     if par.pp > 1 or par.ep > 1:
         training["disable_cuda_graphs"] = True
     if par.tp_overlap != "none":

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from planner.schemas.base import Schema
+from planner.schemas.compression import CompressionMethod
 
 FRAMEWORK_SCHEMA_VERSION = "1"
 
@@ -91,6 +92,16 @@ class Exclusion(Schema):
     source: str = Sourced
 
 
+class CompressionEntry(Schema):
+    """A communication compression the stack runs (planner.schemas.compression), where it runs it, and its name."""
+
+    method: CompressionMethod
+    zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1, description="the ZeRO stages it runs with")
+    with_pp: bool = Field(description="runs with pipeline parallelism (pp > 1)")
+    native: str = Field(min_length=1, description="the stack's flag, config key or hook")
+    source: str = Sourced
+
+
 class Capabilities(Schema):
     precisions: tuple[Literal["bf16", "amp-bf16", "fp32", "fp8"], ...] = Field(min_length=1)
     fp8_recipes: tuple[str, ...] = ()
@@ -108,6 +119,8 @@ class Capabilities(Schema):
         "pipeline schedules are torch.distributed.pipelining's classes, with their constructors' micro-batch rules "
         "(planner.frameworks.torch_schedule_rule)"))
     exclusions: tuple[Exclusion, ...] = ()
+    compression: tuple[CompressionEntry, ...] = Field(default=(), description=(
+        "communication compression the stack runs (the search explores only these; none is always allowed)"))
     source: str = Sourced
 
     @field_validator("schedules")

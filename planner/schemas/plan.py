@@ -12,6 +12,7 @@ from pydantic import Field, model_serializer, model_validator
 
 from planner.schemas import limits as L
 from planner.schemas.base import InputSchema, Schema
+from planner.schemas.compression import NONE, Compression
 from planner.schemas.model import ModelSpec
 from planner.schemas.topology import Topology
 
@@ -49,6 +50,17 @@ class SearchLimits(InputSchema):
     sp: bool | None = Field(default=None, description="sequence parallelism fixed on or off; None = searched")
     vpp: int | None = Field(default=None, gt=0, le=L.MAX_LAYERS, description="virtual stages per pipeline rank fixed; None = searched")
     microbatch_size: int | None = Field(default=None, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE, description="micro-batch size fixed; None = searched")
+    compression: Compression | Literal["auto"] = Field(default=NONE, description=(
+        "communication compression fixed (none by default), or 'auto': each configuration with the compression "
+        "the framework runs that makes it fastest (planner.search.compression_space; lossy methods are opt-in)"))
+
+    @model_serializer(mode="wrap")
+    def _omit_no_compression(self, handler):
+        """Leave compression out when it is none, so requests without it serialise byte-identically to before."""
+        data = handler(self)
+        if isinstance(data, dict) and self.compression == NONE:
+            data.pop("compression", None)
+        return data
 
 
 class PlanRequest(InputSchema):
@@ -80,6 +92,9 @@ class Parallelism(Schema):
     dp_replicate: int = Field(default=1, gt=0, description=(
         "HSDP (zero_stage 2/3): the dp axis as dp_replicate x dp_shard, FSDP sharding over the inner dp/dp_replicate "
         "ranks and replicating over dp_replicate; 1 = plain FSDP/DDP. Written only when > 1"))
+    compression: Compression = Field(default=NONE, description=(
+        "communication compression (planner.schemas.compression): ZeRO++ qwZ/hpZ/qgZ, PowerSGD, 16-bit gradient "
+        "all-reduce, fp8 MoE dispatch. Written only when some method is used"))
 
     @model_validator(mode="after")
     def _check(self) -> "Parallelism":
@@ -91,10 +106,14 @@ class Parallelism(Schema):
 
     @model_serializer(mode="wrap")
     def _omit_plain_dp(self, handler):
-        """Leave dp_replicate out when it is 1, so plans without HSDP serialise byte-identically to before."""
+        """Leave dp_replicate out when it is 1 and compression when it is none, so plans without HSDP or
+        compression serialise byte-identically to before."""
         data = handler(self)
-        if self.dp_replicate == 1 and isinstance(data, dict):
-            data.pop("dp_replicate", None)
+        if isinstance(data, dict):
+            if self.dp_replicate == 1:
+                data.pop("dp_replicate", None)
+            if not self.compression.methods:
+                data.pop("compression", None)
         return data
 
     @property

@@ -32,6 +32,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import time
@@ -44,6 +45,7 @@ import numpy as np
 from planner.errors import InfeasibleError, SolverTimeoutError
 from planner.frameworks import config_of, refusal
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
+from planner.search import compression_space
 from planner.search.costing import make_cost_model
 from planner.search.floors import Floors
 from planner.search.group_bounds import MARGIN_BYTES
@@ -94,7 +96,17 @@ class _Search:
 
         fields = group.candidate_fields()
         fields.update(member)
+        fields.setdefault("compression", self.opts.compression)
         return Candidate(**fields)
+
+    def compressions(self, cand) -> tuple:
+        """The member's compression variants (planner.search.compression_space), `cand` with each."""
+        if not self.opts.compression_auto:
+            return (cand,)
+        found = compression_space.variants(
+            self.opts.profile, zero_stage=cand.zero_stage, pp=cand.pp, replicas=cand.dp * cand.cp,
+            dp_link=self.cost.links(cand).dp, auto=True, fixed=self.opts.compression)
+        return tuple(dataclasses.replace(cand, compression=c) for c in found)
 
     def partial(self, group: Group) -> bool:
         """A partial full recompute may apply to the group's members (refine.partial_recompute)."""
@@ -212,7 +224,8 @@ class _Search:
         elif stage == MEMBER:
             vpp, schedule, zero, order = payload
             cand = self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order)
-            push(lower + self.members.dp_exposed_s(group, cand), tie, EVALUATE, group, cand)
+            dp_s = min(self.members.dp_exposed_s(group, each) for each in self.compressions(cand))
+            push(lower + dp_s, tie, EVALUATE, group, cand)
         else:
             self.visit(payload)
 
@@ -246,16 +259,22 @@ class _Search:
         return min(lower for lower, _, _ in self.members.variant_bounds(group, schedule, vpp, arrays))
 
     def visit(self, cand) -> None:
-        config = config_of(cand, model=self.request.model, precision=self.request.precision)
-        refused = refusal(self.opts.profile, config, allow_stale_weights=self.opts.allow_stale_weights)
-        if refused is not None:
+        """Evaluate one member: each of its compression variants, the one compression_space.pick keeps standing for it."""
+        items, refused = [], None
+        for each in self.compressions(cand):
+            config = config_of(each, model=self.request.model, precision=self.request.precision)
+            refused = refusal(self.opts.profile, config, allow_stale_weights=self.opts.allow_stale_weights)
+            if refused is not None:
+                continue
+            reasons = self.cost.validity_reasons(each)
+            if reasons:
+                self.space.pruned[_slug(reasons[0])] += 1
+                return
+            items.append(self.evaluate(each))
+        if not items:
             self.space.pruned[refused[0]] += 1
             return
-        reasons = self.cost.validity_reasons(cand)
-        if reasons:
-            self.space.pruned[_slug(reasons[0])] += 1
-            return
-        item = self.evaluate(cand)
+        item = compression_space.pick(items, margin=self.cost.cal.ranking_band or 0.0)
         self.evaluated += 1
         if item.ev.fits:
             self.ranking.offer(item)

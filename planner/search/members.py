@@ -111,5 +111,5 @@ class Members(BoundsState):
     def dp_exposed_s(self, group: Group, cand) -> float:
         """The member's exact exposed dp time (shared by members that differ in schedule, recompute, overlap)."""
         key = ("dp", group.fact, cand.axis_order, cand.zero_stage, cand.num_microbatches, cand.microbatch_size,
-               cand.sp, cand.vpp)
+               cand.sp, cand.vpp, cand.compression)
         return self._cached(key, lambda: self.cost.dp_exposed_s(cand, self.shape(cand.pp, cand.vpp).ranks))

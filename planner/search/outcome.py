@@ -99,6 +99,9 @@ def describe(cand: Any) -> str:
         parts.append("sp")
     if cand.tp_overlap != "none":
         parts.append(f"tp_overlap={cand.tp_overlap}")
+    compression = getattr(cand, "compression", None)  # search candidates carry one; plain records may not
+    if compression is not None and compression.methods:
+        parts.append(f"compression={compression.label}")
     return " ".join(parts)
 
 

@@ -41,6 +41,7 @@ from functools import lru_cache
 from planner.errors import BadInputError
 from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, parallel_refusal,
                                 precision_refusal)
+from planner.schemas.compression import NONE, Compression
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
 
@@ -69,6 +70,8 @@ class Options:
     microbatch_size: int | None = None  # fixed micro-batch size (None: every divisor up to max_microbatch_size)
     sp_with_tp: bool = False  # tp > 1 only with sequence parallelism (a stack's practice: planner.search.practice)
     min_layers_per_chunk: int = 1  # interleaved: decoder layers per virtual stage at least (a stack's practice)
+    compression: Compression = NONE  # fixed compression of every member (planner.search.compression_space)
+    compression_auto: bool = False  # each member with the compression that makes it fastest
 
     def zero_stages_for(self, pp: int) -> tuple[int, ...]:
         """The ZeRO stages the framework runs at this pp (bounds need hold only for members it can run)."""
@@ -83,6 +86,7 @@ class Options:
         pinned = {**limits.fixed, **(fixed or {})}
         _check_fixed(pinned, request.gpus)
         _check_framework_request(profile, request.precision, pinned, request.model.moe is not None)
+        _check_compression(profile, limits.compression)
         stale = limits.allow_stale_weights or tuple(limits.schedules) == ("2bw",)
         runs = set(profile.schedule_names())
         schedules = tuple(s for s in limits.schedules if s in runs and (s != "2bw" or stale))
@@ -100,6 +104,8 @@ class Options:
             fixed=pinned,
             allow_stale_weights=stale,
             sp=limits.sp, vpp=limits.vpp, microbatch_size=limits.microbatch_size,
+            compression=NONE if limits.compression == "auto" else limits.compression,
+            compression_auto=limits.compression == "auto",
         )
 
 
@@ -129,6 +135,18 @@ def _check_framework_request(profile: FrameworkProfile, precision: str, fixed: d
     found = parallel_refusal(profile, probe) if probe.cp > 1 or probe.ep > 1 else None
     if found is not None and found[0] != "ep_outside_framework_span":
         raise BadInputError(found[1])
+
+
+def _check_compression(profile: FrameworkProfile, compression: Compression | str) -> None:
+    """A fixed compression method the stack never runs has no answer: say so before searching (one it runs only
+    at some ZeRO stages or pp narrows the space instead: planner.frameworks.compression_refusal)."""
+    if compression == "auto":
+        return
+    runs = {e.method for e in profile.capabilities.compression}
+    for method in compression.methods:
+        if method not in runs:
+            raise BadInputError(f"compression={compression.label!r}: framework {profile.name!r} does not run {method!r}; "
+                                f"it runs {sorted(runs) or ['none']} (see `planner framework show {profile.name}`)")
 
 
 def _check_fixed(fixed: dict[str, int], gpus: int) -> None:

@@ -41,6 +41,9 @@ class PlanBody(BaseModel):
     allow_stale_weights: bool = Field(default=False, description="let the search choose PipeDream-2BW where the framework runs it")
     prefer_practice: bool = Field(default=True, description="within the ranking band of the fastest plan, prefer one inside "
                                   "the framework's practice; false: the fastest predicted (`planner plan --fastest`)")
+    compression: str = Field(default="none", max_length=200, pattern=r"^[a-z0-9:,+ -]+$", description=(
+        "communication compression, as `--compression` spells it: none | auto (plan only) | zeropp | a comma list of "
+        "qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch"))
 
 
 class EstimateBody(PlanBody):

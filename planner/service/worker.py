@@ -35,17 +35,24 @@ def _request(body: PlanBody, max_gpus: int):
     )
     if request.gpus > max_gpus:
         raise BadInputError(f"the request resolves to {request.gpus} GPUs, over this service's search limit of {max_gpus}: ask for fewer nodes")
+    if not isinstance(body, EstimateBody) and body.compression.strip() != "none":
+        chosen = api.compression(body.compression, request.topology, auto=True)
+        request = request.model_copy(update={"search": request.search.model_copy(update={"compression": chosen})})
     return request
 
 
-def _configuration(body: EstimateBody, gpus: int) -> Configuration:
+def _configuration(body: EstimateBody, request) -> Configuration:
+    from planner import api
+
+    gpus = request.gpus
     model_parallel = body.tp * body.pp * body.cp
     dp = body.dp if body.dp is not None else gpus // model_parallel
     if dp < 1 or dp * model_parallel != gpus:
         raise BadInputError(f"dp={dp} x tp={body.tp} x pp={body.pp} x cp={body.cp} must equal gpus={gpus}: adjust the degrees")
     return Configuration(
         parallelism=Parallelism(dp=dp, tp=body.tp, pp=body.pp, ep=body.ep, cp=body.cp, sp=body.sp, vpp=body.vpp,
-                                zero_stage=body.zero_stage, tp_overlap=body.tp_overlap),
+                                zero_stage=body.zero_stage, tp_overlap=body.tp_overlap,
+                                compression=api.compression(body.compression, request.topology)),
         microbatch_size=body.microbatch_size, schedule=body.schedule, recompute=body.recompute,
     )
 
@@ -60,7 +67,7 @@ def solve(kind: str, body_json: str, max_gpus: int) -> tuple[int, str]:
         else:
             body = EstimateBody.model_validate_json(body_json)
             request = _request(body, max_gpus)
-            plan = api.estimate(request, _configuration(body, request.gpus))
+            plan = api.estimate(request, _configuration(body, request))
             if not plan.feasible or not plan.memory.fits:
                 reasons = "; ".join(plan.infeasible_reasons) or "does not fit in memory"
                 return 409, json.dumps({"detail": f"infeasible configuration: {reasons}"})

@@ -49,9 +49,9 @@ def stage_names(num_layers: int, num_stages: int) -> list[tuple[str, ...]]:
 
 def make_plan(spec: ModelSpec = TINY, *, dp=1, tp=1, pp=1, vpp=1, ep=1, sp=False, zero_stage=0, schedule="1f1b",
               microbatch_size=1, num_microbatches=2, recompute="none", tp_overlap="none",
-              axis_order=("pp", "dp", "cp", "tp"), step_time_s=1.0, dp_replicate=1) -> LaunchPlan:
+              axis_order=("pp", "dp", "cp", "tp"), step_time_s=1.0, dp_replicate=1, compression=None) -> LaunchPlan:
     par = Parallelism(dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, sp=sp, zero_stage=zero_stage, tp_overlap=tp_overlap,
-                      axis_order=axis_order, dp_replicate=dp_replicate)
+                      axis_order=axis_order, dp_replicate=dp_replicate, **({"compression": compression} if compression else {}))
     gbs = microbatch_size * num_microbatches * dp
     sizes = {"pp": pp, "dp": dp, "cp": 1, "tp": tp}
     ranks, world = [], par.world_size
