@@ -207,7 +207,7 @@ def split_refusal(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp: i
 def interleaved_forms(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp: int) -> dict[str, tuple[int, ...]]:
     """The splits a stack without a layout string spells for pp x vpp chunks, by name: equal chunks, the embedding
     and/or loss counted as a layer (Megatron's rule), first/last pipeline ranks with fewer layers each (every first
-    and last count at or below the middle ranks' that Megatron's rule accepts)."""
+    and last count at or below the middle ranks' that Megatron's rule accepts; with pp = 2 every pair)."""
     split, chunks = profile.capabilities.interleaved_split, pp * vpp
     out: dict[str, tuple[int, ...]] = {}
     if num_layers % chunks == 0:
@@ -220,13 +220,13 @@ def interleaved_forms(profile: FrameworkProfile, *, num_layers: int, pp: int, vp
             out[f"{name} as layers"] = megatron_split(num_layers, pp, vpp, embedding=embedding, loss=loss)
         except SplitError:
             continue
-    if split.uneven_first_last and pp > 2:
+    if split.uneven_first_last and pp > 1:
         for first in range(vpp, num_layers + 1, vpp):
             for last in range(vpp, num_layers - first + 1, vpp):
                 try:
                     counts = megatron_split(num_layers, pp, vpp, first=first, last=last)
                 except SplitError:
                     continue
-                if first <= counts[1] * vpp and last <= counts[1] * vpp:
+                if pp == 2 or (first <= counts[1] * vpp and last <= counts[1] * vpp):
                     out[f"first {first} / last {last} layers"] = counts
     return out
