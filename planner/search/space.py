@@ -203,8 +203,9 @@ def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str
         flat = [s for s in opts.schedules if s != "interleaved"]
         return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat and opts.vpp in (None, 1) else []
     variants = [(s, 1) for s in FLAT_SCHEDULES if s in opts.schedules]
-    if "interleaved" in opts.schedules:
-        variants += [("interleaved", v) for v in range(2, num_layers // (pp * opts.min_layers_per_chunk) + 1)]
+    if "interleaved" in opts.schedules:  # end chunks may hold only the embedding / the loss where the stack allows
+        ends = 2 if opts.min_layers_per_chunk == 1 and opts.profile.capabilities.interleaved_split.empty_chunks != "none" else 0
+        variants += [("interleaved", v) for v in range(2, (num_layers + ends) // (pp * opts.min_layers_per_chunk) + 1)]
     return [(s, v) for s, v in variants if opts.vpp in (None, v)]
 
 
