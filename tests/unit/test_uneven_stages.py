@@ -287,3 +287,31 @@ def test_estimate_api_refuses_a_split_the_stack_cannot_spell():
     with pytest.raises(BadInputError, match="cannot run a middle stage without decoder layers"):
         _estimate("deepseek-v3", 128, 8192, 4096, dict(dp=32, tp=2, pp=16, ep=64, vpp=2, sp=True, zero_stage=2),
                   schedule="interleaved", stage_layers=LAYOUT_DSV3, framework="torchtitan")
+
+
+# ---- the accuracy conversion of published runs -------------------------------------------------------------
+
+def test_published_run_with_uneven_interleaved_stages_is_evaluated():
+    """A run published at pp 8 x vpp 8 on 126 layers (NeMo's Llama-3.1 405B recipe shape, built here from a visible
+    Megatron run's record) gets its published vpp, judged by the stack's split rule, not dropped by
+    num_layers % (pp*vpp)."""
+    import copy
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("accuracy_bench", root / "benchmarks" / "accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["accuracy_bench"] = bench
+    spec.loader.exec_module(bench)
+    runs = json.loads((root / "validation" / "published_runs.json").read_text())
+    run = copy.deepcopy(next(r for r in runs if r["id"] == "korthikanti2022_175B_selective_plus_sp"))
+    run["model"].update(num_layers=126, hidden=16384, ffn_hidden=53248, num_heads=128, num_kv_heads=8, vocab=128256)
+    run["parallel"].update(num_gpus=128, dp=2)
+    run["training"].update(virtual_pipeline_stages=8, pipeline_schedule="interleaved 1F1B, 8 interleaving stages")
+    case = bench.build_case(run)
+    assert case.candidates and all(c.vpp == 8 and c.pp == 8 for c in case.candidates)
+    cand, ev = bench.choose(case)
+    assert cand is not None and ev.stage_layers == (1,) + (2,) * 62 + (1,)
