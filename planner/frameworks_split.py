@@ -230,3 +230,42 @@ def interleaved_forms(profile: FrameworkProfile, *, num_layers: int, pp: int, vp
                 if pp == 2 or (first <= counts[1] * vpp and last <= counts[1] * vpp):
                     out[f"first {first} / last {last} layers"] = counts
     return out
+
+
+def deepspeed_type_split(num_layers: int, pp: int, *, before: int = 1, after: int = 2) -> tuple[int, ...]:
+    """Decoder layers per stage that DeepSpeed's PipelineModule(partition_method='type:<decoder class>') builds:
+    deepspeed/runtime/pipe/module.py _partition_layers weighs the decoder layers 1 and every other LayerSpec 0
+    (`before` of them ahead, e.g. the embedding; `after` behind, e.g. the final norm and the head) and splits with
+    deepspeed/runtime/utils.py partition_balanced, a linear-partition DP minimising max - min of the parts'
+    weights, ties to the last split point (`>=`); re-implemented here, loop for loop (v0.19)."""
+    weights = [0] * before + [1] * num_layers + [0] * after
+    n, m = len(weights), pp
+    if n <= m:  # partition_uniform's trivial case
+        parts = [min(p, n) for p in range(m + 1)]
+    else:
+        parts = _linear_partition(weights, m)
+    return tuple(sum(weights[parts[s]:parts[s + 1]]) for s in range(m))
+
+
+def _linear_partition(weights: list[int], m: int) -> list[int]:
+    inf = float("inf")
+    n = len(weights)
+    prefix = [0] * (n + 1)
+    for i, w in enumerate(weights):
+        prefix[i + 1] = prefix[i] + w
+    top = [[inf] * (m + 1) for _ in range(n + 1)]
+    low = [[inf] * (m + 1) for _ in range(n + 1)]
+    cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    position = [[0] * (m + 1) for _ in range(n + 1)]
+    top[0][0] = cost[0][0] = 0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                part = prefix[i] - prefix[k]
+                hi, lo = max(top[k][j - 1], part), min(low[k][j - 1], part)
+                if cost[i][j] >= hi - lo:
+                    cost[i][j], top[i][j], low[i][j], position[i][j] = hi - lo, hi, lo, k
+    parts = [n]
+    for j in range(m, 0, -1):
+        parts.append(position[parts[-1]][j])
+    return parts[::-1]

@@ -315,3 +315,32 @@ def test_published_run_with_uneven_interleaved_stages_is_evaluated():
     assert case.candidates and all(c.vpp == 8 and c.pp == 8 for c in case.candidates)
     cand, ev = bench.choose(case)
     assert cand is not None and ev.stage_layers == (1,) + (2,) * 62 + (1,)
+
+
+def test_deepspeed_type_partition_by_its_code_and_in_the_export():
+    """deepspeed/runtime/utils.py partition_balanced on binary weights (decoder layers 1, the embedding ahead and
+    norm + head behind 0), re-implemented: values checked against DeepSpeed v0.19.5's own function on n 1..39 x
+    pp 2..8 when written; here the cases the exporter meets, and DeepSpeed's function itself where installed."""
+    from planner.frameworks_split import deepspeed_type_split
+
+    assert deepspeed_type_split(70, 12) == (6,) * 10 + (5, 5)  # BLOOM's 70 layers over pp 12
+    assert deepspeed_type_split(61, 16) == (4,) * 13 + (3, 3, 3)
+    assert deepspeed_type_split(3, 8) == (0, 1, 1, 1, 0, 0, 0, 0)  # fewer specs than stages: partition_uniform
+    try:
+        from deepspeed.runtime.utils import partition_balanced
+    except ImportError:
+        partition_balanced = None
+    if partition_balanced is not None:
+        for n, pp in itertools.product(range(1, 30), range(2, 7)):
+            w = [0] + [1] * n + [0, 0]
+            parts = partition_balanced(w, pp)
+            assert deepspeed_type_split(n, pp) == tuple(sum(w[parts[s]:parts[s + 1]]) for s in range(pp))
+    from test_export import make_plan
+
+    exact = make_plan(dp=2, tp=4, pp=2, zero=1, counts=[16, 16])
+    export = export_plan(exact, "deepspeed")
+    assert "partition_method='type:transformer'" in " ".join(export.usage)
+    assert not any("cannot be given in the config" in w for w in export.warnings)
+    other = export_plan(make_plan(dp=2, tp=4, pp=2, zero=1, counts=[14, 18]), "deepspeed")
+    assert "partition_method='parameters'" in " ".join(other.usage)
+    assert any("'type:transformer' builds [16, 16]" in w for w in other.warnings)
