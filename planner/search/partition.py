@@ -20,9 +20,9 @@ Every stage holds at least one decoder layer (j < i). Ties on the bottleneck bre
 returns the first minimum), so the result is deterministic. `backtrack` is separate: it walks the arg-min table.
 Complexity O(S n^2) with the inner min vectorised over (j, i) in numpy.
 
-Interleaved schedules (vpp > 1) are not partitioned here: Megatron-LM's interleaved 1F1B needs the same number of
-layers in every model chunk, and a pipeline rank's memory is the sum over its vpp chunks, which does not decompose
-per chunk; the search keeps balanced chunks for vpp > 1.
+Interleaved schedules (vpp > 1) are not partitioned here: a pipeline rank's time and memory are sums over its vpp
+chunks, which do not decompose per chunk; the search tries the stack's own uneven forms for them instead
+(planner.search.refine_uneven).
 """
 
 from __future__ import annotations
