@@ -344,3 +344,45 @@ def test_deepspeed_type_partition_by_its_code_and_in_the_export():
     other = export_plan(make_plan(dp=2, tp=4, pp=2, zero=1, counts=[14, 18]), "deepspeed")
     assert "partition_method='parameters'" in " ".join(other.usage)
     assert any("'type:transformer' builds [16, 16]" in w for w in other.warnings)
+
+
+# ---- the stage-partition DP with end stages that may hold no decoder layer -----------------------------------
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_with_empty_ends_matches_brute_force(seed):
+    """Stacks that run an end stage holding only the embedding or only the head (empty_chunks): the DP may leave the
+    first/last stage without decoder layers; brute force over every such split agrees, and with a heavy head (a
+    large vocabulary) the empty end is what both pick on some instances."""
+    import dataclasses
+
+    import numpy as np
+    from test_partition import random_problem
+
+    from planner.search.brute import brute_partition, compositions
+    from planner.search.partition import partition
+
+    rng = np.random.default_rng(1000 + seed)
+    base = random_problem(rng, tight=seed % 2 == 0)
+    heavy = float(np.sum(base.time_s)) / max(base.num_stages - 1, 1) if seed % 3 == 0 else base.head_time_s
+    problem = dataclasses.replace(base, empty_ends=True, head_time_s=heavy)
+    reference, result = brute_partition(problem), partition(problem)
+    if not np.isfinite(reference):
+        assert result is None
+        return
+    assert result is not None and result.bottleneck_s == pytest.approx(reference, rel=1e-12)
+    assert sum(result.layers_per_stage) == problem.num_layers and min(result.layers_per_stage[1:-1], default=1) >= 1
+    strict = dataclasses.replace(problem, empty_ends=False)
+    assert result.bottleneck_s <= brute_partition(strict) + 1e-12  # more splits, never worse
+    assert all(min(c[1:-1], default=1) >= 1 for c in compositions(problem.num_layers, problem.num_stages, True))
+
+
+def test_dp_leaves_the_last_stage_only_the_head_when_it_is_heavy():
+    import numpy as np
+
+    from planner.search.partition import StageProblem, partition
+
+    problem = StageProblem(time_s=np.ones(6), static_bytes=np.zeros(6), activation_bytes=np.zeros(6), inflight=[1.0] * 4,
+                           other_bytes=[0.0] * 4, capacity_bytes=1.0, head_time_s=2.0, empty_ends=True)
+    assert partition(problem).layers_per_stage == (2, 2, 2, 0) and partition(problem).bottleneck_s == 2.0
+    strict = StageProblem(**{**problem.__dict__, "empty_ends": False})
+    assert partition(strict).bottleneck_s == 3.0  # the head's stage must hold a layer
