@@ -47,6 +47,7 @@ def _configuration(body: EstimateBody, gpus: int) -> Configuration:
         parallelism=Parallelism(dp=dp, tp=body.tp, pp=body.pp, ep=body.ep, cp=body.cp, sp=body.sp, vpp=body.vpp,
                                 zero_stage=body.zero_stage, tp_overlap=body.tp_overlap),
         microbatch_size=body.microbatch_size, schedule=body.schedule, recompute=body.recompute,
+        stage_layers=body.stage_layers,
     )
 
 

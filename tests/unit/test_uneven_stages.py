@@ -386,3 +386,20 @@ def test_dp_leaves_the_last_stage_only_the_head_when_it_is_heavy():
     assert partition(problem).layers_per_stage == (2, 2, 2, 0) and partition(problem).bottleneck_s == 2.0
     strict = StageProblem(**{**problem.__dict__, "empty_ends": False})
     assert partition(strict).bottleneck_s == 3.0  # the head's stage must hold a layer
+
+
+def test_service_estimate_takes_stage_layers_and_refuses_with_the_rule():
+    """POST /v1/estimate's worker (planner.service.worker.solve): the body's stage_layers reach the estimate."""
+    import json
+
+    from planner.service.worker import solve
+
+    body = dict(model="llama3-8b", topology="dgx-h100", gpus=8, global_batch_size=16, seq_len=4096, tp=2, pp=4, sp=True,
+                zero_stage=1, framework="megatron-core", stage_layers=[7, 9, 9, 7])
+    from planner.schemas.plan import LaunchPlan
+
+    status, text = solve("estimate", json.dumps(body), 1024)
+    assert status == 200, text
+    assert layers_of(LaunchPlan.model_validate_json(text)) == [7, 9, 9, 7]
+    status, text = solve("estimate", json.dumps(body | {"stage_layers": [0, 16, 16, 0], "framework": "deepspeed"}), 1024)
+    assert status == 422 and "cannot run an end stage without decoder layers" in json.loads(text)["detail"]
