@@ -4,8 +4,8 @@ embedding and the loss counted as layers, explicit per-chunk layouts.
 Counts are decoder layers per virtual stage s = v * pp + r (chunk v of pipeline rank r): the order of a
 LaunchPlan's stages and of Megatron's layout string. The embedding rides on stage 0, the final norm, head and
 loss on the last stage; either end stage may hold no decoder layer where the stack allows it (Llama 3, Dubey et
-al. 2024 sec. 3.3.2: "the first model chunk on the first stage has only the embedding, and the last model chunk
-on the last stage has only output projection and loss calculation", 405B's 126 layers at pp 16).
+al. 2024 sec. 3.3.2, takes one layer each off the first and last pipeline stages of 405B's 126 at pp 16, so that the
+first chunk holds only the embedding and the last only the output projection and loss).
 
 The stacks' own rules, re-implemented from their code (each function names where):
 - Megatron-Core (core_v0.16 .. core_v0.19): `megatron_split` is TransformerConfig.__post_init__'s uneven-PP
