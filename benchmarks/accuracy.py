@@ -78,8 +78,8 @@ def build_case(run: dict) -> Case | None:
         f = dict(s.fixed, **dict(zip(keys, values)))
         if f["schedule"] != "interleaved":
             f["vpp"] = 1
-        elif f["vpp"] in (None, 1) or spec.num_layers % (f["pp"] * f["vpp"]):
-            continue
+        elif f["vpp"] in (None, 1) or ("vpp" in s.choices and spec.num_layers % (f["pp"] * f["vpp"])):
+            continue  # an unsaid vpp: equal chunks only; a published one: the stack's split rule (validity_reasons)
         per_step = f["dp"] * f["microbatch_size"]
         if request.global_batch_size % per_step:
             continue

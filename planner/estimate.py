@@ -6,7 +6,8 @@ multiply to the GPU count) and configurations that do not divide the batch or th
 the command line contract answers with 2. Configurations that do not fit in memory come back as a LaunchPlan with
 feasible=False and the reasons (which rank, by how much, which part dominates). A configuration the request's
 framework cannot run is refused with that framework's reason (bad input: the user asked for something the stack
-does not have); an explicit 2BW schedule is the user's opt-in. Sits above the cost model (it builds a plan).
+does not have), and so is a given stage split the stack cannot spell (planner.frameworks_split.split_refusal: uneven
+first/last stages, layouts, stages without decoder layers); an explicit 2BW schedule is the user's opt-in. Sits above the cost model (it builds a plan).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from planner.cost.notes import candidate_of, model_notes
 from planner.cost.validity import input_reasons
 from planner.errors import BadInputError
 from planner.frameworks import config_of, load_framework, refusal
+from planner.frameworks_split import split_refusal
 from planner.plan import build_launch_plan
 from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
 
@@ -29,9 +31,14 @@ def estimate(request: PlanRequest, config: Configuration, *, options: CostOption
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))
-    refused = refusal(load_framework(request.framework), config_of(cand, model=request.model, precision=request.precision))
+    profile = load_framework(request.framework)
+    refused = refusal(profile, config_of(cand, model=request.model, precision=request.precision))
     if refused is not None:
         raise BadInputError(refused[1])
+    if config.stage_layers is not None:  # the split given: the stack's rule for it (uneven first/last, layouts)
+        rule = split_refusal(profile, num_layers=request.model.num_layers, pp=cand.pp, vpp=cand.vpp, counts=config.stage_layers)
+        if rule is not None:
+            raise BadInputError(rule)
     reasons = model.validity_reasons(cand)
     if reasons:
         raise BadInputError("; ".join(reasons))

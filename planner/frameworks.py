@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from planner.errors import BadInputError
+from planner.frameworks_split import balanced_split, split_refusal
 from planner.io import load_file, shipped_dir, shipped_names
 from planner.schemas.compression import NONE
 from planner.schemas.framework import FrameworkProfile
@@ -234,24 +235,26 @@ def _reason(profile: FrameworkProfile, rule, c: Config) -> str:
 
 def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp: int,
                              num_microbatches: int) -> tuple[str, str] | None:
-    """Whether the stack can split `num_layers` decoder layers over pp*vpp interleaved chunks.
+    """Whether the stack can run the split the cost model prices for `num_layers` decoder layers over pp*vpp
+    interleaved chunks (planner.frameworks_split.balanced_split, judged by split_refusal).
 
     Equal chunks need num_layers % (pp*vpp) == 0; with an embedding and a loss slot (Megatron's
     --account-for-embedding/loss-in-pipeline-split, torchtitan's input/output weights counted as layers) the
-    rule is on num_layers + slots; an explicit layout or uneven first/last stages take any count that leaves
-    every chunk at least one layer (e.g. Llama-3.1 405B, 126 layers, pp 8 x vpp 8 in NeMo)."""
+    rule is on num_layers + slots; an explicit layout takes any count that leaves every chunk a layer, or the end
+    chunks none where the stack allows (Llama-3.1 405B, 126 layers: pp 8 x vpp 8 in NeMo, pp 16 x vpp 8 in
+    Llama 3's own runs, whose first and last chunks hold only the embedding and the loss)."""
     split, chunks = profile.capabilities.interleaved_split, pp * vpp
     if split.microbatches_divisible_by_pp and num_microbatches % pp:
         return "microbatches_not_divisible_by_pp", (f"num_microbatches={num_microbatches} must be divisible by pp={pp} "
                                                     f"for the interleaved schedule of framework {profile.name!r}")
-    if split.layout or split.uneven_first_last:
-        ok = num_layers >= chunks
-    else:
-        slots = num_layers + split.embedding_slot + split.loss_slot
-        ok = num_layers % chunks == 0 or slots % chunks == 0
-    if not ok:
+    ends = 2 if split.empty_chunks != "none" else 0  # end chunks may hold only the embedding / the loss
+    rule = None if num_layers + ends >= chunks else f"fewer than one layer a chunk"
+    if rule is None:
+        rule = split_refusal(profile, num_layers=num_layers, pp=pp, vpp=vpp, counts=balanced_split(num_layers, chunks))
+    if rule is not None:
         return "layers_not_divisible_by_pp_vpp", (f"num_layers={num_layers} cannot be split over pp*vpp={chunks} chunks "
-                                                  f"by framework {profile.name!r}: choose pp*vpp dividing {num_layers}")
+                                                  f"by framework {profile.name!r}: choose pp*vpp dividing {num_layers} "
+                                                  f"({rule})")
     return None
 
 
@@ -267,10 +270,11 @@ def plan_refusal(profile: FrameworkProfile, plan: LaunchPlan) -> str | None:
         found = refusal(profile, config, allow_stale_weights=True)  # the plan already chose its schedule
         if found is not None:
             return found[1]
-    par = plan.parallelism
-    if par.pp > 1 and par.vpp > 1:
-        found = interleaved_split_reason(profile, num_layers=plan.request.model.num_layers, pp=par.pp, vpp=par.vpp,
-                                         num_microbatches=plan.batch.num_microbatches)
-        if found is not None:
-            return found[1]
+    par, split = plan.parallelism, profile.capabilities.interleaved_split
+    if par.pp > 1 and par.vpp > 1 and split.microbatches_divisible_by_pp and plan.batch.num_microbatches % par.pp:
+        return (f"num_microbatches={plan.batch.num_microbatches} must be divisible by pp={par.pp} for the interleaved "
+                f"schedule of framework {profile.name!r}")
+    counts = [sum(name.startswith("layers.") for name in stage.layers) for stage in sorted(plan.stages, key=lambda s: s.stage)]
+    if len(counts) == par.pp * par.vpp:  # a plan whose stages do not match pp*vpp is check_runnable's to refuse
+        return split_refusal(profile, num_layers=plan.request.model.num_layers, pp=par.pp, vpp=par.vpp, counts=counts)
     return None

@@ -90,9 +90,36 @@ def check_request_flags(*, precision: str, global_batch_size: int | None, seq_le
             raise BadInputError(f"--{name}={value} must be at least 1")
 
 
+def stage_layers_of(text: str | None, first: int | None, last: int | None, *, num_layers: int, pp: int,
+                    vpp: int) -> tuple[int, ...] | None:
+    """--stage-layers "3,2*29,0,0" (decoder layers per virtual stage, stage = v*pp + r; "n*k" repeats n k times)
+    or --first-stage-layers/--last-stage-layers (layers of the first/last pipeline rank over its vpp chunks, the
+    middle ranks sharing the rest evenly: Megatron-Core's --decoder-first/last-pipeline-num-layers rule,
+    planner.frameworks_split.megatron_split); None: the balanced split."""
+    from planner.frameworks_split import SplitError, megatron_split
+
+    if text is not None and (first is not None or last is not None):
+        raise BadInputError("--stage-layers with --first-stage-layers/--last-stage-layers: give one or the other")
+    if text is not None:
+        counts: list[int] = []
+        for item in text.split(","):
+            parts = item.strip().split("*")
+            if len(parts) > 2 or not all(p.strip().isdigit() for p in parts) or len(counts) > 100_000:
+                raise BadInputError(f"--stage-layers={text!r}: give decoder layers per virtual stage as integers, e.g. "
+                                    "'3,4*14,2' (n*k repeats n k times)")
+            counts += [int(parts[0])] * (int(parts[1]) if len(parts) == 2 else 1)
+        return tuple(counts)
+    if first is None and last is None:
+        return None
+    try:
+        return megatron_split(num_layers, pp, vpp, first=first, last=last)
+    except SplitError as exc:
+        raise BadInputError(f"--first-stage-layers={first} --last-stage-layers={last}: {exc}") from None
+
+
 def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep: int, cp: int, sp: bool, vpp: int,
                   zero: int, tp_overlap: str, microbatch_size: int, schedule: str, recompute: str,
-                  compression: Compression = NONE) -> Configuration:
+                  compression: Compression = NONE, stage_layers: tuple[int, ...] | None = None) -> Configuration:
     """The Configuration of the flags; dp defaults to gpus / (tp*pp*cp), which must divide."""
     for name, value in (("recompute", recompute), ("schedule", schedule), ("tp_overlap", tp_overlap), ("zero", zero)):
         if value not in CHOICES[name]:
@@ -113,7 +140,8 @@ def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep:
     try:
         parallelism = Parallelism(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap,
                                   compression=compression)
-        return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute)
+        return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
+                             stage_layers=stage_layers)
     except ValidationError as exc:
         raise BadInputError(format_validation_error(exc, "configuration")) from None
 
@@ -136,6 +164,14 @@ def estimate(
     cp: int = typer.Option(1, "--cp", help="Context-parallel degree."),
     sp: bool = typer.Option(False, "--sp/--no-sp", help="Sequence parallelism (needs tp>1)."),
     vpp: int = typer.Option(1, "--vpp", help="Virtual stages per pipeline rank (interleaved schedule)."),
+    stage_layers: str | None = typer.Option(None, "--stage-layers", help="Decoder layers per virtual stage (pp*vpp "
+                                            "entries, stage = v*pp + r; 'n*k' repeats), e.g. '3,2*29,0,0'; the stack "
+                                            "must be able to spell it (exit 2 naming its rule)."),
+    first_stage_layers: int | None = typer.Option(None, "--first-stage-layers", help="Decoder layers on the first "
+                                                  "pipeline rank (all its virtual stages), as Megatron's "
+                                                  "--decoder-first-pipeline-num-layers; the middle ranks share the rest."),
+    last_stage_layers: int | None = typer.Option(None, "--last-stage-layers", help="Decoder layers on the last pipeline "
+                                                 "rank, as Megatron's --decoder-last-pipeline-num-layers."),
     microbatch_size: int = typer.Option(1, "--microbatch-size", help="Sequences per micro-batch."),
     global_batch_size: int | None = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step (default ~4M tokens)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
@@ -164,9 +200,11 @@ def estimate(
     check_request_flags(precision=precision, global_batch_size=global_batch_size, seq_len=seq_len)
     request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
                                 seq_len=seq_len, precision=precision, profile=profile, framework=framework)
+    split = stage_layers_of(stage_layers, first_stage_layers, last_stage_layers, num_layers=request.model.num_layers,
+                            pp=pp, vpp=vpp)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
                            microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
-                           compression=api.compression(compression, request.topology))
+                           compression=api.compression(compression, request.topology), stage_layers=split)
     plan = api.estimate(request, config)
     _emit(plan, json_output=json_output, output=output)
     if not plan.feasible:

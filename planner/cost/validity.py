@@ -44,7 +44,7 @@ def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
     if request.seq_len % c.cp:
         out.append(f"cp={c.cp} must divide seq_len={request.seq_len}")
     stages = c.pp * c.vpp
-    if spec.num_layers < stages:
+    if spec.num_layers < stages and not _empty_ends_fit(request, stages):
         out.append(f"pp*vpp={stages} exceeds num_layers={spec.num_layers}: every virtual stage needs a decoder layer")
     elif c.vpp > 1:
         found = interleaved_split_reason(load_framework(request.framework), num_layers=spec.num_layers, pp=c.pp,
@@ -52,6 +52,13 @@ def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
         if found is not None:
             out.append(found[1])
     return out
+
+
+def _empty_ends_fit(request: PlanRequest, stages: int) -> bool:
+    """num_layers + 2 >= pp*vpp where the stack lets the end stages hold only the embedding and only the loss
+    (Llama 3's 405B: 126 layers on 16 x 8 chunks; planner.frameworks_split)."""
+    split = load_framework(request.framework).capabilities.interleaved_split
+    return split.empty_chunks != "none" and request.model.num_layers + 2 >= stages > 1
 
 
 def _batch_reasons(request: PlanRequest, c: "Candidate") -> list[str]:

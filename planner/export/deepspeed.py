@@ -9,7 +9,9 @@ DeepSpeed's rules checked here (refused with its reason):
   exported as it (same bubble, less activation memory); interleaved, zero-bubble and 2BW are refused.
 - No ring context parallelism (DeepSpeed-Ulysses is a different, all-to-all sequence parallelism).
 Things the JSON cannot carry (the pipeline partition, expert-parallel size) are code-level in DeepSpeed
-(PipelineModule(partition_method=...), deepspeed.moe.layer.MoE(ep_size=...)) and come back as warnings.
+(PipelineModule(partition_method=...), deepspeed.moe.layer.MoE(ep_size=...)) and come back as usage lines and
+warnings: the usage names partition_method='type:transformer' where DeepSpeed's own partition of the decoder layers
+(planner.frameworks_split.deepspeed_type_split) is the plan's split, and a warning says what it builds otherwise.
 
 The model-parallel layout must reach DeepSpeed too: `DeepSpeedConfig` checks train_batch_size against the
 data-parallel size it reads from the mpu (`mpu.get_data_parallel_world_size()`, deepspeed/runtime/config.py);
@@ -26,6 +28,7 @@ import json
 from typing import Any
 
 from planner.export.common import Export, base_recompute, check_exportable, check_framework, rank_layer_counts, refuse
+from planner.frameworks_split import deepspeed_type_split
 from planner.schemas.plan import LaunchPlan
 
 TARGET = "deepspeed"
@@ -55,10 +58,11 @@ def _check(plan: LaunchPlan, warnings: list[str]) -> None:
     if par.pp > 1 and plan.schedule == "gpipe":
         warnings.append("GPipe exported as DeepSpeed's 1F1B TrainSchedule: same bubble, less activation memory")
     counts = rank_layer_counts(plan)
-    if par.pp > 1 and len(set(counts)) > 1:
+    if par.pp > 1 and tuple(counts) != _type_split(plan):
         warnings.append(
-            f"uneven stages {counts} (decoder layers per pipeline rank) cannot be given in the config: "
-            "DeepSpeed's PipelineModule partitions by partition_method ('parameters', 'uniform', 'type:...')"
+            f"stages {counts} (decoder layers per pipeline rank) cannot be given in the config: DeepSpeed's "
+            f"PipelineModule partitions by partition_method; 'type:transformer' builds {list(_type_split(plan))} "
+            "(deepspeed/runtime/pipe/module.py _partition_layers), 'parameters' balances parameter counts"
         )
     if par.ep > 1:
         warnings.append(f"expert parallelism is set in code: deepspeed.moe.layer.MoE(..., ep_size={par.ep})")
@@ -146,6 +150,19 @@ def export_deepspeed(plan: LaunchPlan) -> Export:
                   usage=usage(plan))
 
 
+def _type_split(plan: LaunchPlan) -> tuple[int, ...]:
+    """Decoder layers per pipeline rank of partition_method='type:transformer' (one embedding spec ahead of the
+    decoder layers, norm and head behind: Megatron-DeepSpeed's GPTModelPipe)."""
+    return deepspeed_type_split(plan.request.model.num_layers, plan.parallelism.pp)
+
+
+def _partition_method(plan: LaunchPlan) -> str:
+    """'type:transformer' (a regex matched case-insensitively against the layer specs' class names, e.g.
+    Megatron-DeepSpeed's ParallelTransformerLayerPipe: module.py _find_layer_type) where it builds the plan's split
+    exactly; else 'parameters' (the warning says what 'type:transformer' would build)."""
+    return "type:transformer" if tuple(rank_layer_counts(plan)) == _type_split(plan) else "parameters"
+
+
 def usage(plan: LaunchPlan) -> tuple[str, ...]:
     """How to hand the config and the model-parallel sizes to DeepSpeed (DeepSpeedConfig needs the mpu's dp)."""
     par = plan.parallelism
@@ -154,7 +171,7 @@ def usage(plan: LaunchPlan) -> tuple[str, ...]:
         return (
             f"from deepspeed.pipe import PipelineModule; from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology",
             f"module = PipelineModule(layers=<your LayerSpecs>, loss_fn=<loss>, topology=PipeModelDataParallelTopology("
-            f"num_pp={par.pp}, num_mp={par.tp}, num_dp={dp}), partition_method='parameters')",
+            f"num_pp={par.pp}, num_mp={par.tp}, num_dp={dp}), partition_method={_partition_method(plan)!r})",
             "engine, *_ = deepspeed.initialize(model=module, config='ds_config.json')  # no mpu=: the engine uses "
             f"module.mpu(), whose data-parallel size {dp} makes train_batch_size check out",
         )

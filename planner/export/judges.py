@@ -32,8 +32,8 @@ import os
 import shlex
 import sys
 
-from planner.export.common import Export
-from planner.export.judges_megatron import megatron_core_verdict
+from planner.export.common import Export, stage_layer_counts
+from planner.export.judges_megatron import megatron_core_verdict, split_verdict
 from planner.export.verdicts import JudgeUnavailable, Verdict, first_line, quiet
 from planner.schemas.plan import LaunchPlan
 
@@ -169,7 +169,7 @@ def judge_megatron(plan: LaunchPlan, export: Export) -> Verdict:
     if path:
         verdict = _megatron_lm(args, plan, path, "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export.text)
     else:
-        verdict = megatron_core_verdict(args, plan.request.gpus)
+        verdict = megatron_core_verdict(args, plan.request.gpus, stage_layer_counts(plan))
     return verdict if not verdict.accepted else _megatron_interleaved_groups(plan)
 
 
@@ -219,7 +219,7 @@ def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1
             parsed = arguments.parse_args()
             arguments.validate_args(parsed, {})
             parsed.apply_rope_fusion = False
-            arguments.core_transformer_config_from_args(parsed)
+            config = arguments.core_transformer_config_from_args(parsed)
     except (SystemExit, Exception) as exc:
         return Verdict(False, f"Megatron-LM: {first_line(exc, err)}")
     finally:
@@ -229,7 +229,7 @@ def _megatron_lm(args: list[str], plan: LaunchPlan, path: str, max_connections_1
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return Verdict(True)
+    return split_verdict(config, plan.parallelism.pp, plan.parallelism.vpp, stage_layer_counts(plan))
 
 
 def _typing_override() -> None:

@@ -6,7 +6,9 @@ Megatron-LM's `core_transformer_config_from_args` maps them (flag `--x-y` -> fie
 --decoder-first/last-pipeline-num-layers -> num_layers_in_first/last_pipeline_stage,
 --num-virtual-stages-per-pipeline-rank -> virtual_pipeline_model_parallel_size) and handed to the wheel's own
 `TransformerConfig` / `MLATransformerConfig` (whose __post_init__ checks heads vs TP, MoE vs SP, the pipeline
-layout and split, recompute) and `ConstantNumMicroBatchesCalculator` (global batch vs micro batch x dp).
+layout and split, recompute) and `ConstantNumMicroBatchesCalculator` (global batch vs micro batch x dp); then the
+decoder layers Megatron builds per virtual stage (transformer_block.py get_num_layers_to_build, or the parsed
+layout) against the plan's split. --account-for-embedding/loss-in-pipeline-split map to their fields by name.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ INT_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "cont
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
              "position-embedding-type", "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq",
              "moe-token-dispatcher-type")
-BOOL_FLAGS = ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
+BOOL_FLAGS = ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
               "add-qkv-bias", "qk-layernorm", "multi-latent-attention")
 
@@ -56,6 +58,8 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
         virtual_pipeline_model_parallel_size=a.num_virtual_stages_per_pipeline_rank,
         context_parallel_size=a.context_parallel_size or 1, expert_model_parallel_size=a.expert_model_parallel_size or 1,
         sequence_parallel=a.sequence_parallel, pipeline_model_parallel_layout=a.pipeline_model_parallel_layout,
+        account_for_embedding_in_pipeline_split=a.account_for_embedding_in_pipeline_split or None,
+        account_for_loss_in_pipeline_split=a.account_for_loss_in_pipeline_split or None,
         num_layers_in_first_pipeline_stage=a.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=a.decoder_last_pipeline_num_layers,
         recompute_granularity=a.recompute_granularity, recompute_method=a.recompute_method,
@@ -77,8 +81,35 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
     return {key: value for key, value in kw.items() if value is not None}
 
 
-def megatron_core_verdict(args: list[str], world: int) -> Verdict:
-    """TransformerConfig (or MLATransformerConfig) and the micro-batch calculator of the installed megatron-core."""
+def megatron_stage_counts(config, pp: int, vpp: int) -> list[int]:
+    """Decoder layers Megatron builds per virtual stage s = v*pp + r: the layout's own parsed table
+    (PipelineParallelLayerLayout.layout[pp_rank][vp_stage]), else transformer_block.py get_num_layers_to_build."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    layout = config.pipeline_model_parallel_layout
+    if layout is not None:
+        return [layout.layout[s % pp][s // pp].count(LayerType.decoder) for s in range(pp * vpp)]
+    return [get_num_layers_to_build(config, vp_stage=s // pp if vpp > 1 else None, pp_rank=s % pp) for s in range(pp * vpp)]
+
+
+def split_verdict(config, pp: int, vpp: int, stage_layers: list[int] | None) -> Verdict:
+    """Whether Megatron builds the plan's decoder layers per virtual stage from the exported flags."""
+    if stage_layers is None or pp == 1:
+        return Verdict(True)
+    try:
+        with quiet():
+            built = megatron_stage_counts(config, pp, vpp)
+    except (AssertionError, ValueError) as exc:
+        return Verdict(False, f"get_num_layers_to_build: {first_line(exc)}")
+    if built != list(stage_layers):
+        return Verdict(False, f"Megatron builds decoder layers per virtual stage {built}, the plan has {list(stage_layers)}")
+    return Verdict(True)
+
+
+def megatron_core_verdict(args: list[str], world: int, stage_layers: list[int] | None = None) -> Verdict:
+    """TransformerConfig (or MLATransformerConfig) and the micro-batch calculator of the installed megatron-core;
+    with `stage_layers`, the decoder layers per virtual stage Megatron builds must be the plan's (split_verdict)."""
     try:
         from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
         from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
@@ -99,8 +130,8 @@ def megatron_core_verdict(args: list[str], world: int) -> Verdict:
         return Verdict(False, f"{config_class.__name__} has no fields {unknown}")
     try:
         with quiet():
-            config_class(**kwargs)
+            config = config_class(**kwargs)
             ConstantNumMicroBatchesCalculator(a.global_batch_size, a.micro_batch_size, world // (tp * pp * cp), None, 0)
     except (AssertionError, ValueError, TypeError) as exc:
         return Verdict(False, f"{config_class.__name__}: {first_line(exc)}")
-    return Verdict(True)
+    return split_verdict(config, pp, config.virtual_pipeline_model_parallel_size or 1, stage_layers)

@@ -11,10 +11,14 @@ its reason; the acceptance judges run validate_args itself, planner.export.judge
 - Interleaved schedule: pp > 2, or pp > 1 with P2P overlap, which is on by default (the flag is
   --no-overlap-p2p-communication; there is no --overlap-p2p-comm in core_v0.16 .. core_v0.19, so none is written);
   num_microbatches divisible by pp.
-- Layer split: without a layout, num_layers divisible by pp (by pp * vpp per virtual stage); uneven
-  stages via --decoder-first/last-pipeline-num-layers when only the end stages differ (middle stages even),
-  otherwise --pipeline-model-parallel-layout ("E" embedding, "t" decoder layer, "L" loss; stages separated by
-  "|", ordered virtual stage by virtual stage, which is our stage index: stage = vpp_rank * pp + pp_rank).
+- Layer split (TransformerConfig.__post_init__, transformer_block.py get_num_layers_to_build): without flags
+  num_layers divisible by pp and each rank's by vpp; --account-for-embedding/loss-in-pipeline-split count the
+  embedding/loss as a layer of the first/last chunk (Llama-3.1 405B: 126 + 2 over pp 8 x vpp 8);
+  --decoder-first/last-pipeline-num-layers set the first/last rank's layers (multiples of vpp; the middle ranks
+  share the rest evenly, a multiple of vpp each); anything else --pipeline-model-parallel-layout ("E" embedding,
+  "t" decoder layer, "L" loss; stages separated by "|", empty stages allowed, ordered virtual stage by virtual
+  stage, which is our stage index: stage = vpp_rank * pp + pp_rank). planner.frameworks_split.megatron_flags
+  picks the plainest of these that builds exactly the plan's split.
 - Context parallelism splits the sequence into 2 * cp chunks for causal load balance: seq_len % (2*cp) == 0.
 - Recompute: one granularity for all layers: selective (core attention) or full with --recompute-method
   uniform|block and --recompute-num-layers (block: the first N layers of each virtual stage). What one
@@ -38,6 +42,7 @@ from planner.export.common import (
     refuse,
     stage_layer_counts,
 )
+from planner.frameworks_split import megatron_flags
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan
 
@@ -100,27 +105,12 @@ def _check_schedule(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 
 
 def _layout_args(plan: LaunchPlan) -> list[str]:
-    """Stage split flags: even split, first/last uneven, or a full layout string."""
-    par, spec = plan.parallelism, plan.request.model
-    counts = stage_layer_counts(plan)
-    vpp_flag = ["--num-virtual-stages-per-pipeline-rank", str(par.vpp)] if par.vpp > 1 else []
+    """Stage split flags, the plainest Megatron-Core spelling of the plan's split (planner.frameworks_split.
+    megatron_flags): even, the embedding/loss accounted as layers, first/last pipeline-rank counts, else a layout."""
+    par = plan.parallelism
     if par.pp == 1:
         return []
-    if len(set(counts)) == 1 and spec.num_layers % (par.pp * par.vpp) == 0:
-        return vpp_flag
-    middle = counts[1:-1]
-    if par.vpp == 1 and par.pp > 2 and len(set(middle)) == 1:
-        out = []
-        if counts[0] != middle[0]:
-            out += ["--decoder-first-pipeline-num-layers", str(counts[0])]
-        if counts[-1] != middle[0]:
-            out += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
-        return out
-    stages = []
-    for index, count in enumerate(counts):
-        text = ("E" if index == 0 else "") + (f"t*{count}" if count > 1 else "t" * count)
-        stages.append(text + ("L" if index == len(counts) - 1 else ""))
-    return ["--pipeline-model-parallel-layout", "|".join(stages)]
+    return megatron_flags(plan.request.model.num_layers, par.pp, par.vpp, stage_layer_counts(plan))
 
 
 def _recompute_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:

@@ -43,6 +43,10 @@ class InterleavedSplit(Schema):
     uneven_first_last: bool = Field(description="first/last pipeline stage may hold a different layer count "
                                                 "(Megatron --decoder-first/last-pipeline-num-layers)")
     layout: bool = Field(description="an explicit per-chunk layout string (Megatron --pipeline-model-parallel-layout)")
+    empty_chunks: Literal["none", "ends", "any"] = Field(
+        default="none", description="which virtual stages may hold no decoder layer: none; the ends (the first only "
+        "the embedding, the last only norm, head and loss: torchtitan's module names per model part); any (Megatron's "
+        "layout: 'Empty stages are allowed')")
     microbatches_divisible_by_pp: bool = Field(description="num_microbatches must be a multiple of pp")
     source: str = Sourced
 

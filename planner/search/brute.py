@@ -13,8 +13,13 @@ from planner.search.ilp import RecomputeProblem
 from planner.search.partition import INF, StageProblem, stage_memory_bytes, stage_time_s
 
 
-def compositions(num_layers: int, num_stages: int) -> Iterator[tuple[int, ...]]:
-    """Every way to write num_layers as an ordered sum of num_stages positive parts."""
+def compositions(num_layers: int, num_stages: int, empty_ends: bool = False) -> Iterator[tuple[int, ...]]:
+    """Every way to write num_layers as an ordered sum of num_stages positive parts (with `empty_ends`, the first
+    and last part may be 0: the positive compositions of num_layers + 2 less one at each end)."""
+    if empty_ends and num_stages > 1:
+        for counts in compositions(num_layers + 2, num_stages):
+            yield (counts[0] - 1, *counts[1:-1], counts[-1] - 1)
+        return
     for cuts in itertools.combinations(range(1, num_layers), num_stages - 1):
         bounds = (0, *cuts, num_layers)
         yield tuple(bounds[k + 1] - bounds[k] for k in range(num_stages))
@@ -23,7 +28,7 @@ def compositions(num_layers: int, num_stages: int) -> Iterator[tuple[int, ...]]:
 def brute_partition(problem: StageProblem) -> float:
     """Min over all contiguous splits of the bottleneck stage time, subject to memory; inf when none fits."""
     best = INF
-    for counts in compositions(problem.num_layers, problem.num_stages):
+    for counts in compositions(problem.num_layers, problem.num_stages, problem.empty_ends):
         start, worst, fits = 0, 0.0, True
         for s, count in enumerate(counts):
             if stage_memory_bytes(problem, s, start, start + count) > problem.capacity_bytes:

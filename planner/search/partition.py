@@ -16,13 +16,15 @@ Recurrence (decoder layers 0..n-1, prefix sums P make every range O(1)):
     best[s][i]    = min_{s <= j < i} max(best[s-1][j], time(s, j, i))   over j with mem(s, j, i) <= C
     answer        = best[S-1][n]
 
-Every stage holds at least one decoder layer (j < i). Ties on the bottleneck break on the smallest j (np.argmin
+Every stage holds at least one decoder layer (j < i), except that with `empty_ends` (a stack that runs an end
+stage holding only the embedding or only the head: planner.frameworks_split) the first and last may hold none
+(j <= i). Ties on the bottleneck break on the smallest j (np.argmin
 returns the first minimum), so the result is deterministic. `backtrack` is separate: it walks the arg-min table.
 Complexity O(S n^2) with the inner min vectorised over (j, i) in numpy.
 
-Interleaved schedules (vpp > 1) are not partitioned here: Megatron-LM's interleaved 1F1B needs the same number of
-layers in every model chunk, and a pipeline rank's memory is the sum over its vpp chunks, which does not decompose
-per chunk; the search keeps balanced chunks for vpp > 1.
+Interleaved schedules (vpp > 1) are not partitioned here: a pipeline rank's time and memory are sums over its vpp
+chunks, which do not decompose per chunk; the search tries the stack's own uneven forms for them instead
+(planner.search.refine_uneven).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class StageProblem:
     head_time_s: float = 0.0
     head_static_bytes: float = 0.0
     head_activation_bytes: float = 0.0
+    empty_ends: bool = False  # the first/last stage may hold no decoder layer (where the stack runs it)
 
     @property
     def num_layers(self) -> int:
@@ -118,9 +121,11 @@ def solve_tables(problem: StageProblem) -> tuple[np.ndarray, np.ndarray]:
     best = np.full((num_stages, n + 1), INF)
     choice = np.full((num_stages, n + 1), -1, dtype=np.int64)
     upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)  # j < i: every stage holds a decoder layer
+    either = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=0)  # j <= i: an end stage may hold none
     for s in range(num_stages):
         time, mem = _range_tables(problem, s)
-        valid = upper & (mem <= problem.capacity_bytes)
+        end = problem.empty_ends and s in (0, num_stages - 1) and num_stages > 1
+        valid = (either if end else upper) & (mem <= problem.capacity_bytes)
         if s == 0:
             row = np.where(valid[0], time[0], INF)
             best[0] = row
@@ -161,7 +166,7 @@ def describe(problem: StageProblem, layers_per_stage: Sequence[int]) -> Partitio
 
 def partition(problem: StageProblem) -> Partition | None:
     """The min-bottleneck contiguous split that fits, or None when no split fits in memory."""
-    if problem.num_stages > problem.num_layers:
+    if problem.num_stages > problem.num_layers + (2 if problem.empty_ends and problem.num_stages > 1 else 0):
         return None
     best, choice = solve_tables(problem)
     if not np.isfinite(best[-1][problem.num_layers]):

@@ -1,6 +1,8 @@
 """Refinement of the search's winners with the stage-partition DP and the joint assignment ILP.
 
-The branch and bound evaluates balanced stages. For the best few configurations with pp > 1 and vpp = 1 the
+The branch and bound evaluates balanced stages. With vpp > 1 the stack's uneven forms are tried
+(planner.search.refine_uneven: the embedding/loss counted as layers, fewer layers on the first and last ranks).
+For the best few configurations with pp > 1 and vpp = 1 the
 DP (planner.search.partition) re-splits the layers to minimise the slowest stage under each stage's own memory
 (the embedding and LM head make the end stages heavier; 1F1B's first stage holds pp micro-batches, the last one);
 when no split fits with the base recompute, ILP (B) (planner.search.ilp) chooses the split and the fully
@@ -17,6 +19,7 @@ from planner.errors import InfeasibleError
 from planner.search.outcome import Scored, rank_key
 from planner.search.partition import partition
 from planner.search.refine import stage_problem
+from planner.search.refine_uneven import refine_interleaved
 
 ILP_B_MAX_BINARIES = 400  # n_layers * pp; CBC's time grows quickly beyond (the DP covers the rest)
 
@@ -29,11 +32,13 @@ def refine_top(state, items: list[Scored]) -> list[Scored]:
 
 def _refine(state, item: Scored) -> Scored:
     cand = item.cand
-    if cand.pp == 1 or cand.vpp > 1:
+    if cand.pp == 1:
         return item
     if time.monotonic() > getattr(state, "deadline", float("inf")):
         state.timed_out = True
         return item
+    if cand.vpp > 1:  # the stack's uneven first/last and embedding/loss forms (planner.search.refine_uneven)
+        return refine_interleaved(state, item) if item.full_recompute_layers is None else item
     cost, counters = state.cost, state.counters
     lc = cost.layer_costs(cand)
     problem = stage_problem(cost, cand, lc)

@@ -14,14 +14,16 @@ schedule, recompute, axis_order). The space, and what bounds it:
 - zero_stage and recompute from SearchLimits (default 0..3 and none/selective/full); partial full recompute of
   some layers per stage is chosen by the ILP for configurations that do not fit otherwise.
 - schedule: with pp = 1 every pipeline schedule is the same computation, so one stands for all (1f1b when
-  allowed); with pp > 1 gpipe, 1f1b, 2bw, zero-bubble (vpp = 1) and interleaved with every vpp in 2..L/pp.
+  allowed); with pp > 1 gpipe, 1f1b, 2bw, zero-bubble (vpp = 1) and interleaved with every vpp in 2..L/pp
+  ((L+2)/pp where the stack lets the end chunks hold only the embedding and the loss).
 - axis_order: tp innermost; every order of the other axes whose size is > 1 (orders that differ only in where a
   size-1 axis sits are the same layout and are not counted twice).
 
 Structural rules that prune whole groups, counted per reason (times the configurations each group holds):
 heads, KV heads (not with MLA) and the FFN width divisible by tp, global batch by dp, seq_len by 2*cp (load-balanced causal context
-parallelism, Megatron-Core), experts by ep, decoder layers by pp*vpp for interleaved (Megatron-LM's interleaved
-1F1B needs equal model chunks) and num_microbatches by pp (Megatron-LM's rule for interleaving).
+parallelism, Megatron-Core), experts by ep, decoder layers over pp*vpp interleaved chunks as the stack splits them
+(equal chunks, or uneven ones where it spells them: planner.frameworks.interleaved_split_reason) and
+num_microbatches by pp (Megatron-LM's rule for interleaving).
 What the request's framework (planner.frameworks, `frameworks/<name>.yaml`) does not run is never explored: its
 schedules, ZeRO stages, recompute modes and TP overlaps bound the choices above; a factorisation it cannot run
 (context or expert parallelism it lacks, expert groups outside its span) is pruned under the profile's key, and
@@ -221,8 +223,9 @@ def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str
         flat = [s for s in opts.schedules if s != "interleaved"]
         return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat and opts.vpp in (None, 1) else []
     variants = [(s, 1) for s in FLAT_SCHEDULES if s in opts.schedules]
-    if "interleaved" in opts.schedules:
-        variants += [("interleaved", v) for v in range(2, num_layers // (pp * opts.min_layers_per_chunk) + 1)]
+    if "interleaved" in opts.schedules:  # end chunks may hold only the embedding / the loss where the stack allows
+        ends = 2 if opts.min_layers_per_chunk == 1 and opts.profile.capabilities.interleaved_split.empty_chunks != "none" else 0
+        variants += [("interleaved", v) for v in range(2, (num_layers + ends) // (pp * opts.min_layers_per_chunk) + 1)]
     return [(s, v) for s, v in variants if opts.vpp in (None, v)]
 
 

@@ -61,6 +61,10 @@ class EstimateBody(PlanBody):
     schedule: Schedule = "1f1b"
     recompute: RecomputeMode = "none"
     tp_overlap: TpOverlap = "none"
+    stage_layers: tuple[Annotated[int, Field(ge=0, le=L.MAX_LAYERS)], ...] | None = Field(
+        default=None, max_length=L.MAX_LAYERS + 2,
+        description="decoder layers per virtual stage (pp*vpp entries, stage = v*pp + r); None = balanced; a split the "
+                    "framework cannot build is refused with its rule (planner.frameworks_split)")
 
 
 class FieldError(BaseModel):

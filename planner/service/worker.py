@@ -54,6 +54,7 @@ def _configuration(body: EstimateBody, request) -> Configuration:
                                 zero_stage=body.zero_stage, tp_overlap=body.tp_overlap,
                                 compression=api.compression(body.compression, request.topology)),
         microbatch_size=body.microbatch_size, schedule=body.schedule, recompute=body.recompute,
+        stage_layers=body.stage_layers,
     )
 
 

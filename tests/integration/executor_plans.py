@@ -31,12 +31,13 @@ CPU = Topology(
 )
 
 
-def stage_names(num_layers: int, num_stages: int) -> list[tuple[str, ...]]:
-    """Balanced contiguous split; embedding on the first stage, norm + head on the last."""
+def stage_names(num_layers: int, num_stages: int, counts=None) -> list[tuple[str, ...]]:
+    """Contiguous split, balanced unless `counts` (decoder layers per stage) is given; embedding on the first stage,
+    norm + head on the last."""
     base, extra = divmod(num_layers, num_stages)
     out, start = [], 0
     for s in range(num_stages):
-        count = base + (1 if s < extra else 0)
+        count = counts[s] if counts is not None else base + (1 if s < extra else 0)
         names = [f"layers.{i}" for i in range(start, start + count)]
         if s == 0:
             names.insert(0, "tok_embeddings")
@@ -49,7 +50,8 @@ def stage_names(num_layers: int, num_stages: int) -> list[tuple[str, ...]]:
 
 def make_plan(spec: ModelSpec = TINY, *, dp=1, tp=1, pp=1, vpp=1, ep=1, sp=False, zero_stage=0, schedule="1f1b",
               microbatch_size=1, num_microbatches=2, recompute="none", tp_overlap="none",
-              axis_order=("pp", "dp", "cp", "tp"), step_time_s=1.0, dp_replicate=1, compression=None) -> LaunchPlan:
+              axis_order=("pp", "dp", "cp", "tp"), step_time_s=1.0, dp_replicate=1, compression=None,
+              stage_layers=None) -> LaunchPlan:
     par = Parallelism(dp=dp, tp=tp, pp=pp, vpp=vpp, ep=ep, sp=sp, zero_stage=zero_stage, tp_overlap=tp_overlap,
                       axis_order=axis_order, dp_replicate=dp_replicate, **({"compression": compression} if compression else {}))
     gbs = microbatch_size * num_microbatches * dp
@@ -61,7 +63,7 @@ def make_plan(spec: ModelSpec = TINY, *, dp=1, tp=1, pp=1, vpp=1, ep=1, sp=False
             coords[axis], rest = rest % sizes[axis], rest // sizes[axis]
         ranks.append(RankEntry(rank=rank, node=0, local_rank=rank, coords=coords))
     stages = [Stage(stage=i, layers=names, recompute=Recompute(mode=recompute))
-              for i, names in enumerate(stage_names(spec.num_layers, pp * vpp))]
+              for i, names in enumerate(stage_names(spec.num_layers, pp * vpp, stage_layers))]
     request = PlanRequest(model=spec, topology=CPU, gpus=world, global_batch_size=gbs, seq_len=SEQ, precision="fp32")
     tokens = gbs * SEQ
     return LaunchPlan(

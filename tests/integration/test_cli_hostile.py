@@ -127,7 +127,7 @@ def test_binary_files_are_one_line(files, args):
     (["plan", "--nodes", str(10**9)], "num_nodes"),
     (["estimate", "--gpus", "8", "--tp", str(10**9)], "tp"),
     (["estimate", "--gpus", "8", "--global-batch-size", "7"], "not divisible"),
-    (["estimate", "--gpus", "32", "--nodes", "4", "--pp", "4", "--vpp", "3", "--schedule", "interleaved"], "pp*vpp"),
+    (["estimate", "--gpus", "32", "--nodes", "4", "--pp", "4", "--vpp", "9", "--schedule", "interleaved"], "pp*vpp"),
     (["estimate", "--gpus", "8", "--topology", "dgx-a100-80g", "--precision", "fp8"], "no fp8"),
     (["plan", "--gpus", "8", "--topology", "dgx-a100-80g", "--precision", "fp8"], "no fp8"),
 ])

@@ -85,6 +85,19 @@ def test_pp2_interleaved_vpp2_with_tied_embeddings_matches_single_process(tmp_pa
     assert_close(report.losses, reference_losses(plan, 3), "pp2 interleaved vpp2, tied embeddings")
 
 
+def test_uneven_stages_match_single_process(tmp_path):
+    """Uneven pipeline stages as the stacks run them: pp 3 with a heavier first stage (1F1B), and interleaved pp 2 x
+    vpp 2 whose end chunks hold no decoder layer, only the embedding and only norm + head + loss (Llama 3's 405B
+    split; Megatron's --account-for-embedding/loss-in-pipeline-split at one layer a chunk)."""
+    three = make_plan(pp=3, schedule="1f1b", num_microbatches=3, stage_layers=[2, 1, 1])
+    report = run_plan(write_plan(three, tmp_path / "pp3.json"), options=options(steps=3))
+    assert_close(report.losses, reference_losses(three, 3), "pp3 1f1b [2, 1, 1]")
+    ends = make_plan(pp=2, vpp=2, schedule="interleaved", num_microbatches=4, stage_layers=[0, 2, 2, 0])
+    assert ends.stages[0].layers == ("tok_embeddings",) and ends.stages[-1].layers == ("norm", "output")
+    report = run_plan(write_plan(ends, tmp_path / "ends.json"), options=options(steps=3))
+    assert_close(report.losses, reference_losses(ends, 3), "pp2 x vpp2 [0, 2, 2, 0]")
+
+
 def test_dp2_tp2_pp2_on_eight_processes_matches_single_process(tmp_path):
     """The 3-D layout in one 8-process job: FSDP2 ZeRO-3 x TP2 with sequence parallelism x PP2 (1F1B),
     full activation checkpointing, axis order pp-dp-tp (tp innermost)."""

@@ -115,6 +115,14 @@ MEGATRON_PLANS = [
     dict(dp=4, tp=2, pp=1, cp=2, recompute="selective"),
     dict(dp=4, tp=2, pp=1, ep=4, spec=ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024, first_k_dense=1))),
     dict(dp=2, tp=2, pp=2, gbs=32, spec=ModelSpec(**{**LLAMA, "num_kv_heads": 32}, mla=MLASpec(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128))),
+    # uneven stages (planner.frameworks_split.megatron_flags): the embedding and loss as layers (405B-style, 30 + 2
+    # layers over pp 4 x vpp 2), the same at one layer a chunk (end chunks without decoder layers: Llama 3's 405B at
+    # pp 16 x vpp 8), first/last counts with vpp, and layouts (DeepSeek-V3-style [3, 2 x 29, 0, 0] in small)
+    dict(dp=1, tp=2, pp=4, vpp=2, schedule="interleaved", counts=[3, 4, 4, 4, 4, 4, 4, 3], gbs=32, spec=ModelSpec(**{**LLAMA, "num_layers": 30})),
+    dict(dp=1, tp=2, pp=4, vpp=8, schedule="interleaved", counts=[0] + [1] * 30 + [0], gbs=32, spec=ModelSpec(**{**LLAMA, "num_layers": 30})),
+    dict(dp=1, tp=2, pp=4, vpp=2, schedule="interleaved", counts=[1, 7, 7, 1, 1, 7, 7, 1], gbs=32),
+    dict(dp=1, tp=2, pp=4, vpp=2, schedule="interleaved", counts=[5, 4, 4, 4, 4, 4, 4, 3], gbs=32),
+    dict(dp=1, tp=2, pp=4, vpp=2, schedule="interleaved", counts=[3, 2, 2, 2, 2, 2, 0, 0], gbs=32, spec=ModelSpec(**{**LLAMA, "num_layers": 13})),
 ]
 
 
@@ -140,6 +148,13 @@ def test_megatron_judge_rejects_broken_exports(megatron_judge):
     assert not heads.accepted
     layers = verdict(plan, "megatron", text=lambda t: t.replace("--decoder-last-pipeline-num-layers 7", "--decoder-last-pipeline-num-layers 6"))
     assert not layers.accepted  # 32 - 7 - 6 layers do not split over the 2 middle stages
+    spec = ModelSpec(**{**LLAMA, "num_layers": 30})
+    uneven = make_plan(dp=1, tp=2, pp=4, vpp=2, schedule="interleaved", counts=[3, 4, 4, 4, 4, 4, 4, 3], gbs=32, spec=spec)
+    no_loss = verdict(uneven, "megatron", text=lambda t: t.replace("--account-for-loss-in-pipeline-split", ""))
+    assert not no_loss.accepted  # 30 + 1 layers do not divide over pp 4
+    other = make_plan(dp=1, tp=2, pp=4, vpp=2, schedule="interleaved", counts=[5, 4, 4, 4, 4, 4, 4, 3], gbs=32)
+    moved = verdict(other, "megatron", text=lambda t: t.replace("Et*5|", "Et*4|").replace("|t*3L", "|t*4L"))
+    assert not moved.accepted and "Megatron builds decoder layers per virtual stage" in moved.reason
 
 
 # ---- our executor and the re-check against the target's profile --------------------------------------------

@@ -138,7 +138,10 @@ def test_uneven_interleaved_split_with_embedding_and_loss_slots():
     """NeMo runs Llama-3.1 405B (126 layers) at pp 8 x vpp 8; equal chunks cannot (126 % 64 != 0)."""
     megatron, planner = load_framework("megatron-core"), load_framework("planner")
     assert interleaved_split_reason(megatron, num_layers=126, pp=8, vpp=8, num_microbatches=64) is None
-    refused = interleaved_split_reason(planner, num_layers=126, pp=8, vpp=8, num_microbatches=64)
+    assert interleaved_split_reason(planner, num_layers=126, pp=8, vpp=8, num_microbatches=64) is None  # layer lists
+    equal = planner.capabilities.interleaved_split.model_copy(update={"layout": False, "equal_chunks": True})
+    equal_only = planner.model_copy(update={"capabilities": planner.capabilities.model_copy(update={"interleaved_split": equal})})
+    refused = interleaved_split_reason(equal_only, num_layers=126, pp=8, vpp=8, num_microbatches=64)
     assert refused is not None and refused[0] == "layers_not_divisible_by_pp_vpp"
     assert interleaved_split_reason(megatron, num_layers=60, pp=8, vpp=8, num_microbatches=64) is not None  # < 1 layer a chunk
     request = api.build_request(model="llama3-405b", topology="dgx-h100", nodes=64, global_batch_size=512, seq_len=8192,
