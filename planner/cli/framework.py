@@ -51,7 +51,7 @@ def list_command(json_output: bool = typer.Option(False, "--json", help="Print J
 
     from planner.report import console
 
-    table = Table(title="Framework profiles (frameworks/*.yaml)", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title="Framework profiles (planner/data/frameworks)", title_justify="left", box=box.SIMPLE_HEAD)
     for key in rows[0] if rows else ():
         table.add_column(key.replace("_", " "), overflow="fold", no_wrap=key == "name")
     for row in rows:
