@@ -156,6 +156,15 @@ def schema(name: str | None = None) -> dict:
     return json_schema(name)
 
 
+def version_info() -> dict[str, str]:
+    """The package version and where its data comes from (planner.resources.provenance): the package folder,
+    wheel or source tree, the git commit, the environment's folder overrides."""
+    from planner import __version__
+    from planner.resources import provenance
+
+    return {"version": __version__} | provenance()
+
+
 def run(plan: LaunchPlan | str | Path, *, options=None, report_path: str | Path | None = None, warmup_steps: int = 1):
     """Train the plan on this machine with torchrun and return the run report (planner.executor.report.RunReport)."""
     from planner.executor.options import RunOptions
