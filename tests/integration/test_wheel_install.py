@@ -77,7 +77,6 @@ def installed(tmp_path_factory):
     return base / "venv" / "bin", work, env, commit
 
 
-@pytest.mark.slow
 def test_the_wheel_carries_its_data_and_runs_without_the_source_tree(installed):
     bin_dir, work, env, commit = installed
     where = run([str(bin_dir / "python"), "-c", "import planner, planner.resources as r; "
