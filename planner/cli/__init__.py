@@ -35,6 +35,7 @@ COMMANDS = {
     "models": ("models", "Model presets and imported configs (HuggingFace config.json, spec files) with their parameter counts."),
     "topology": ("topology", "Cluster topologies: devices, fabrics and the bandwidth a process group sees."),
     "framework": ("framework", "Framework profiles: what each software stack runs, overlaps and calls its flags."),
+    "calibrate": ("calibrate", "Derive a calibration overlay for your cluster and stack from your own runs' logs (Megatron-LM, torchtitan, JSON)."),
     "profile": ("profile", "Measure per-layer and per-operator costs with torch, or collective times (needs the torch extra)."),
 }
 

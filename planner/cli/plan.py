@@ -45,6 +45,8 @@ def plan_command(
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Time limit of the whole search in seconds."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs the plan: planner (our executor, "
                                   "the default) | megatron-core | torchtitan | deepspeed | a profile file."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration overlay from `planner calibrate` "
+                                              "(constants re-derived from your own runs of this GPU family and stack)."),
     runnable: bool = typer.Option(False, "--runnable", help="Alias of --framework planner (what `planner run` executes)."),
     allow_stale_weights: bool = typer.Option(False, "--allow-stale-weights", help="Let the search choose PipeDream-2BW "
                                              "(one-step-stale weights) where the framework runs it."),
@@ -75,7 +77,7 @@ def plan_command(
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
-        framework=_framework(framework, runnable),
+        framework=_framework(framework, runnable), calibration=calibration,
     )
     plan = _search_with_progress(api, request, quiet=json_output and output is None)
     text = canonical_json(plan)
