@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import re
 import statistics
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +164,13 @@ def read_torchtitan(path: Path, config: Path, *, model: Any = None, gpus: int | 
     """A MeasuredRun (as a dict) from a torchtitan log and the TOML config it ran with."""
     source = str(path)
     text = ANSI.sub("", read_text_checked(path, max_bytes=MAX_LOG_BYTES))
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise BadInputError("reading a torchtitan TOML config needs Python >= 3.11 or `pip install tomli`") from None
     try:
         job = tomllib.loads(read_text_checked(config, max_bytes=1 << 20))
     except tomllib.TOMLDecodeError as exc:
