@@ -178,11 +178,11 @@ def _emit(plan: LaunchPlan, *, json_output: bool, output: Path | None) -> None:
     if json_output:
         emit_text(text, None)
     else:
-        from planner.report import console
+        from planner.report import console, print_table
 
         out = console()
         for table in plan_tables(plan):
-            out.print(table)
+            print_table(out, table)
         for reason in plan.infeasible_reasons:
             out.print(f"[red]does not fit:[/red] {reason}")
         for note in plan.notes:

@@ -153,7 +153,7 @@ def _search_with_progress(api, request, *, quiet: bool):
 def _render(plan, output: Optional[Path]) -> None:
     from rich.table import Table
 
-    from planner.report import console, describe_axis_order, describe_pruned
+    from planner.report import console, describe_axis_order, describe_pruned, print_table
     from planner.units import GiB
 
     out, par, pred = console(), plan.parallelism, plan.prediction
@@ -177,7 +177,7 @@ def _render(plan, output: Optional[Path]) -> None:
         peak = f"{stage.memory.peak_bytes / GiB:.1f}" if stage.memory else "-"
         rec = f"{stage.recompute.mode}+{stage.recompute.full_layers} full" if stage.recompute.full_layers else stage.recompute.mode
         table.add_row(str(stage.stage), f"{first} .. {last} ({len(stage.layers)})", rec, peak)
-    out.print(table)
+    print_table(out, table)
     for alt in plan.alternatives:
         p = alt.parallelism
         out.print(f"  alternative dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep} vpp={p.vpp} zero={p.zero_stage} "

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from planner.executor.host import HostLoad
 from planner.schemas.base import Schema
 from planner.schemas.plan import Batch, LaunchPlan, Parallelism, Schedule
 
@@ -112,6 +113,7 @@ class RunReport(Schema):
     checkpoints: tuple[str, ...] = ()
     tp_overlap: TpOverlapTiming | None = Field(default=None, description="measured Domino gain (tp_overlap=domino only)")
     threads_per_rank: int | None = Field(default=None, description="torch CPU threads per process (the same for every world size)")
+    host: HostLoad | None = Field(default=None, description="the host CPU's load around the run (planner.executor.host)")
     predicted: Predicted
     errors: Errors
     notes: tuple[str, ...] = ()
