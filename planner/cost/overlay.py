@@ -31,4 +31,9 @@ def apply_overlay(cal: DeviceCalibration, overlay: CalibrationOverlay, device: D
     why = overlay_mismatch(overlay, device, framework)
     if why:
         raise BadInputError(why)
-    return dataclasses.replace(cal, matmul_ceiling_fraction=overlay.matmul_ceiling_fraction, stack=overlay.framework)
+    loo = overlay.leave_one_out
+    error = f", leave-one-run-out median error {loo.median_abs_error:.1%}" if loo.median_abs_error is not None else ""
+    source = (f"calibration overlay from {len(overlay.runs)} measured run(s) of {overlay.framework} on {overlay.device}"
+              f"{error} ({overlay.provenance.get('created_by', 'planner calibrate')})")
+    return dataclasses.replace(cal, matmul_ceiling_fraction=overlay.matmul_ceiling_fraction, stack=overlay.framework,
+                               source=source)
