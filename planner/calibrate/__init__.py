@@ -19,7 +19,7 @@ from planner.errors import BadInputError
 from planner.io import load_structured, read_text_checked, validate
 from planner.models import load_model
 from planner.schemas.calibration import CalibrationOverlay
-from planner.schemas.runs import MeasuredRun, MeasuredRuns
+from planner.schemas.runs import MAX_RUNS, MeasuredRun, MeasuredRuns
 from planner.topology import load_topology
 
 MAX_INPUT_BYTES = 256 << 20
@@ -52,6 +52,9 @@ def measured_runs(paths: list[str], *, configs: list[str] = (), model=None, fram
         runs.append(validate(MeasuredRun, raw, source=name))
     if not runs:
         raise BadInputError("no runs given: pass Megatron-LM or torchtitan logs, or a JSON of measured runs")
+    if len(runs) > MAX_RUNS:
+        raise BadInputError(f"{len(runs)} runs given, over the limit of {MAX_RUNS}: pass the runs of one cluster and stack, "
+                            "a few configurations each")
     return runs, topology
 
 

@@ -52,6 +52,7 @@ class Case:
         cal = self.shipped if ceiling is None else dataclasses.replace(self.shipped, matmul_ceiling_fraction=ceiling)
         return CostModel(self.request, calibration=cal, step_overhead=0.0).evaluate(self.cand).step_time_s
 
+    @lru_cache(maxsize=None)  # noqa: B019 - every leave-one-out fold asks again
     def implied(self, overhead: float) -> float:
         target = self.run.step_time_s - overhead
         if target <= 0:

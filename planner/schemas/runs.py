@@ -10,6 +10,8 @@ from planner.schemas.base import InputSchema
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Configuration, Precision
 
+MAX_RUNS = 100  # leave-one-run-out refits per run: time grows with the square of the runs (about 1 s for 20)
+
 
 class MeasuredRun(InputSchema):
     """One training run as measured on the user's cluster: its configuration, step time and peak memory."""
@@ -31,4 +33,4 @@ class MeasuredRuns(InputSchema):
     """The JSON input of `planner calibrate`: measured runs on one cluster with one stack."""
 
     topology: str | None = Field(default=None, description="preset name or file of the cluster (or --topology)")
-    runs: list[MeasuredRun] = Field(min_length=1, max_length=1000)
+    runs: list[MeasuredRun] = Field(min_length=1, max_length=MAX_RUNS)
