@@ -95,4 +95,10 @@ def test_the_wheel_carries_its_data_and_runs_without_the_source_tree(installed):
     assert json.loads((work / "plan.json").read_text())["request"]["framework"] == "megatron-core"
     run([str(bin_dir / "planner"), "export", "plan.json", "--to", "megatron", "-o", "args.sh"], work, env)
     assert "--tensor-model-parallel-size" in (work / "args.sh").read_text()
+    logs = [str(ROOT / "tests" / "data" / "runlogs" / f"megatron-{name}.log") for name in ("tp2", "tp4-pp2", "dp16")]
+    calibrated = run([str(bin_dir / "planner"), "calibrate", *logs, "--topology", "dgx-h100", "-o", "cluster.yaml"], work, env)
+    assert "leave-one-run-out error: median" in calibrated
+    run([str(bin_dir / "planner"), "plan", "--model", "llama3-8b", "--gpus", "16", "--framework", "megatron-core",
+         "--calibration", "cluster.yaml", "-o", "calibrated.json"], work, env)
+    assert "calibration" in json.loads((work / "calibrated.json").read_text())["request"]
     assert not (work / "topologies").exists() and not (work / "planner").exists()
