@@ -160,10 +160,8 @@ def megatron_model(args: dict, source: str, name: str) -> dict:
     return spec
 
 
-def read_torchtitan(path: Path, config: Path, *, model: Any = None, gpus: int | None = None, framework: str | None = None) -> dict:
-    """A MeasuredRun (as a dict) from a torchtitan log and the TOML config it ran with."""
-    source = str(path)
-    text = ANSI.sub("", read_text_checked(path, max_bytes=MAX_LOG_BYTES))
+def toml_config(config: Path) -> dict:
+    """A torchtitan job config (TOML), parsed."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package
@@ -172,23 +170,40 @@ def read_torchtitan(path: Path, config: Path, *, model: Any = None, gpus: int | 
         except ModuleNotFoundError:
             raise BadInputError("reading a torchtitan TOML config needs Python >= 3.11 or `pip install tomli`") from None
     try:
-        job = tomllib.loads(read_text_checked(config, max_bytes=1 << 20))
+        return tomllib.loads(read_text_checked(config, max_bytes=1 << 20))
     except tomllib.TOMLDecodeError as exc:
         raise BadInputError(f"{config}: not a TOML file ({exc}): pass the torchtitan config the run used") from None
-    training, par = job.get("training", {}), job.get("parallelism", {})
-    if not isinstance(training.get("seq_len"), int) or not isinstance(training.get("local_batch_size"), int):
-        raise BadInputError(f"{config}: [training] needs integer seq_len and local_batch_size: pass the config the run used")
-    degrees = {key: int(par.get(f"{key}_degree", 1)) for key in ("data_parallel_replicate", "data_parallel_shard",
-                                                                  "tensor_parallel", "pipeline_parallel", "context_parallel")}
-    inner = degrees["tensor_parallel"] * degrees["pipeline_parallel"] * degrees["context_parallel"]
+
+
+def titan_degrees(par: dict, gpus: int | None, config: Path) -> dict[str, int]:
+    """The [parallelism] degrees, data_parallel_shard_degree = -1 resolved from the world size."""
+    degrees = {}
+    for key in ("data_parallel_replicate", "data_parallel_shard", "tensor_parallel", "pipeline_parallel", "context_parallel"):
+        value = par.get(f"{key}_degree", 1)
+        if not isinstance(value, int) or value == 0 or (value < 0 and key != "data_parallel_shard"):
+            raise BadInputError(f"{config}: [parallelism] {key}_degree = {value!r}: must be a positive integer (-1 for data_parallel_shard)")
+        degrees[key] = value
     if degrees["data_parallel_shard"] < 0:
         if gpus is None:
             raise BadInputError(f"{config}: data_parallel_shard_degree = -1 takes the GPUs left: pass --gpus N (the run's world size)")
-        degrees["data_parallel_shard"] = gpus // (inner * degrees["data_parallel_replicate"])
+        inner = degrees["tensor_parallel"] * degrees["pipeline_parallel"] * degrees["context_parallel"]
+        degrees["data_parallel_shard"] = max(1, gpus // (inner * degrees["data_parallel_replicate"]))
+    return degrees
+
+
+def read_torchtitan(path: Path, config: Path, *, model: Any = None, gpus: int | None = None, framework: str | None = None) -> dict:
+    """A MeasuredRun (as a dict) from a torchtitan log and the TOML config it ran with."""
+    source = str(path)
+    text = ANSI.sub("", read_text_checked(path, max_bytes=MAX_LOG_BYTES))
+    job = toml_config(config)
+    training, par = job.get("training", {}), job.get("parallelism", {})
+    if not isinstance(training.get("seq_len"), int) or not isinstance(training.get("local_batch_size"), int):
+        raise BadInputError(f"{config}: [training] needs integer seq_len and local_batch_size: pass the config the run used")
+    degrees = titan_degrees(par, gpus, config)
     dp = degrees["data_parallel_replicate"] * degrees["data_parallel_shard"]
-    world = gpus or dp * inner
+    world = gpus or dp * degrees["tensor_parallel"] * degrees["pipeline_parallel"] * degrees["context_parallel"]
     global_batch = training.get("global_batch_size") or -1
-    global_batch = global_batch if global_batch > 0 else training["local_batch_size"] * dp
+    global_batch = global_batch if isinstance(global_batch, int) and global_batch > 0 else training["local_batch_size"] * dp
     steps = []
     for number, line in enumerate(text.splitlines(), 1):
         match = TITAN_STEP.search(line)

@@ -110,6 +110,13 @@ def test_hostile_inputs_are_one_line_exit_2(tmp_path):
     (tmp_path / "nan.log").write_text("\n".join(nan))
     one_line_exit_2(["calibrate", str(tmp_path / "nan.log"), "--topology", "dgx-h100", "-o", str(tmp_path / "o.yaml")], "is nan")
     one_line_exit_2(["calibrate", TITAN[0], "--topology", "dgx-h100", "-o", str(tmp_path / "o.yaml")], "--config")
+    titan = Path(TITAN[0]).read_text()
+    (tmp_path / "titan-nan.log").write_text(titan.replace("tps: ", "tps: nan ", 2).replace("tps: nan ", "tps: ", 1))
+    one_line_exit_2(["calibrate", str(tmp_path / "titan-nan.log"), "--config", TITAN_CONFIGS[0], "--topology", "dgx-h100",
+                     "-o", str(tmp_path / "o.yaml")], "tps is nan")
+    (tmp_path / "bad.toml").write_text(Path(TITAN_CONFIGS[0]).read_text().replace("tensor_parallel_degree = 1", 'tensor_parallel_degree = "x"'))
+    one_line_exit_2(["calibrate", TITAN[0], "--config", str(tmp_path / "bad.toml"), "--topology", "dgx-h100",
+                     "-o", str(tmp_path / "o.yaml")], "tensor_parallel_degree")
     one_line_exit_2(["calibrate", MEGATRON[0], "-o", str(tmp_path / "o.yaml")], "--topology")
     (tmp_path / "bad.yaml").write_text("kind: calibration-overlay\nmatmul_ceiling_fraction: 7\n")
     one_line_exit_2(["estimate", "--model", "llama3-8b", "--gpus", "8", "--calibration", str(tmp_path / "bad.yaml")], "bad.yaml")
