@@ -44,6 +44,8 @@ def load_framework(ref: str) -> FrameworkProfile:
         return load_file(FrameworkProfile, path)
     names = list_frameworks()
     close = difflib.get_close_matches(ref.lower(), names, n=2, cutoff=0.5)
+    if Path(ref).stem in names:  # an old path, frameworks/NAME.yaml: the profiles are package data now
+        close = [Path(ref).stem]
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise BadInputError(f"framework={ref!r} is unknown: {hint}choose one of {', '.join(names)} or a profile file path")
 

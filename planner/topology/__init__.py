@@ -30,6 +30,8 @@ def list_topologies() -> list[str]:
 def _unknown_topology_message(ref: str) -> str:
     names = list_topologies()
     close = difflib.get_close_matches(ref.lower(), names, n=3, cutoff=0.5)
+    if Path(ref).stem in names:  # an old path, topologies/NAME.yaml: the presets are package data now
+        close = [Path(ref).stem]
     hint = f"did you mean {', '.join(close)}? " if close else ""
     shown = ", ".join(names) if names else f"(none found in {topologies_dir()})"
     return (

@@ -61,3 +61,11 @@ def test_version_names_the_data_and_its_commit(monkeypatch, tmp_path):
     assert f"package: {package_path()}" in result.output and "git commit: " in result.output
     assert f"topologies: {tmp_path} ($PLANNER_TOPOLOGIES)" in result.output
     assert provenance()["install"] == "source tree"
+
+
+def test_an_old_top_level_path_points_at_the_preset():
+    runner = CliRunner()
+    topo = runner.invoke(app, ["plan", "--topology", "topologies/dgx-h100.yaml"])
+    assert topo.exit_code == 2 and "did you mean dgx-h100?" in topo.output
+    stack = runner.invoke(app, ["plan", "--framework", "frameworks/megatron-core.yaml"])
+    assert stack.exit_code == 2 and "did you mean megatron-core?" in stack.output
