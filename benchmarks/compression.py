@@ -2,7 +2,7 @@
 compression (`--compression auto`: each configuration with the compression its framework runs, chosen only beyond the
 model's ranking band), and the (de)compression kernels measured against the formulas that price them.
 
-Sweep: topologies/hgx-h100-roce-100g.yaml (8 x H100 per node, 2 NICs) with each NIC's bandwidth set to the
+Sweep: planner/data/topologies/hgx-h100-roce-100g.yaml (8 x H100 per node, 2 NICs) with each NIC's bandwidth set to the
 values below, and dgx-h100 (one 45 GB/s NIC per GPU) as the reference; TinyLlama-1.1B on our executor (PowerSGD,
 16-bit gradient all-reduces, hpZ) and Llama-3-8B on DeepSpeed (ZeRO++) on 4 nodes, Llama-3-70B on DeepSpeed on 8.
 

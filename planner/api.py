@@ -69,6 +69,7 @@ def build_request(
     profile: str | None = None,
     search: SearchLimits | None = None,
     framework: str = DEFAULT_FRAMEWORK,
+    calibration: str | Path | None = None,
 ) -> PlanRequest:
     """Resolve names into a self-contained PlanRequest (model and topology inline); `framework` is the stack that
     will run the plan (a shipped profile name or a profile file), checked here so a typo fails before the search."""
@@ -86,13 +87,27 @@ def build_request(
         raise BadInputError(f"profile={profile!r}: file not found: run `planner profile -o {profile}` or fix the path")
     _check_precision(precision, topo)
     load_framework(framework)
+    overlay = _calibration_for(calibration, topo, framework)
     try:
         return PlanRequest(framework=framework, model=spec, topology=topo, gpus=world, global_batch_size=batch,
-                           seq_len=length, precision=precision, profile=profile, search=search)
+                           seq_len=length, precision=precision, profile=profile, search=search, calibration=overlay)
     except ValidationError as exc:
         from planner.io import format_validation_error
 
         raise BadInputError(format_validation_error(exc, "request")) from None
+
+
+def _calibration_for(path: str | Path | None, topology: Topology, framework: str):
+    """The overlay of --calibration FILE, refused in one line when it was derived for another GPU family or stack."""
+    if path is None:
+        return None
+    from planner.cost.overlay import overlay_mismatch
+
+    overlay = load_calibration(path)
+    why = overlay_mismatch(overlay, topology.device, framework)
+    if why:
+        raise BadInputError(f"{path}: {why}")
+    return overlay
 
 
 def _check_precision(precision: str, topology: Topology) -> None:
@@ -171,6 +186,32 @@ def schema(name: str | None = None) -> dict:
     from planner.export.schema import json_schema
 
     return json_schema(name)
+
+
+def calibrate(paths: list[str], *, topology: str | None = None, configs: list[str] = (), model: str | None = None,
+              framework: str | None = None, gpus: int | None = None):
+    """A calibration overlay (planner.schemas.calibration.CalibrationOverlay) derived from the user's measured runs:
+    Megatron-LM / torchtitan logs or a JSON of runs (planner.calibrate)."""
+    from planner.calibrate import calibrate as _calibrate
+
+    return _calibrate(paths, topology=topology, configs=configs, model=model, framework=framework, gpus=gpus)
+
+
+def load_calibration(path: str | Path):
+    """A calibration overlay file written by `planner calibrate`, validated (one-line errors naming the field)."""
+    from planner.io import load_file
+    from planner.schemas.calibration import CalibrationOverlay
+
+    return load_file(CalibrationOverlay, path)
+
+
+def version_info() -> dict[str, str]:
+    """The package version and where its data comes from (planner.resources.provenance): the package folder,
+    wheel or source tree, the git commit, the environment's folder overrides."""
+    from planner import __version__
+    from planner.resources import provenance
+
+    return {"version": __version__} | provenance()
 
 
 def run(plan: LaunchPlan | str | Path, *, options=None, report_path: str | Path | None = None, warmup_steps: int = 1):

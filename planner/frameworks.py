@@ -1,4 +1,4 @@
-"""Framework profiles: loading the stack files under `frameworks/` and judging a configuration against one.
+"""Framework profiles: loading the stack files under planner/data/frameworks/ and judging a configuration against one.
 
 A reference is a shipped name (`planner framework list`) or a path to a profile YAML/JSON file. `refusal` is the
 one judge of "can this stack run this configuration": the search prunes with it (counted under the rule's key),
@@ -16,19 +16,20 @@ from pathlib import Path
 
 from planner.errors import BadInputError
 from planner.frameworks_split import balanced_split, split_refusal
-from planner.io import load_file, shipped_dir, shipped_names
+from planner.io import load_file, shipped_names
+from planner.resources import ENV_OVERRIDES, data_dir
 from planner.schemas.compression import NONE
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan
 
-FRAMEWORKS_ENV = "PLANNER_FRAMEWORKS"
+FRAMEWORKS_ENV = ENV_OVERRIDES["frameworks"]
 PROFILE_SUFFIX = ".yaml"
 
 
 def frameworks_dir() -> Path:
-    """The folder of shipped profiles: $PLANNER_FRAMEWORKS if set, else `frameworks/` next to the package."""
-    return shipped_dir(FRAMEWORKS_ENV, "frameworks")
+    """The folder of shipped profiles: $PLANNER_FRAMEWORKS if set, else planner/data/frameworks in the package."""
+    return data_dir("frameworks")
 
 
 def list_frameworks() -> list[str]:
@@ -45,6 +46,8 @@ def load_framework(ref: str) -> FrameworkProfile:
         return load_file(FrameworkProfile, path)
     names = list_frameworks()
     close = difflib.get_close_matches(ref.lower(), names, n=2, cutoff=0.5)
+    if Path(ref).stem in names:  # an old path, frameworks/NAME.yaml: the profiles are package data now
+        close = [Path(ref).stem]
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise BadInputError(f"framework={ref!r} is unknown: {hint}choose one of {', '.join(names)} or a profile file path")
 

@@ -175,16 +175,6 @@ def read_text_checked(path: str | Path, *, max_bytes: int) -> str:
         raise BadInputError(f"{_shown(source)} is not UTF-8 text (byte {exc.start}): pass a YAML or JSON file") from None
 
 
-def shipped_dir(env_var: str, folder: str) -> Path:
-    """A folder of shipped data files (topologies/, frameworks/): $env_var if set, else `folder` next to the package."""
-    override = os.environ.get(env_var)
-    if override:
-        return Path(override).expanduser()
-    import planner
-
-    return Path(planner.__file__).resolve().parents[1] / folder
-
-
 def shipped_names(folder: Path, suffix: str = ".yaml") -> list[str]:
     """The names (file stems) of the data files in a shipped folder, sorted; none when the folder is missing."""
     return sorted(path.stem for path in folder.glob(f"*{suffix}")) if folder.is_dir() else []

@@ -10,6 +10,67 @@ def console(*, stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
+def _plain(cell: object) -> str:
+    """A cell's text without markup or styles, on one line."""
+    from rich.text import Text
+
+    text = Text.from_markup(cell) if isinstance(cell, str) else cell if isinstance(cell, Text) else Text(str(cell))
+    return " ".join(text.plain.split())
+
+
+def table_fits(out: Console, table: Table) -> bool:
+    """Whether the table's natural width (every cell on one line) fits the console (terminal width; $COLUMNS or
+    80 when captured)."""
+    from rich.measure import Measurement
+
+    return Measurement.get(out, out.options.update_width(1 << 16), table).maximum <= out.width
+
+
+def plain_records(table: Table, width: int) -> list[str]:
+    """The table as text that never breaks a word nor elides one: per row, its first cell, then one indented
+    `header: value` line per other column, wrapped at spaces to `width` (a word longer than the line stays whole)."""
+    import textwrap
+
+    headers = [_plain(column.header) for column in table.columns]
+    columns = [[_plain(cell) for cell in column.cells] for column in table.columns]
+    lines = textwrap.wrap(_plain(table.title), width, break_long_words=False, break_on_hyphens=False) if table.title else []
+    for row in zip(*columns):
+        if not table.show_header or len(row) == 1:
+            label, value = row[0], " ".join(row[1:])
+            lines += textwrap.wrap(f"{label}: {value}", width, subsequent_indent="    ", break_long_words=False,
+                                   break_on_hyphens=False) or [label]
+            continue
+        heading = row[0] if headers[0] in ("", "name") else f"{headers[0]}: {row[0]}"
+        lines += textwrap.wrap(heading, width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+        for header, value in zip(headers[1:], row[1:]):
+            lines += textwrap.wrap(f"{header}: {value}", width, initial_indent="  ", subsequent_indent="      ",
+                                   break_long_words=False, break_on_hyphens=False)
+    if table.caption:
+        lines += textwrap.wrap(_plain(table.caption), width, break_long_words=False, break_on_hyphens=False)
+    return lines
+
+
+def print_wrapped(out: Console, text: str, *, indent: str = "", hang: str = "    ") -> None:
+    """A line of prose wrapped at spaces to the console's width (no markup read), continuation lines indented by
+    `hang`: a terminal's own wrap breaks words, and a captured file gets lines of 80 columns (or $COLUMNS)."""
+    import textwrap
+
+    for line in textwrap.wrap(text, max(out.width, 40), initial_indent=indent, subsequent_indent=indent + hang,
+                              break_long_words=False, break_on_hyphens=False) or [""]:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_table(out: Console, table: Table) -> None:
+    """Print a table: the rich table where it fits the console's width, else plain_records (at 80 columns or
+    captured to a file, a wide table would wrap mid-word or shrink cells to '…')."""
+    if table_fits(out, table):
+        out.print(table)
+        return
+    for line in plain_records(table, max(out.width, 40)):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    out.print()
+
+
 # --- planner models (list / show) ---------------------------------------------------------------
 
 

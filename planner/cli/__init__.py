@@ -35,6 +35,7 @@ COMMANDS = {
     "models": ("models", "Model presets and imported configs (HuggingFace config.json, spec files) with their parameter counts."),
     "topology": ("topology", "Cluster topologies: devices, fabrics and the bandwidth a process group sees."),
     "framework": ("framework", "Framework profiles: what each software stack runs, overlaps and calls its flags."),
+    "calibrate": ("calibrate", "Derive a calibration overlay for your cluster and stack from your own runs' logs (Megatron-LM, torchtitan, JSON)."),
     "profile": ("profile", "Measure per-layer and per-operator costs with torch, or collective times (needs the torch extra)."),
 }
 
@@ -80,8 +81,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """`planner --version`: the version, then where the data is and what it was built from, one fact a line."""
+    if not value:
+        return
+    from planner import api
+
+    info = api.version_info()
+    print(f"planner {info.pop('version')}")
+    for key, text in info.items():
+        print(f"{key.replace('_', ' ')}: {text}")
+    raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and the data's provenance (package folder, git commit), then exit."),
+) -> None:
     """The group itself does nothing; its commands do."""
 
 

@@ -60,7 +60,7 @@ def check_command(
 def _render(report) -> None:
     from rich.table import Table
 
-    from planner.report import console
+    from planner.report import console, print_table
 
     out = console()
     for result in report.results:
@@ -77,7 +77,7 @@ def _render(report) -> None:
             for diff in result.differences:
                 style = "bold" if diff.old != diff.new else "dim"
                 table.add_row(diff.what, diff.old, diff.new, style=style)
-            out.print(table)
+            print_table(out, table)
     failed = sum(r.failed for r in report.results)
     verdict = "[red]FAILED[/]" if report.failed else "[green]passed[/]"
     out.print(f"{verdict}: {len(report.results)} plan(s), {failed} failing (tolerance {report.tolerance:.1%}"

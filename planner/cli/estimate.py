@@ -186,6 +186,8 @@ def estimate(
     profile: str | None = typer.Option(None, "--profile", help="Measured profile file for compute costs."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs it: planner | megatron-core | torchtitan | "
                                   "deepspeed | a profile file; a configuration the stack cannot run is refused (exit 2)."),
+    calibration: str | None = typer.Option(None, "--calibration", help="Calibration overlay from `planner calibrate` "
+                                              "(constants re-derived from your own runs of this GPU family and stack)."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of tables."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
@@ -199,7 +201,8 @@ def estimate(
     check_writable(output)
     check_request_flags(precision=precision, global_batch_size=global_batch_size, seq_len=seq_len)
     request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
-                                seq_len=seq_len, precision=precision, profile=profile, framework=framework)
+                                seq_len=seq_len, precision=precision, profile=profile, framework=framework,
+                                calibration=calibration)
     split = stage_layers_of(stage_layers, first_stage_layers, last_stage_layers, num_layers=request.model.num_layers,
                             pp=pp, vpp=vpp)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
@@ -220,11 +223,11 @@ def _emit(plan: LaunchPlan, *, json_output: bool, output: Path | None) -> None:
     if json_output:
         emit_text(text, None)
     else:
-        from planner.report import console
+        from planner.report import console, print_table
 
         out = console()
         for table in plan_tables(plan):
-            out.print(table)
+            print_table(out, table)
         for reason in plan.infeasible_reasons:
             out.print(f"[red]does not fit:[/red] {reason}")
         for note in plan.notes:

@@ -66,37 +66,37 @@ def _table(title: str, columns: tuple[str, ...]):
 
 
 def _render(ex) -> None:
-    from planner.report import console
+    from planner.report import console, print_table, print_wrapped
 
     out = console()
-    out.print(f"[bold]{ex.headline}[/]", highlight=False)
+    print_wrapped(out, ex.headline)
     out.print("\n[bold]Why this configuration[/]")
     for reason in ex.reasons:
-        out.print(f"  - {reason}", markup=False)
+        print_wrapped(out, f"  - {reason}")
     time = _table("Where the time goes (per step)", ("part", "seconds", "share"))
     for part in ex.time:
         time.add_row(part.part, f"{part.seconds:.4g}", f"{part.fraction:.1%}")
-    out.print(time)
+    print_table(out, time)
     memory = _table(f"Memory per pipeline rank (GiB, capacity {ex.capacity_gib:.1f})",
                     ("rank", "weights", "grads", "optimizer", "activations", "other", "peak", "of capacity"))
     for row in ex.memory:
         memory.add_row(str(row.stage), *(f"{v:.2f}" for v in (row.params_gib, row.grads_gib, row.optimizer_gib,
                        row.activations_gib, row.other_gib, row.peak_gib)), f"{row.capacity_fraction:.0%}")
-    out.print(memory)
+    print_table(out, memory)
     if ex.runner_up is not None:
         alts = _table("Runner-up and other candidates", ("differs from the chosen plan", "step s", "vs chosen", "peak GiB", "why not"))
         for alt in ex.alternatives:
             alts.add_row(alt.differs, f"{alt.step_time_s:.4g}", f"{alt.slower_by:+.1%}", f"{alt.peak_gib:.1f}", alt.why_not)
-        out.print(alts)
+        print_table(out, alts)
     if ex.pruned:
-        out.print("[bold]Pruned by the search[/]: " + ", ".join(f"{k}={v:,}" for k, v in ex.pruned.items()))
+        print_wrapped(out, "Pruned by the search: " + ", ".join(f"{k}={v:,}" for k, v in ex.pruned.items()))
     out.print("[bold]Which frameworks run it[/]")
     for name, verdict in ex.frameworks.items():
-        out.print(f"  - {name}: {verdict}", markup=False)
+        print_wrapped(out, f"  - {name}: {verdict}")
     if ex.compression:
         out.print("[bold]Communication compression on this cluster[/] (what the framework runs at this configuration)")
         for row in ex.compression:
-            out.print(f"  - {row.compression}: {row.step_time_s:.4g} s ({row.change:+.1%}), peak {row.peak_gib:.1f} GiB: "
-                      f"{row.verdict}", markup=False)
+            print_wrapped(out, f"  - {row.compression}: {row.step_time_s:.4g} s ({row.change:+.1%}), peak "
+                               f"{row.peak_gib:.1f} GiB: {row.verdict}")
     for note in ex.notes:
-        out.print(f"note: {note}", markup=False)
+        print_wrapped(out, f"note: {note}")

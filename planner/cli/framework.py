@@ -49,14 +49,14 @@ def list_command(json_output: bool = typer.Option(False, "--json", help="Print J
     from rich import box
     from rich.table import Table
 
-    from planner.report import console
+    from planner.report import console, print_table
 
-    table = Table(title="Framework profiles (frameworks/*.yaml)", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title="Framework profiles (planner/data/frameworks)", title_justify="left", box=box.SIMPLE_HEAD)
     for key in rows[0] if rows else ():
         table.add_column(key.replace("_", " "), overflow="fold", no_wrap=key == "name")
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
-    console().print(table)
+    print_table(console(), table)
 
 
 @framework_app.command("show")
@@ -78,14 +78,14 @@ def show_command(
         return
     from rich.table import Table
 
-    from planner.report import console
+    from planner.report import console, print_table
 
     table = Table(title=f"{profile.display_name} ({profile.name}, {profile.versions})", title_justify="left", show_header=False)
     table.add_column("section", no_wrap=True)
     table.add_column("facts", overflow="fold")
     for section, value in _sections(profile):
         table.add_row(section, value)
-    console().print(table)
+    print_table(console(), table)
 
 
 def _sections(profile) -> list[tuple[str, str]]:

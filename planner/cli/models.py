@@ -50,9 +50,9 @@ def list_models(
 
         emit_text(canonical_json(rows), None)
         return
-    from planner.report import console, models_table
+    from planner.report import console, models_table, print_table
 
-    console().print(models_table(rows))
+    print_table(console(), models_table(rows))
 
 
 @models_app.command("show", cls=ModelsCommand)
@@ -73,11 +73,11 @@ def show_model(
     if json_output:
         emit_text(canonical_json(report), None)
         return
-    from planner.report import console, model_detail_tables
+    from planner.report import console, model_detail_tables, print_table
 
     out = console()
     for table in model_detail_tables(report):
-        out.print(table)
+        print_table(out, table)
 
 
 def register(app: typer.Typer) -> None:

@@ -45,6 +45,8 @@ def plan_command(
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, help="Time limit of the whole search in seconds."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs the plan: planner (our executor, "
                                   "the default) | megatron-core | torchtitan | deepspeed | a profile file."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration overlay from `planner calibrate` "
+                                              "(constants re-derived from your own runs of this GPU family and stack)."),
     runnable: bool = typer.Option(False, "--runnable", help="Alias of --framework planner (what `planner run` executes)."),
     allow_stale_weights: bool = typer.Option(False, "--allow-stale-weights", help="Let the search choose PipeDream-2BW "
                                              "(one-step-stale weights) where the framework runs it."),
@@ -78,7 +80,7 @@ def plan_command(
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
-        framework=_framework(framework, runnable),
+        framework=_framework(framework, runnable), calibration=calibration,
     )
     if compression.strip().lower() != "none":
         chosen = api.compression(compression, request.topology, auto=True)
@@ -157,7 +159,7 @@ def _search_with_progress(api, request, *, quiet: bool):
 def _render(plan, output: Optional[Path]) -> None:
     from rich.table import Table
 
-    from planner.report import console, describe_axis_order, describe_pruned
+    from planner.report import console, describe_axis_order, describe_pruned, print_table
     from planner.units import GiB
 
     out, par, pred = console(), plan.parallelism, plan.prediction
@@ -181,7 +183,7 @@ def _render(plan, output: Optional[Path]) -> None:
         peak = f"{stage.memory.peak_bytes / GiB:.1f}" if stage.memory else "-"
         rec = f"{stage.recompute.mode}+{stage.recompute.full_layers} full" if stage.recompute.full_layers else stage.recompute.mode
         table.add_row(str(stage.stage), f"{first} .. {last} ({len(stage.layers)})", rec, peak)
-    out.print(table)
+    print_table(out, table)
     for alt in plan.alternatives:
         p = alt.parallelism
         out.print(f"  alternative dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep} vpp={p.vpp} zero={p.zero_stage} "

@@ -124,7 +124,7 @@ def profile_compute(
 
 def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path, command: str) -> None:
     from planner.io import atomic_write_text, canonical_json
-    from planner.report import console
+    from planner.report import console, print_table
 
     if hf:
         from planner.profiling.measure_hf import profile_hf_model as run
@@ -145,7 +145,7 @@ def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path, command:
         raise typer.Exit(code=130) from None
     save(result)
     out = console()
-    out.print(_summary_table(result))
+    print_table(out, _summary_table(result))
     out.print(f"wrote {output} ({len(result.entries)} entries)")
 
 

@@ -55,10 +55,10 @@ def run_command(
     if json_output:
         emit_text(canonical_json(result), None)
         return
-    from planner.report import console
+    from planner.report import console, print_table
 
     out = console()
-    out.print(run_report_table(result))
+    print_table(out, run_report_table(result))
     if report is not None:
         console(stderr=True).print(f"wrote {report}", markup=False)
 
@@ -74,8 +74,9 @@ def run_report_table(result):
     for header in ("", "measured", "predicted", "error"):
         table.add_column(header, justify="right" if header else "left")
     pred, err = result.predicted, result.errors
-    table.add_row("step time (s)", f"{result.step_time_s:.4g}", f"{pred.step_time_s:.4g}", pct(err.step_time_rel))
-    table.add_row("tokens/s", f"{result.tokens_per_s:,.0f}", f"{pred.tokens_per_s:,.0f}", pct(err.tokens_per_s_rel))
+    loaded = f" ({result.host.summary})" if result.host is not None and result.host.loaded else ""
+    table.add_row("step time (s)", f"{result.step_time_s:.4g}", f"{pred.step_time_s:.4g}", pct(err.step_time_rel) + loaded)
+    table.add_row("tokens/s", f"{result.tokens_per_s:,.0f}", f"{pred.tokens_per_s:,.0f}", pct(err.tokens_per_s_rel) + loaded)
     peak = max(m.peak_bytes for m in result.memory)
     table.add_row(f"peak memory (GiB, {result.memory[0].kind})", f"{peak / 2**30:.3f}", f"{pred.peak_bytes / 2**30:.3f}", pct(err.peak_bytes_rel))
     if result.tp_overlap is not None:

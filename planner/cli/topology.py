@@ -39,7 +39,7 @@ def list_command(
         return
     from rich.table import Table
 
-    from planner.report import console
+    from planner.report import console, print_table
 
     from rich import box
 
@@ -50,7 +50,7 @@ def list_command(
     keys = ("name", "device", "gpus_per_node", "memory_GiB", "peak_bf16_tflops", "intra_kind", "intra_bandwidth_GBps", "inter_kind", "nic_share_GBps")
     for row in rows:
         table.add_row(*(f"{row[key]:.4g}" if isinstance(row[key], float) else str(row[key]) for key in keys))
-    console().print(table)
+    print_table(console(), table)
 
 
 @topology_app.command("show")
@@ -79,7 +79,7 @@ def _render_show(report: dict) -> None:
     from rich import box
     from rich.table import Table
 
-    from planner.report import console
+    from planner.report import console, print_table
 
     topo = report["topology"]
     out = console()
@@ -91,7 +91,7 @@ def _render_show(report: dict) -> None:
     for section in ("device", "intra_node", "inter_node"):
         fields.add_row(section, ", ".join(f"{k}={v}" for k, v in topo[section].items()))
     fields.add_row("source", topo["source"])
-    out.print(fields)
+    print_table(out, fields)
     groups = Table(title="Links of typical process groups (tp innermost)", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("group", "size", "nodes", "ranks/node", "slowest link GB/s", "latency us"):
         groups.add_column(header, justify="left" if header == "group" else "right", no_wrap=True)

@@ -7,14 +7,14 @@ et al. 2021 Table 1), FlashAttention-2 rates (Dao 2023). Nothing here is fitted 
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import yaml
 
+from planner.resources import package_path
 from planner.schemas.topology import DeviceSpec
 
-CALIBRATION_FILE = Path(__file__).resolve().parent / "calibration.yaml"
+CALIBRATION_FILE = package_path("cost", "calibration.yaml")
 FLASH_ATTENTION_2 = "flash-attention-2"
 
 

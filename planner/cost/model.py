@@ -21,6 +21,7 @@ from planner.cost.calibration import (DeviceCalibration, attention_rate_for, dev
                                       memory_calibration, step_overhead_s)
 from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
+from planner.cost.overlay import apply_overlay
 from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
 from planner.cost.validity import validity_reasons as _validity
 from planner.schemas.plan import PlanRequest
@@ -50,6 +51,10 @@ class CostModel:
         self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
         eager = request.precision == "amp-bf16" and not self.fused_kernels  # planner.cost.eager's recipe
         self.cal = calibration or device_calibration(self.device, request.framework, eager=eager)
+        overlay = request.calibration if calibration is None else None  # the user's own runs (planner calibrate)
+        if overlay is not None:
+            self.cal = apply_overlay(self.cal, overlay, self.device, request.framework)
+            step_overhead = overlay.step_overhead_s if step_overhead is None else step_overhead
         fraction, seq_half = attention_rate_for(self.cal, options.attention_kernel, self.spec.dim_per_head)
         self.cal = dataclasses.replace(self.cal, attention_fraction=fraction, attention_seq_half=seq_half)
         if request.precision == "bf16" and not options.main_grads_fp32:

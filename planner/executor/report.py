@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from planner.executor.host import HostLoad
 from planner.schemas.base import Schema
 from planner.schemas.plan import Batch, LaunchPlan, Parallelism, Schedule
 
@@ -118,6 +119,7 @@ class RunReport(Schema):
     dp_comm_bytes_per_step: float | None = Field(default=None, description=(
         "bytes rank 0 handed to the compressed gradient all-reduce in the last step (PowerSGD compresses from its "
         "second step on); None without a compression hook"))
+    host: HostLoad | None = Field(default=None, description="the host CPU's load around the run (planner.executor.host)")
     predicted: Predicted
     errors: Errors
     notes: tuple[str, ...] = ()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from planner.errors import BadInputError, PlannerError
 from planner.executor.checkpoint import check_resume, remove_partial
+from planner.executor.host import host_load, load_average, usable_cores
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
 from planner.executor.runnable import check_runnable
@@ -140,6 +141,7 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     results_dir = Path(tempfile.mkdtemp(prefix="planner-run-"))
     plan_path = Path(plan_ref).resolve() if not isinstance(plan_ref, LaunchPlan) else atomic_write_text(results_dir / "plan.json", canonical_json(plan))
     options = options.replace(results_dir=str(results_dir))
+    load_before = load_average()
     try:
         completed = subprocess.run(
             torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {}), **thread_env(env)},
@@ -156,6 +158,9 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
         shutil.rmtree(results_dir, ignore_errors=True)
     warmup = min(warmup_steps, max(0, len(results[0].step_times_s) - 1))
     report = build_report(plan, results, data=options.data or "synthetic", warmup_steps=warmup, notes=notes)
+    host = host_load(before=load_before, after=load_average(), cores=usable_cores(), ranks=started,
+                     threads_per_rank=report.threads_per_rank or int(thread_env(env)[THREADS_ENV]))
+    report = report.model_copy(update={"host": host})
     if report_path is not None:
         atomic_write_text(report_path, canonical_json(report))
     return report

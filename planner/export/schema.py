@@ -9,9 +9,11 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from planner.errors import BadInputError
+from planner.schemas.calibration import CalibrationOverlay
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan, PlanRequest
 from planner.schemas.profile import Profile
+from planner.schemas.runs import MeasuredRuns
 from planner.schemas.topology import Topology
 
 FORMATS: dict[str, type[BaseModel]] = {
@@ -20,6 +22,8 @@ FORMATS: dict[str, type[BaseModel]] = {
     "topology": Topology,
     "profile": Profile,
     "request": PlanRequest,
+    "calibration": CalibrationOverlay,  # written by `planner calibrate`, read by --calibration
+    "runs": MeasuredRuns,  # the JSON input of `planner calibrate`
 }
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

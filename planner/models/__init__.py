@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.errors import BadInputError
+from planner.resources import package_path
 
 if TYPE_CHECKING:
     from planner.schemas.model import ModelSpec
 
-PRESET_DIR = Path(__file__).resolve().parent / "presets"
+PRESET_DIR = package_path("models", "presets")
 PRESET_SUFFIX = ".yaml"
 
 

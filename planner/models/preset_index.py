@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from planner.models import PRESET_DIR, PRESET_SUFFIX, list_presets
+from planner.resources import package_path
 
 INDEX_PATH = PRESET_DIR / "index.json"
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = package_path()
 # The code a row depends on, beside the preset files: the counting, the row itself and the spec's defaults.
 ROW_SOURCES = ("models/counting.py", "models/summary.py", "schemas/model.py", "schemas/base.py", "schemas/limits.py")
 

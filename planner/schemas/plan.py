@@ -12,6 +12,7 @@ from pydantic import Field, model_serializer, model_validator
 
 from planner.schemas import limits as L
 from planner.schemas.base import InputSchema, Schema
+from planner.schemas.calibration import CalibrationOverlay
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.model import ModelSpec
 from planner.schemas.topology import Topology
@@ -76,6 +77,17 @@ class PlanRequest(InputSchema):
     search: SearchLimits | None = None
     framework: str = Field(default="planner", min_length=1,
                            description="the software stack that runs the plan (`planner framework list`, or a profile file)")
+    calibration: CalibrationOverlay | None = Field(default=None, description=(
+        "constants re-derived from the user's own runs (`planner calibrate`) for this device family and stack; "
+        "None = the shipped calibration"))
+
+    @model_serializer(mode="wrap")
+    def _omit_shipped_calibration(self, handler):
+        """Leave calibration out when None, so plans priced with the shipped constants serialise as before."""
+        data = handler(self)
+        if self.calibration is None and isinstance(data, dict):
+            data.pop("calibration", None)
+        return data
 
 
 class Parallelism(Schema):

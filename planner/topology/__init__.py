@@ -1,24 +1,25 @@
-"""Cluster topologies: shipped presets (YAML data under topologies/), loading and scaling, rank placement,
+"""Cluster topologies: shipped presets (YAML data under planner/data/topologies/), loading and scaling, rank placement,
 and the bandwidth/latency a process group sees (planner.topology.placement, planner.topology.graph).
 
 A topology reference is a preset name (`planner topology list`) or a path to a YAML/JSON file with the
-Topology fields. Presets are found in `<repo>/topologies/`, or in the folder named by $PLANNER_TOPOLOGIES.
+Topology fields. Presets are package data (planner/data/topologies/, planner.resources), or the folder named by $PLANNER_TOPOLOGIES.
 """
 
 import difflib
 from pathlib import Path
 
 from planner.errors import BadInputError
-from planner.io import is_file, load_file, shipped_dir, shipped_names, validate
+from planner.io import is_file, load_file, shipped_names, validate
+from planner.resources import ENV_OVERRIDES, data_dir
 from planner.schemas.topology import Topology
 
-TOPOLOGIES_ENV = "PLANNER_TOPOLOGIES"
+TOPOLOGIES_ENV = ENV_OVERRIDES["topologies"]
 PRESET_SUFFIX = ".yaml"
 
 
 def topologies_dir() -> Path:
-    """The folder of shipped presets: $PLANNER_TOPOLOGIES if set, else `topologies/` next to the package."""
-    return shipped_dir(TOPOLOGIES_ENV, "topologies")
+    """The folder of shipped presets: $PLANNER_TOPOLOGIES if set, else planner/data/topologies in the package."""
+    return data_dir("topologies")
 
 
 def list_topologies() -> list[str]:
@@ -29,6 +30,8 @@ def list_topologies() -> list[str]:
 def _unknown_topology_message(ref: str) -> str:
     names = list_topologies()
     close = difflib.get_close_matches(ref.lower(), names, n=3, cutoff=0.5)
+    if Path(ref).stem in names:  # an old path, topologies/NAME.yaml: the presets are package data now
+        close = [Path(ref).stem]
     hint = f"did you mean {', '.join(close)}? " if close else ""
     shown = ", ".join(names) if names else f"(none found in {topologies_dir()})"
     return (

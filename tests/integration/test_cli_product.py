@@ -72,7 +72,7 @@ def test_explain_text_json_and_plot(plan_file, tmp_path):
     assert bad.exit_code == 2 and "malformed JSON" in one_error_line(bad)
 
 
-@pytest.mark.parametrize("name", ["plan", "model", "topology", "profile", "request"])
+@pytest.mark.parametrize("name", ["plan", "model", "topology", "profile", "request", "calibration", "runs"])
 def test_schema_every_format(name, tmp_path):
     out = tmp_path / "s.json"
     result = runner.invoke(app, ["schema", name, "-o", str(out)])
@@ -83,7 +83,8 @@ def test_schema_every_format(name, tmp_path):
 
 def test_schema_all_and_unknown():
     result = runner.invoke(app, ["schema"])
-    assert result.exit_code == 0 and set(json.loads(result.stdout)) == {"plan", "model", "topology", "profile", "request"}
+    assert result.exit_code == 0 and set(json.loads(result.stdout)) == {"plan", "model", "topology", "profile", "request",
+                                                                          "calibration", "runs"}
     bad = runner.invoke(app, ["schema", "widget"])
     assert bad.exit_code == 2 and "choose one of plan" in one_error_line(bad)
 

@@ -41,12 +41,12 @@ def test_cli_list_show_validate():
     assert shown.exit_code == 0 and json.loads(shown.output)["export"]["names"]["head_module"] == "lm_head"
     table = runner.invoke(app, ["framework", "show", "megatron-core"], terminal_width=200)
     assert table.exit_code == 0 and "span=tp_dp_cp" in table.output
-    valid = runner.invoke(app, ["framework", "validate", "frameworks/deepspeed.yaml"])
+    valid = runner.invoke(app, ["framework", "validate", "planner/data/frameworks/deepspeed.yaml"])
     assert valid.exit_code == 0 and "valid framework profile 'deepspeed'" in valid.output
 
 
 def test_a_profile_with_a_missing_field_is_one_line_exit_2(tmp_path):
-    data = yaml.safe_load(Path("frameworks/planner.yaml").read_text())
+    data = yaml.safe_load(Path("planner/data/frameworks/planner.yaml").read_text())
     del data["capabilities"]["zero"]["stages_with_pp"]
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(data))
