@@ -94,7 +94,7 @@ def _render(ex) -> None:
     for name, verdict in ex.frameworks.items():
         print_wrapped(out, f"  - {name}: {verdict}")
     if ex.compression:
-        out.print("[bold]Communication compression on this cluster[/] (what the framework runs at this configuration)")
+        print_wrapped(out, "Communication compression on this cluster (what the framework runs at this configuration)")
         for row in ex.compression:
             print_wrapped(out, f"  - {row.compression}: {row.step_time_s:.4g} s ({row.change:+.1%}), peak "
                                f"{row.peak_gib:.1f} GiB: {row.verdict}")
