@@ -32,7 +32,8 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
               shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
               stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
               selective_mode=model.options.selective_mode,
-              moe_hierarchical=model.options.moe_hierarchical)
+              moe_hierarchical=model.options.moe_hierarchical, executor=model.executor_recipe,
+              moe_loop=model.options.moe_expert_impl == "loop")
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
         kinds["decoder"] = decoder_cost(env, moe_layer=False)
@@ -198,9 +199,23 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.dp * cand.cp)
     e = memory.static_split(expert, recipe, zero_stage=zero, dp=max(1, cand.dp * cand.cp // cand.ep))
     weights, grads, optim = (d[i] + e[i] for i in range(3))
+    if model.executor_recipe is not None and model.executor_recipe.autocast:
+        weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.dp * cand.cp)
     if cand.schedule == "2bw":
         weights = weights * 2
     return weights, grads, optim
+
+
+def executor_uncast_bytes(dense: np.ndarray, expert: np.ndarray, *, recompute: str, zero_stage: int, dp: int) -> np.ndarray:
+    """Bytes of amp-bf16's 2-byte autocast copies that the executor does not hold at its peak (planner.cost.executor):
+    the embedding table is gathered in fp32 (autocast casts matmul inputs only), and a fully recomputed layer's
+    casts are cached only until the forward leaves autocast (torch clears the cast cache on exit; the checkpoint
+    saves none of them), so the loss and the backward see none of them."""
+    uncast = np.zeros_like(dense)
+    uncast[0] = dense[0]
+    if recompute == "full":
+        uncast[1:-1] = dense[1:-1] + expert[1:-1]
+    return 2 * uncast / (dp if zero_stage >= 3 else 1)
 
 
 def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:

@@ -204,6 +204,10 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     edp = max(1, cand.dp * cand.cp // cand.ep)
     rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
+    if model.executor_recipe is not None and model.executor_recipe.autocast:  # fp32 AdamW as the executor builds it
+        from planner.cost.executor import OPTIMIZER_BYTES_TOUCHED as EXECUTOR_OPTIMIZER_BYTES
+
+        per_param = EXECUTOR_OPTIMIZER_BYTES[model.options.adamw_impl] / rate
     sharded = cand.zero_stage >= 1
     dp_dense, dp_expert, gather_dense, gather_expert = dp_fits(model, cand)
     found = _Fixed(
@@ -320,7 +324,8 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     if (step_peak > allocated).any():  # the optimizer step, activations freed, outgrows the backward
         acts = np.where(step_peak > allocated, 0.0, acts)
         allocated = np.maximum(allocated, step_peak)
-    if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
+    runs_autocast = model.request.precision == autocast.RECIPE or (model.executor_recipe is not None and model.executor_recipe.autocast)
+    if runs_autocast and autocast.grads_absent_at_activation_peak(
             dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
         weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, other)
         static = weights + grads + optimizer

@@ -48,12 +48,21 @@ class CostModel:
         self.options = options
         fused = options.fused_kernels
         self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
-        eager = request.precision == "amp-bf16" and not self.fused_kernels  # planner.cost.eager's recipe
+        self.executor_recipe = None  # the planner's executor, priced from its code (planner.cost.executor)
+        if options.executor_code:
+            from planner.cost import executor
+
+            self.executor_recipe = executor.recipe_for(request.precision, bf16_autocast=options.bf16_autocast)
+            self.fused_kernels = self.fused_kernels and not self.executor_recipe.autocast
+        autocast_run = request.precision == "amp-bf16" or (self.executor_recipe is not None and self.executor_recipe.autocast)
+        eager = autocast_run and not self.fused_kernels  # planner.cost.eager's (or the executor's) eager recipe
         self.cal = calibration or device_calibration(self.device, request.framework, eager=eager)
         fraction, seq_half = attention_rate_for(self.cal, options.attention_kernel, self.spec.dim_per_head)
         self.cal = dataclasses.replace(self.cal, attention_fraction=fraction, attention_seq_half=seq_half)
         if request.precision == "bf16" and not options.main_grads_fp32:
             self.recipe = memory.FP32_MASTER_PARAMS_BF16
+        if self.executor_recipe is not None and self.executor_recipe.autocast:  # bf16 run as fp32 params + autocast
+            self.recipe = memory.RECIPES["amp-bf16"]
         # the training loop's per-step work outside the micro-batches (calibration.yaml `loop`)
         self.step_overhead_s = step_overhead_s(request.framework) if step_overhead is None else step_overhead
         self.mem_cal = memory_calibration()
@@ -161,7 +170,13 @@ class CostModel:
         from planner.cost.arrays import layer_working_bytes, zero3_working_bytes
 
         other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
-        if stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
+        if stage == cand.pp - 1 and self.executor_recipe is not None:  # planner.cost.executor: logits held, loss phase
+            from planner.cost import executor
+
+            shape, recipe = self.shape(cand), self.executor_recipe
+            held = executor.logits_held_bytes(self.spec, shape, recipe)
+            other = max(other + held, held + executor.loss_transient_bytes(self.spec, shape, recipe))
+        elif stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
             logits = memory.logits_buffer_bytes(self.spec, self.shape(cand))
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
         if cand.zero_stage >= 3:
