@@ -44,3 +44,13 @@ def options_for(framework: str, precision: str):
         moe_expert_impl=x.moe_expert_impl if x is not None else "grouped",
         adamw_impl=x.adamw_impl if x is not None else "fused",
     )
+
+
+def hf_eager_options(precision: str):
+    """CostOptions of HuggingFace transformers' modeling code under plain PyTorch (torch.autocast, fused AdamW), the
+    recipe of validation/h100_hf_tinyllama.jsonl priced by planner.cost.eager and planner.cost.autocast: the planner
+    stack's options without its executor facts (its own code is priced by planner.cost.executor instead)."""
+    import dataclasses
+
+    return dataclasses.replace(options_for("planner", precision), executor_code=False, bf16_autocast=False,
+                               moe_expert_impl="grouped", adamw_impl="fused")
