@@ -45,6 +45,12 @@ from planner.schemas.model import ModelSpec
 
 FP32 = 4
 RMSNORM_RSTD_BYTES = 4  # fp32 rstd per token per norm (aten::_fused_rms_norm)
+CUBLAS_WORKSPACES_BYTES = 2 * 32 * 2**20
+"""cuBLAS workspaces torch allocates through its caching allocator, one per (handle, stream)
+(aten/src/ATen/cuda/CublasHandlePool.cpp, cublas_handle_stream_to_workspace): handles are per thread, so the forward
+(main thread) and the backward (the autograd engine's device thread) each hold one, 32 MiB on Hopper. Measured: the
+intercept of the h100_hf_tinyllama.jsonl allocated peaks (2 x micro-batch 1 - micro-batch 2) less 12 + 2 bytes per
+parameter is 67.2 MB = 2 x 32 MiB. GPUs only (CostModel.stage_other_bytes)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -176,6 +176,10 @@ class CostModel:
             shape, recipe = self.shape(cand), self.executor_recipe
             held = executor.logits_held_bytes(self.spec, shape, recipe)
             other = max(other + held, held + executor.loss_transient_bytes(self.spec, shape, recipe))
+        if self.executor_recipe is not None and self.cal.family != "cpu":
+            from planner.cost import executor
+
+            other += executor.CUBLAS_WORKSPACES_BYTES
         elif stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
             logits = memory.logits_buffer_bytes(self.spec, self.shape(cand))
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
