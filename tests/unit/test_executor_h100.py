@@ -101,3 +101,24 @@ def test_select_backward_bytes_grow_with_the_square_of_the_local_experts():
 
 def test_adamw_bytes_follow_the_implementation():
     assert executor.OPTIMIZER_BYTES_TOUCHED == {"foreach": 76, "fused": 28}
+
+
+def test_calibration_holds_what_derive_fits_from_the_rows_and_holds_out_of_sample():
+    """calibration.yaml's stack_eager for the planner stack is what `gpu_executor.py --derive` fits from the committed
+    rows; each row predicted with the constants derived from the others stays within the must-show bounds."""
+    import sys
+
+    from planner.cost.calibration import device_calibration
+    from planner.topology import load_topology
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import executor_constants
+
+    rows = executor_constants.load([ROWS])
+    device = load_topology("dgx-h100").device
+    fitted = executor_constants.derive(rows, device_calibration(device).eager_host_op_s)
+    shipped = device_calibration(device, "planner", eager=True)
+    assert shipped.eager_kernel_s == pytest.approx(fitted["eager_kernel_s"], rel=1e-3)
+    assert shipped.eager_host_op_s == pytest.approx(fitted["eager_host_op_s"], rel=1e-3)
+    errors = [abs(e) for e in executor_constants.leave_one_out(rows, device_calibration(device).eager_host_op_s)]
+    assert statistics.median(errors) <= 0.10 and max(errors) <= 0.25, errors
