@@ -19,7 +19,7 @@ Saved per dense decoder layer (T tokens of this GPU, t = tp), following the forw
 - wq, wk, wv, w1, w3: under autocast each nn.Linear casts the fp32 norm output itself and saves its own bf16 copy
   (autocast caches casts of leaf parameters only): 2*T*h each; without autocast they share one saved norm output;
 - q after RoPE, and k, v after repeat_interleave to all heads (Attention.attend expands GQA before SDPA): c*T*a*d/t
-  each; SDPA (flash/cuDNN/efficient) saves q, k, v, its output (also wo's input) and the fp32 log-sum-exp 4*b*a*s/t;
+  each (with qk_norm, the norms' inputs c*T*(a + kv)*d/t too); SDPA (flash/cuDNN/efficient) saves q, k, v, its output (also wo's input) and the fp32 log-sum-exp 4*b*a*s/t;
 - the MLP: gated keeps w1's output (SiLU's input), SiLU's output, w3's output and their product (w2's input):
   4*c*T*f/t; plain keeps fc1's output and the activation output: 2*c*T*f/t.
 For TinyLlama under amp this is 48.06*T*h per layer; the per-token slope of the measured peaks of
@@ -83,6 +83,8 @@ def attention_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> tuple[floa
     kv_saved = a if a != spec.kv_heads else spec.kv_heads  # repeat_interleave to all heads before SDPA
     replicated = (recipe.residual + RMSNORM_RSTD_BYTES / h) * tokens * h + _norm_inputs(recipe, tokens, h, 3)
     sharded = recipe.compute * tokens * d * (a + 2 * kv_saved) + recipe.compute * tokens * a * d
+    if spec.qk_norm:  # q_norm/k_norm (RMSNorm over head_dim) keep their inputs, the projections' outputs
+        sharded += (recipe.compute + RMSNORM_RSTD_BYTES / d) * tokens * d * (a + spec.kv_heads)
     lse = FP32 * shape.microbatch_size * a * shape.seq_len / shape.cp
     return replicated, sharded + lse
 
@@ -241,6 +243,8 @@ def attention_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
     if spec.num_attention_heads != spec.kv_heads:
         expand = OpCount(fwd_ops=2, bwd_ops=2, fwd_bytes=2 * c * (kv + q), bwd_bytes=2 * c * (kv + q))
     fan = OpCount(bwd_ops=2, bwd_bytes=2 * 3 * recipe.residual * region)
+    if spec.qk_norm:  # two more norms on the q and k heads (their dtype after autocast: counted at the residual's)
+        fan = fan + _norm(q + kv, recipe)
     return (_norm(region, recipe) + _linear(region, q, input_cast=True, recipe=recipe)
             + _linear(region, kv, input_cast=True, recipe=recipe).times(2)
             + (_rope(q + kv, recipe) if spec.position == "rope" else OpCount()) + expand
