@@ -204,7 +204,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     edp = max(1, cand.dp * cand.cp // cand.ep)
     rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
-    if model.executor_recipe is not None and model.executor_recipe.autocast:  # fp32 AdamW as the executor builds it
+    if model.executor_recipe is not None:  # AdamW over fp32 parameters as the executor builds it (foreach or fused)
         from planner.cost.executor import OPTIMIZER_BYTES_TOUCHED as EXECUTOR_OPTIMIZER_BYTES
 
         per_param = EXECUTOR_OPTIMIZER_BYTES[model.options.adamw_impl] / rate
@@ -304,10 +304,24 @@ def _step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.nd
     their fp32 copies, options.zero3_step_fp32_grad_params at a time (DeepSpeed: two sub-groups), beside its
     gradient bucket. 0 otherwise (the step then needs no more than the backward)."""
     o = model.options
+    if model.executor_recipe is not None and o.adamw_impl == "foreach":
+        return _foreach_step_extra_bytes(cand, row)
     if cand.zero_stage < 3 or o.zero3_grads_fp32 or not o.zero3_step_fp32_grad_params:
         return 0.0
     local = row["dense"] / (cand.dp * cand.cp) + row["expert"] / max(1, cand.dp * cand.cp // cand.ep)
     return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + reduce_bucket_bytes(o.zero3_reduce_bucket_params)
+
+
+def _foreach_step_extra_bytes(cand: "Candidate", row: dict) -> np.ndarray:
+    """The executor's foreach AdamW step (torch/optim/adam.py _multi_tensor_adam): exp_avg_sq_sqrt =
+    torch._foreach_sqrt(exp_avg_sqs) is an fp32 copy of v for every parameter the optimizer steps, alive until the
+    final addcdiv_; the autocast bf16 copies counted among the weights are gone by then (freed with the backward)."""
+    edp = max(1, cand.dp * cand.cp // cand.ep)
+    shard = (cand.dp * cand.cp, edp) if cand.zero_stage >= 1 else (1, 1)
+    held = (cand.dp * cand.cp, edp) if cand.zero_stage >= 3 else (1, 1)
+    stepped = row["dense"] / shard[0] + row["expert"] / shard[1]
+    fp32_weights = 4 * (row["dense"] / held[0] + row["expert"] / held[1])
+    return 4 * stepped - np.maximum(0.0, row["weights"] - fp32_weights)
 
 
 def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
@@ -324,7 +338,8 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     if (step_peak > allocated).any():  # the optimizer step, activations freed, outgrows the backward
         acts = np.where(step_peak > allocated, 0.0, acts)
         allocated = np.maximum(allocated, step_peak)
-    runs_autocast = model.request.precision == autocast.RECIPE or (model.executor_recipe is not None and model.executor_recipe.autocast)
+    executor_recipe = model.executor_recipe_for(cand)
+    runs_autocast = model.request.precision == autocast.RECIPE if executor_recipe is None else executor_recipe.autocast
     if runs_autocast and autocast.grads_absent_at_activation_peak(
             dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
         weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, other)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from planner.cost.compute import Shape
 from planner.cost.eager import OpCount
 from planner.cost.memory import LayerActivations
+from planner.cost.memory import Recipe as Bytes
 from planner.schemas.model import ModelSpec
 
 FP32 = 4
@@ -62,13 +63,25 @@ class Recipe:
     autocast: bool
 
 
-def recipe_for(precision: str, *, bf16_autocast: bool) -> Recipe:
-    """The executor's recipe for a plan's precision (module docstring; behaviour.executor.bf16_recipe)."""
+def recipe_for(precision: str, *, bf16_autocast: bool, zero_stage: int = 0, dp: int = 1) -> Recipe:
+    """The executor's recipe for a plan's precision (module docstring; behaviour.executor.bf16_recipe). With ZeRO-2/3
+    the executor enables no autocast (runtime.parallelize_part: autocast_dtype only for zero 0/1) and hands the bf16
+    recipes to FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 compute on bf16 copies of the
+    fp32 parameters, a bf16 residual stream, no per-linear casts. With dp = 1 parallelize_part returns the module
+    before apply_dp: no FSDP2 either, so ZeRO-2/3 on one data-parallel rank runs in fp32."""
+    if precision in ("bf16", "amp-bf16") and zero_stage >= 2:
+        return Recipe(residual=2, compute=2, autocast=False) if dp > 1 else Recipe(residual=FP32, compute=FP32, autocast=False)
     if precision == "amp-bf16" or (precision == "bf16" and bf16_autocast):
         return Recipe(residual=FP32, compute=2, autocast=True)
     if precision == "fp32":
         return Recipe(residual=FP32, compute=FP32, autocast=False)
     return Recipe(residual=2, compute=2, autocast=False)
+
+
+AUTOCAST_BYTES = Bytes(weight_bytes=4 + 2, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=2)
+"""Bytes per parameter of the executor's bf16 recipes with fp32 parameters: fp32 weights + the bf16 autocast copies
+(zero 0/1; arrays.executor_uncast_bytes takes out the copies it does not hold), fp32 gradients, AdamW m and v; DDP
+and FSDP2 reduce in fp32, FSDP2 gathers bf16 (parallelize.mp_policy)."""
 
 
 def _norm_inputs(recipe: Recipe, tokens: float, h: int, consumers: int) -> float:

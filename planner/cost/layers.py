@@ -221,7 +221,7 @@ def _eager_compute_s(env: Env, params: float) -> tuple[float, float, float, floa
 def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     """Costs of one decoder layer (dense or MoE) for one micro-batch on one GPU."""
     spec, shape = env.spec, env.shape
-    if env.executor is not None and env.executor.autocast and spec.mla is None and shape.flash_attention:
+    if env.executor is not None and env.executor.compute == 2 and spec.mla is None and shape.flash_attention:
         return _executor_decoder_cost(env, moe_layer=moe_layer)
     if _is_eager(env) and eager.supported(spec, shape, moe_layer=moe_layer):
         return _eager_decoder_cost(env)
@@ -323,7 +323,7 @@ def embedding_cost(env: Env) -> ModuleCost:
     num_bytes = compute.embedding_elementwise_bytes(env.spec, env.shape)
     fwd = compute.memory_bound_time_s(num_bytes, device=env.device, cal=env.cal)
     bwd = 2 * fwd
-    if env.executor is not None and env.executor.autocast:
+    if env.executor is not None and env.executor.compute == 2:
         fwd, bwd = _eager_phases(env, executor_cost.embedding_ops(env.spec, env.shape, env.executor), 0.0, 0.0, 0.0)
     elif _is_eager(env):
         fwd, bwd = _eager_phases(env, eager.embedding_ops(env.spec, env.shape), 0.0, 0.0, 0.0)
@@ -339,7 +339,7 @@ def head_cost(env: Env) -> ModuleCost:
     mem = compute.memory_bound_time_s(compute.head_elementwise_bytes(env.spec, env.shape), device=env.device, cal=env.cal)
     fwd, bwd = g_fwd + mem, g_bwd + 2 * mem
     lm_head = env.spec.vocab_size * env.spec.hidden_size / env.shape.tp
-    if env.executor is not None and env.executor.autocast:
+    if env.executor is not None and env.executor.compute == 2:
         fwd, bwd = _eager_phases(env, executor_cost.head_ops(env.spec, env.shape, env.executor), g_fwd, g_bwd, lm_head)
     elif _is_eager(env):
         fwd, bwd = _eager_phases(env, eager.head_ops(env.spec, env.shape), g_fwd, g_bwd, lm_head)

@@ -53,8 +53,8 @@ class CostModel:
             from planner.cost import executor
 
             self.executor_recipe = executor.recipe_for(request.precision, bf16_autocast=options.bf16_autocast)
-            self.fused_kernels = self.fused_kernels and not self.executor_recipe.autocast
-        autocast_run = request.precision == "amp-bf16" or (self.executor_recipe is not None and self.executor_recipe.autocast)
+            self.fused_kernels = self.fused_kernels and self.executor_recipe.compute != 2  # its code is eager
+        autocast_run = request.precision == "amp-bf16" or (self.executor_recipe is not None and self.executor_recipe.compute == 2)
         eager = autocast_run and not self.fused_kernels  # planner.cost.eager's (or the executor's) eager recipe
         self.cal = calibration or device_calibration(self.device, request.framework, eager=eager)
         fraction, seq_half = attention_rate_for(self.cal, options.attention_kernel, self.spec.dim_per_head)
@@ -62,7 +62,9 @@ class CostModel:
         if request.precision == "bf16" and not options.main_grads_fp32:
             self.recipe = memory.FP32_MASTER_PARAMS_BF16
         if self.executor_recipe is not None and self.executor_recipe.autocast:  # bf16 run as fp32 params + autocast
-            self.recipe = memory.RECIPES["amp-bf16"]
+            from planner.cost import executor
+
+            self.recipe = executor.AUTOCAST_BYTES
         # the training loop's per-step work outside the micro-batches (calibration.yaml `loop`)
         self.step_overhead_s = step_overhead_s(request.framework) if step_overhead is None else step_overhead
         self.mem_cal = memory_calibration()
@@ -84,6 +86,15 @@ class CostModel:
         self._links: dict[tuple, L.Links] = {}
         self.fixed_cache: dict[Candidate, object] = {}  # evaluate's split-independent terms per candidate
         self.memo: dict = {}  # per-instance memo of shape/layout-level arrays (planner.cost.arrays)
+
+    def executor_recipe_for(self, cand: Candidate):
+        """The executor's recipe for this candidate (its ZeRO stage decides autocast or FSDP2: executor.recipe_for)."""
+        if self.executor_recipe is None:
+            return None
+        from planner.cost import executor
+
+        return executor.recipe_for(self.request.precision, bf16_autocast=self.options.bf16_autocast,
+                                   zero_stage=cand.zero_stage, dp=cand.dp)
 
     # --- memory capacity -------------------------------------------------------------------------------
 
@@ -173,7 +184,7 @@ class CostModel:
         if stage == cand.pp - 1 and self.executor_recipe is not None:  # planner.cost.executor: logits held, loss phase
             from planner.cost import executor
 
-            shape, recipe = self.shape(cand), self.executor_recipe
+            shape, recipe = self.shape(cand), self.executor_recipe_for(cand)
             held = executor.logits_held_bytes(self.spec, shape, recipe)
             other = max(other + held, held + executor.loss_transient_bytes(self.spec, shape, recipe))
         if self.executor_recipe is not None and self.cal.family != "cpu":
@@ -200,7 +211,7 @@ class CostModel:
     def other_per_rank(self, cand: Candidate) -> np.ndarray:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
-        key = ("other", cand.pp, cand.zero_stage >= 3, cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size,
+        key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size,
                cand.recompute == "full", cand.tp_overlap)
         found = self.memo.get(key)
         if found is None:
