@@ -56,7 +56,8 @@ def step_with(row: dict, **constants: float) -> float:
     cal = dataclasses.replace(device_calibration(request.topology.device, STACK, eager=True), **constants)
     config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1, zero_stage=row.get("zero", 0)),
                            microbatch_size=row["microbatch_size"], recompute=row["recompute"])
-    return CostModel(request, calibration=cal).evaluate(candidate_of(request, config)).step_time_s
+    options = _accuracy().options_as_run(row, request)
+    return CostModel(request, calibration=cal, options=options).evaluate(candidate_of(request, config)).step_time_s
 
 
 def host_bound(row: dict, host_op_s: float) -> bool:

@@ -40,6 +40,8 @@ from planner.units import GiB
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "validation" / "h100_executor_runs.json"
 AUTOCAST_COMMITS = ("c162dfb",)  # executor code that ran bf16 as amp-bf16 (module docstring)
+C162DFB_FACTS = {"bf16_recipe": "autocast", "moe_expert_impl": "loop", "adamw_impl": "foreach"}
+"""The executor facts at c162dfb (frameworks/planner.yaml behaviour.executor cites where each is in its code)."""
 MUST = {"memory_under": -0.03, "time_median": 0.10, "time_max": 0.25}
 ABLATIONS = {
     "executor code off (generic formulas, bf16 as FSDP-style fp32 master + fused kernels)": {"executor_code": False,
@@ -62,6 +64,26 @@ def precision_as_run(row: dict) -> str:
     return row["precision"]
 
 
+def facts_as_run(row: dict) -> dict:
+    """The executor's implementation facts when the row ran: recorded by gpu_executor.py (`executor_facts`), those
+    of c162dfb for its rows, else the profile's now."""
+    if row.get("executor_facts"):
+        return dict(row["executor_facts"])
+    if any(c in row.get("executor", "") for c in AUTOCAST_COMMITS):
+        return dict(C162DFB_FACTS)
+    from planner.frameworks import load_framework
+
+    facts = load_framework("planner").behaviour.executor
+    return {"bf16_recipe": facts.bf16_recipe, "moe_expert_impl": facts.moe_expert_impl, "adamw_impl": facts.adamw_impl}
+
+
+def options_as_run(row: dict, request) -> object:
+    """The stack's CostOptions with the row's executor facts (facts_as_run)."""
+    facts = facts_as_run(row)
+    return dataclasses.replace(options_for(request.framework, request.precision), bf16_autocast=facts["bf16_recipe"] == "autocast",
+                               moe_expert_impl=facts["moe_expert_impl"], adamw_impl=facts["adamw_impl"])
+
+
 def model_of(row: dict):
     if row.get("preset"):
         return row["preset"]
@@ -79,7 +101,7 @@ def request_of(row: dict, *, precision: str | None = None):
 def evaluate_row(row: dict, *, changes: dict | None = None, precision: str | None = None) -> dict:
     """Predicted time, allocated and full peak, and fits, of one row (with CostOptions `changes` for an ablation)."""
     request = request_of(row, precision=precision)
-    options = options_for(request.framework, request.precision)
+    options = options_as_run(row, request)
     if changes:
         options = dataclasses.replace(options, **changes)
     model = CostModel(request, options=options)

@@ -150,6 +150,15 @@ def recipe_of(precision: str) -> str:
     return {"amp-bf16": "autocast"}.get(precision, precision)
 
 
+def executor_facts() -> dict:
+    """The implementation facts of the executor that runs the row (frameworks/planner.yaml behaviour.executor), so
+    --derive and the accuracy benchmark price each row as it ran even after the profile changes."""
+    from planner.frameworks import load_framework
+
+    facts = load_framework("planner").behaviour.executor
+    return {"bf16_recipe": facts.bf16_recipe, "moe_expert_impl": facts.moe_expert_impl, "adamw_impl": facts.adamw_impl}
+
+
 def classify_failure(message: str) -> str:
     """"oom" for a CUDA (or host) out-of-memory failure, else "error"."""
     text = message.lower()
@@ -167,6 +176,7 @@ def base_row(case: Case, plan, settings: Settings, device_name: str, torch_versi
             "executor": f"planner run --device {settings.device}, {commit}, {settings.steps} steps, {settings.warmup_steps} warm-up",
             "date": datetime.date.today().isoformat(), "predicted_step_time_s": plan.prediction.step_time_s,
             "predicted_peak_bytes": plan.memory.peak_bytes, "predicted_fits": plan.memory.fits,
+            "executor_facts": executor_facts(),
             **({} if isinstance(case.model, str) else {"hf_config_json": dict(case.model)})}
 
 
