@@ -98,13 +98,21 @@ def request_of(row: dict, *, precision: str | None = None):
                              precision=precision or precision_as_run(row))
 
 
-def evaluate_row(row: dict, *, changes: dict | None = None, precision: str | None = None) -> dict:
-    """Predicted time, allocated and full peak, and fits, of one row (with CostOptions `changes` for an ablation)."""
+def evaluate_row(row: dict, *, changes: dict | None = None, precision: str | None = None, family_eager: bool = False) -> dict:
+    """Predicted time, allocated and full peak, and fits, of one row (with CostOptions `changes` for an ablation;
+    `family_eager`: the device family's eager constants, measured on HuggingFace's rows, not the stack's own)."""
     request = request_of(row, precision=precision)
     options = options_as_run(row, request)
     if changes:
         options = dataclasses.replace(options, **changes)
-    model = CostModel(request, options=options)
+    calibration = None
+    if family_eager:
+        from planner.cost.calibration import device_calibration
+
+        family = device_calibration(request.topology.device)
+        calibration = dataclasses.replace(device_calibration(request.topology.device, request.framework, eager=True),
+                                          eager_kernel_s=family.eager_kernel_s, eager_host_op_s=family.eager_host_op_s)
+    model = CostModel(request, options=options, calibration=calibration)
     config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1, zero_stage=row.get("zero", 0)),
                            microbatch_size=row["microbatch_size"], recompute=row["recompute"])
     ev = model.evaluate(candidate_of(request, config))
@@ -207,6 +215,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ablation, {name}: time |error| median {ablated['time_error_median']:.1%} max {ablated['time_error_max']:.1%}; "
               f"allocated margin {ablated['memory_margin_min']:+.1%}..{ablated['memory_margin_max']:+.1%}; "
               f"OOM predicted not to fit: {ablated['oom_predicted_not_to_fit']}")
+    before = summarise([evaluate_row(row, precision=row["precision"], changes={"executor_code": False, "bf16_autocast": False})
+                        for row in rows])
+    ablations["before (no executor pricing, no reading rule: the row's precision, generic formulas)"] = before
+    print(f"ablation, before (no executor pricing, no reading rule): time |error| median {before['time_error_median']:.1%} "
+          f"max {before['time_error_max']:.1%}; allocated margin {before['memory_margin_min']:+.1%}..{before['memory_margin_max']:+.1%}; "
+          f"OOM predicted not to fit: {before['oom_predicted_not_to_fit']}")
+    family = summarise([evaluate_row(row, family_eager=True) for row in rows])
+    ablations["the family's eager constants (from the HF rows) instead of the stack's derived ones"] = family
+    print(f"ablation, the family's eager constants (from the HF rows) instead of the stack's: time |error| median "
+          f"{family['time_error_median']:.1%} max {family['time_error_max']:.1%}")
     bf16 = summarise([evaluate_row(row, precision=row["precision"], changes={"bf16_autocast": False}) for row in rows])
     ablations["reading rule off (bf16 rows priced as bf16 parameters)"] = bf16
     print(f"ablation, reading rule off (bf16 rows priced as bf16 parameters): time |error| median {bf16['time_error_median']:.1%} "
