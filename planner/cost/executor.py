@@ -9,8 +9,9 @@ Recipe. `amp` (fp32 parameters, torch.autocast bf16): runtime.parallelize_part s
 non-fp32 precision without FSDP2 and parallelize.mp_policy maps bf16 and amp-bf16 to the same policy (c162dfb:
 planner/executor/runtime.py, parallelize.py), so up to that code `bf16` ran as `amp`
 (behaviour.executor.bf16_recipe: autocast). `bf16-params` (bf16 parameters, no autocast) keeps a bf16 residual
-stream and no casts. Residual-stream bytes r = 4 under amp and fp32, 2 with bf16 parameters; GEMM outputs,
-attention and MLP intermediates in the compute dtype c (2, or 4 for fp32).
+stream and no casts, as does ZeRO-2/3 with dp > 1 (FSDP2's bf16 MixedPrecisionPolicy, no autocast); ZeRO-2/3 on one
+data-parallel rank runs fp32 (recipe_for). Residual-stream bytes r = 4 under amp and fp32, 2 with bf16
+parameters; GEMM outputs, attention and MLP intermediates in the compute dtype c (2, or 4 for fp32).
 
 Saved per dense decoder layer (T tokens of this GPU, t = tp), following the forward of TransformerBlock:
 - attention_norm / ffn_norm: nn.RMSNorm, on CUDA torch's fused kernel, whose backward takes the input and rstd
@@ -19,7 +20,8 @@ Saved per dense decoder layer (T tokens of this GPU, t = tp), following the forw
 - wq, wk, wv, w1, w3: under autocast each nn.Linear casts the fp32 norm output itself and saves its own bf16 copy
   (autocast caches casts of leaf parameters only): 2*T*h each; without autocast they share one saved norm output;
 - q after RoPE, and k, v after repeat_interleave to all heads (Attention.attend expands GQA before SDPA): c*T*a*d/t
-  each (with qk_norm, the norms' inputs c*T*(a + kv)*d/t too); SDPA (flash/cuDNN/efficient) saves q, k, v, its output (also wo's input) and the fp32 log-sum-exp 4*b*a*s/t;
+  each (with qk_norm, the norms' inputs c*T*(a + kv)*d/t too); SDPA (flash/cuDNN/efficient) saves q, k, v, its
+  output (also wo's input) and the fp32 log-sum-exp 4*b*a*s/t;
 - the MLP: gated keeps w1's output (SiLU's input), SiLU's output, w3's output and their product (w2's input):
   4*c*T*f/t; plain keeps fc1's output and the activation output: 2*c*T*f/t.
 For TinyLlama under amp this is 48.06*T*h per layer; the per-token slope of the measured peaks of
@@ -32,6 +34,12 @@ The loss (runtime.accumulate, train.cross_entropy): the model returns bf16 logit
 until the micro-batch's backward ends; F.cross_entropy(logits.float()) makes an fp32 copy and log_softmax saves its
 fp32 output (4*T*V/t, a head activation); its backward writes nll_loss's gradient and log_softmax's input
 gradient (4 + 4)*T*V/t while the saved output lives: the loss phase holds (c + 12)*T*V/t, the layers' backward c*T*V/t.
+
+MoE blocks (moe_mlp_bytes, moe_router_ops, moe_expert_loop_ops): as planner/nn/moe.py runs them; with
+behaviour.executor.moe_expert_impl `loop` each expert is its own GEMMs over weight slices w[e] (per-call GEMM time
+from the measured t0), each slice's backward materialises the whole stacked weight's gradient (SelectBackward), and
+the block's forward syncs with the host three times. Time: operator counts and bytes per module, each phase
+max(device, host) with the stack's eager constants (section below).
 """
 
 from __future__ import annotations
@@ -40,8 +48,7 @@ from dataclasses import dataclass
 
 from planner.cost.compute import Shape
 from planner.cost.eager import OpCount
-from planner.cost.memory import LayerActivations
-from planner.cost.memory import Recipe as Bytes
+from planner.cost.memory import LayerActivations, Recipe
 from planner.schemas.model import ModelSpec
 
 FP32 = 4
@@ -55,7 +62,7 @@ parameter is 67.2 MB = 2 x 32 MiB. GPUs only (CostModel.stage_other_bytes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class Recipe:
+class Dtypes:
     """How the executor runs a precision: residual-stream bytes, compute-dtype bytes, autocast casts or not."""
 
     residual: int
@@ -63,33 +70,33 @@ class Recipe:
     autocast: bool
 
 
-def recipe_for(precision: str, *, bf16_autocast: bool, zero_stage: int = 0, dp: int = 1) -> Recipe:
+def recipe_for(precision: str, *, bf16_autocast: bool, zero_stage: int = 0, dp: int = 1) -> Dtypes:
     """The executor's recipe for a plan's precision (module docstring; behaviour.executor.bf16_recipe). With ZeRO-2/3
     the executor enables no autocast (runtime.parallelize_part: autocast_dtype only for zero 0/1) and hands the bf16
     recipes to FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 compute on bf16 copies of the
     fp32 parameters, a bf16 residual stream, no per-linear casts. With dp = 1 parallelize_part returns the module
     before apply_dp: no FSDP2 either, so ZeRO-2/3 on one data-parallel rank runs in fp32."""
     if precision in ("bf16", "amp-bf16") and zero_stage >= 2:
-        return Recipe(residual=2, compute=2, autocast=False) if dp > 1 else Recipe(residual=FP32, compute=FP32, autocast=False)
+        return Dtypes(residual=2, compute=2, autocast=False) if dp > 1 else Dtypes(residual=FP32, compute=FP32, autocast=False)
     if precision == "amp-bf16" or (precision == "bf16" and bf16_autocast):
-        return Recipe(residual=FP32, compute=2, autocast=True)
+        return Dtypes(residual=FP32, compute=2, autocast=True)
     if precision == "fp32":
-        return Recipe(residual=FP32, compute=FP32, autocast=False)
-    return Recipe(residual=2, compute=2, autocast=False)
+        return Dtypes(residual=FP32, compute=FP32, autocast=False)
+    return Dtypes(residual=2, compute=2, autocast=False)
 
 
-AUTOCAST_BYTES = Bytes(weight_bytes=4 + 2, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=2)
+AUTOCAST_BYTES = Recipe(weight_bytes=4 + 2, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=2)
 """Bytes per parameter of the executor's bf16 recipes with fp32 parameters: fp32 weights + the bf16 autocast copies
 (zero 0/1; arrays.executor_uncast_bytes takes out the copies it does not hold), fp32 gradients, AdamW m and v; DDP
 and FSDP2 reduce in fp32, FSDP2 gathers bf16 (parallelize.mp_policy)."""
 
 
-def _norm_inputs(recipe: Recipe, tokens: float, h: int, consumers: int) -> float:
+def _norm_inputs(recipe: Dtypes, tokens: float, h: int, consumers: int) -> float:
     """Saved inputs of the linears fed by one norm: one bf16 cast each under autocast, else the norm output once."""
     return consumers * 2 * tokens * h if recipe.autocast else recipe.residual * tokens * h
 
 
-def attention_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> tuple[float, float]:
+def attention_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> tuple[float, float]:
     """(replicated, sharded) bytes the attention half of a block saves (module docstring)."""
     tokens, h = shape.tokens, spec.hidden_size
     a, d = spec.num_attention_heads, spec.dim_per_head
@@ -102,7 +109,7 @@ def attention_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> tuple[floa
     return replicated, sharded + lse
 
 
-def dense_mlp_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> tuple[float, float]:
+def dense_mlp_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> tuple[float, float]:
     """(replicated, sharded) bytes the dense MLP half saves: h = x + attention, the norm's inputs, the MLP tensors."""
     tokens, h, f = shape.tokens, spec.hidden_size, spec.ffn_hidden_size
     inputs = 2 if spec.gated else 1
@@ -110,7 +117,7 @@ def dense_mlp_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> tuple[floa
     return replicated, (4 if spec.gated else 2) * recipe.compute * tokens * f
 
 
-def moe_mlp_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> tuple[float, float]:
+def moe_mlp_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> tuple[float, float]:
     """(replicated, routed) bytes an MoE block's FFN half saves, planner/nn/moe.py as it runs (loop or grouped):
     h and the ffn_norm input, the router (gate input cast 2*T*h, fp32 softmax probabilities 4*T*E), the k*T routed
     rows: their bf16 casts for w1 and w3 (two casts under autocast, 2 * 2*k*T*h; one row copy otherwise), the
@@ -133,7 +140,7 @@ def moe_mlp_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> tuple[float,
     return replicated, expert + shared
 
 
-def decoder_activation_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe, *, moe_layer: bool,
+def decoder_activation_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes, *, moe_layer: bool,
                              moe_loop: bool = False) -> LayerActivations:
     """Saved bytes of one decoder layer of the executor for one micro-batch on one GPU (module docstring)."""
     t = shape.tp
@@ -146,7 +153,7 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe, *, m
                             transient=backward_transient_bytes(spec, shape, recipe, moe_layer=moe_layer, moe_loop=moe_loop))
 
 
-def backward_transient_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe, *, moe_layer: bool,
+def backward_transient_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes, *, moe_layer: bool,
                              moe_loop: bool = False) -> float:
     """Gradients one layer's backward holds beyond what it saved: the MLP's widest pair (output and input
     gradient of the gated product, c*T*f each, plus w1/w3's fp32-cast input gradients r*T*h); in an MoE layer run
@@ -165,19 +172,19 @@ def backward_transient_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe, *, m
     return pair
 
 
-def head_activation_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> float:
+def head_activation_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> float:
     """Final norm input (+ rstd), the output linear's saved input, the fp32 log-softmax the loss saves."""
     tokens, h = shape.tokens, spec.hidden_size
     region = (recipe.residual * tokens * h + RMSNORM_RSTD_BYTES * tokens + _norm_inputs(recipe, tokens, h, 1)) / shape.sp_div
     return region + FP32 * tokens * spec.vocab_size / shape.tp
 
 
-def logits_held_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> float:
+def logits_held_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> float:
     """The model's logits, held by runtime.accumulate's `logits` through the whole micro-batch backward."""
     return recipe.compute * shape.tokens * spec.vocab_size / shape.tp
 
 
-def loss_transient_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> float:
+def loss_transient_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> float:
     """The loss phase beyond the held logits and the saved log-softmax: in forward the fp32 copy `.float()` makes
     (none when the logits are fp32 already), in backward nll_loss's and log_softmax's fp32 gradients (8*T*V/t):
     the larger."""
@@ -185,19 +192,12 @@ def loss_transient_bytes(spec: ModelSpec, shape: Shape, recipe: Recipe) -> float
     return max(0.0 if recipe.compute == FP32 else FP32 * logits, 2 * FP32 * logits)
 
 
-def cast_copy_params(spec: ModelSpec, params: float) -> float:
-    """Parameters whose bf16 autocast copies the forward keeps until their backward: every nn.Linear and expert
-    weight, not the fp32 embedding table nor the norms (autocast casts matmul inputs only)."""
-    from planner.models import counting
-
-    return max(0.0, params - counting.embedding_params(spec) - spec.num_layers * counting.layer_norm_params(spec))
-
-
 # ------------------------------------------------------------------------------------------------ time
 # Operators (about one kernel each) and HBM bytes of the memory-bound ones, per micro-batch, counted from the same
 # code; GEMMs and attention are timed by compute.gemm_time_s, the weight casts by memory.AUTOCAST_CAST_BYTES. Each
 # phase is max(device + kernels x eager_kernel_s, operators x eager_host_op_s) (planner.cost.eager.phase_s), with
-# the device family's eager constants (calibration.yaml).
+# the stack's eager constants (calibration.yaml stack_eager, fitted by benchmarks/gpu_executor.py --derive from the
+# executor's own runs; the family's HuggingFace-measured values where it has none).
 OPTIMIZER_BYTES_TOUCHED = {"foreach": 76, "fused": 28}
 """HBM bytes per fp32 parameter of one AdamW step (weight decay 0, the executor's build_optimizer). fused: one
 kernel reads p, g, m, v and writes p, m, v (28). foreach (torch/optim/adam.py _multi_tensor_adam, capturable
@@ -207,11 +207,11 @@ addcdiv_(p, m, tmp) 16: 76."""
 MOE_HOST_SYNCS = 3
 """Host synchronisations per MoE block forward in planner/nn/moe.py: Router's torch.bincount and MoE._assign's
 torch.bincount (CUDA bincount reads the input's max to size its output: .item()), and counts.tolist(). The queue
-drains at each: the block's forward runs as MOE_HOST_SYNCS + 1 segments whose host and device time do not overlap
-across a boundary."""
+drains at each, so the operator after it starts with the device idle: each sync adds one operator's host time and
+one kernel's time to the block's forward (layers._executor_decoder_cost)."""
 
 
-def _linear(in_elements: float, out_elements: float, *, input_cast: bool, recipe: Recipe) -> OpCount:
+def _linear(in_elements: float, out_elements: float, *, input_cast: bool, recipe: Dtypes) -> OpCount:
     """nn.Linear: [input cast (4+2)], [weight cast], GEMM; backward: 2 GEMMs, [weight-gradient cast], AccumulateGrad's
     add into the existing .grad, [input-gradient cast back (2+4)]. Weight-cast bytes are per parameter elsewhere."""
     casts = recipe.autocast
@@ -222,13 +222,13 @@ def _linear(in_elements: float, out_elements: float, *, input_cast: bool, recipe
     return OpCount(fwd_ops=fwd, bwd_ops=bwd, fwd_bytes=moved, bwd_bytes=moved)
 
 
-def _norm(elements: float, recipe: Recipe) -> OpCount:
+def _norm(elements: float, recipe: Dtypes) -> OpCount:
     """Fused RMSNorm: one kernel (read x, write y); backward: input gradient, weight gradient, its accumulation."""
     r = recipe.residual
     return OpCount(fwd_ops=1, bwd_ops=3, fwd_bytes=2 * r * elements, bwd_bytes=3 * r * elements)
 
 
-def _residual(elements: float, recipe: Recipe) -> OpCount:
+def _residual(elements: float, recipe: Dtypes) -> OpCount:
     """x + branch (r + c read, r write); backward: the branch gradient cast to its dtype (under autocast) and the
     sum of the two gradients reaching x (3r)."""
     r, c = recipe.residual, recipe.compute
@@ -237,14 +237,14 @@ def _residual(elements: float, recipe: Recipe) -> OpCount:
                    bwd_bytes=3 * r * elements + ((r + c) * elements if cast else 0.0))
 
 
-def _rope(elements: float, recipe: Recipe) -> OpCount:
+def _rope(elements: float, recipe: Dtypes) -> OpCount:
     """apply_rope on one tensor: cos/sin casts, x*cos, neg of a half, cat, *sin, add: 7 kernels, 20 bytes per
     c=2 element; backward: *sin, *cos, neg, two slice backwards (zeros + copy) and the sums: 9 kernels, ~30."""
     c = recipe.compute
     return OpCount(fwd_ops=7, bwd_ops=9, fwd_bytes=10 * c * elements, bwd_bytes=15 * c * elements)
 
 
-def attention_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
+def attention_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     """The attention half of a block of planner/nn/model.py, per GPU: kernels and memory-bound bytes (GEMMs and
     SDPA's own time excluded): norm, q/k/v linears, RoPE, GQA's repeat_interleave of k and v (a copy each, a sum
     each in backward), SDPA (1 kernel, 3 in backward), wo, the residual, and the sum of q/k/v's input gradients."""
@@ -264,7 +264,7 @@ def attention_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
             + OpCount(fwd_ops=1, bwd_ops=3) + _linear(q, region, input_cast=False, recipe=recipe) + _residual(region, recipe) + fan)
 
 
-def mlp_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
+def mlp_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     """The dense MLP half: norm, w1 (and w3) with their input casts, SiLU (and the product), w2, the residual."""
     tokens, c = shape.tokens, recipe.compute
     region = tokens * spec.hidden_size / shape.sp_div
@@ -277,13 +277,13 @@ def mlp_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
             + _linear(f, region, input_cast=False, recipe=recipe) + _residual(region, recipe) + fan)
 
 
-def moe_block_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
+def moe_block_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     """The MoE half of a block without the experts: norm, router and combine (moe_router_ops), the residual."""
     region = shape.tokens * spec.hidden_size / shape.sp_div
     return _norm(region, recipe) + moe_router_ops(spec, shape, recipe) + _residual(region, recipe)
 
 
-def moe_router_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
+def moe_router_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     """Router, assignment, gather and combine of an MoE block (planner/nn/moe.py), per GPU, without the experts:
     gate linear, softmax/topk/renormalise/bincount/aux loss (12), argsort/index/bincount/counters (7), the fp32 gather
     x2[token_idx] (2r per routed element), cat of the expert outputs (2c), y * w (c + 2r), zeros_like + index_add
@@ -297,7 +297,7 @@ def moe_router_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
     return gate + OpCount(fwd_ops=19 + 6, bwd_ops=12, fwd_bytes=fwd_bytes, bwd_bytes=bwd_bytes)
 
 
-def moe_expert_loop_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
+def moe_expert_loop_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     """The per-expert Python loop of GroupedExperts.forward over the E local experts (moe_expert_impl: loop), GEMMs
     and weight-cast bytes excluded. Per expert: w1[e], w3[e], w2[e] casts and their row casts under autocast, three
     GEMMs, SiLU and the product (10 kernels; 4 without autocast). Backward per expert: six GEMMs, the weight-gradient
@@ -319,7 +319,7 @@ def moe_expert_loop_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCoun
     return (per_fwd + per_bwd).times(int(round(local)))
 
 
-def head_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
+def head_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     """Final norm, output linear, and the loss of runtime.accumulate: logits.float() (c + 4), log_softmax (8), nll;
     backward: nll's zero fill and scatter (4), log_softmax backward (12), the cast back (4 + c)."""
     region = shape.tokens * spec.hidden_size / shape.sp_div
@@ -330,7 +330,7 @@ def head_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
     return _norm(region, recipe) + _linear(region, logits, input_cast=True, recipe=recipe) + loss
 
 
-def embedding_ops(spec: ModelSpec, shape: Shape, recipe: Recipe) -> OpCount:
+def embedding_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     """nn.Embedding gather (2r per element); backward: embedding_dense_backward's zero fill of the V x h/t table,
     the row accumulation, and AccumulateGrad's add (4 + 12 per table element)."""
     region = shape.tokens * spec.hidden_size / shape.sp_div
