@@ -18,7 +18,8 @@ whose estimate would pass `--budget-s` is skipped and listed under "skipped", in
     echo /.whl/ >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-        pydantic==2.13.4 pydantic_core==2.46.4 annotated_types==0.7.0 typing_inspection==0.4.2 PuLP==3.3.2
+        pydantic==2.13.4 pydantic_core==2.46.4 annotated_types==0.7.0 typing_inspection==0.4.2 \
+        typing_extensions==4.16.0 PuLP==3.3.2        # 19 MB; checked with pip download on 2026-11-27
     # the device command (run tool, carry [".whl"], timeout_s 540):
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 || exit; \
