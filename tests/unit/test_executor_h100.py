@@ -122,3 +122,24 @@ def test_calibration_holds_what_derive_fits_from_the_rows_and_holds_out_of_sampl
     assert shipped.eager_host_op_s == pytest.approx(fitted["eager_host_op_s"], rel=1e-3)
     errors = [abs(e) for e in executor_constants.leave_one_out(rows, device_calibration(device).eager_host_op_s)]
     assert statistics.median(errors) <= 0.10 and max(errors) <= 0.25, errors
+
+
+def test_recipe_follows_the_executor_code_path():
+    """runtime.parallelize_part: autocast for zero 0/1 (both bf16 precisions while bf16_recipe is autocast); ZeRO-2/3
+    hands bf16 to FSDP2 without autocast when dp > 1, and runs fp32 when dp = 1 (it returns before apply_dp)."""
+    auto = executor.recipe_for("bf16", bf16_autocast=True)
+    assert auto == executor.recipe_for("amp-bf16", bf16_autocast=False) and auto.autocast and auto.residual == 4
+    assert executor.recipe_for("bf16", bf16_autocast=False) == executor.Dtypes(residual=2, compute=2, autocast=False)
+    fsdp = executor.recipe_for("amp-bf16", bf16_autocast=True, zero_stage=3, dp=8)
+    assert fsdp == executor.Dtypes(residual=2, compute=2, autocast=False)
+    assert executor.recipe_for("bf16", bf16_autocast=True, zero_stage=2, dp=1).compute == 4
+
+
+def test_one_gpu_zero_2_is_priced_as_the_fp32_run_it_is():
+    from planner import api
+    from planner.schemas.plan import Configuration, Parallelism
+
+    request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=32, seq_len=2048)
+    times = [api.estimate(request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1, zero_stage=z), microbatch_size=4))
+             .prediction.step_time_s for z in (0, 2)]
+    assert times[1] > 4 * times[0]  # fp32 GEMMs without tensor cores
