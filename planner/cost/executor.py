@@ -186,10 +186,14 @@ def logits_held_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> float:
 
 def loss_transient_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> float:
     """The loss phase beyond the held logits and the saved log-softmax: in forward the fp32 copy `.float()` makes
-    (none when the logits are fp32 already), in backward nll_loss's and log_softmax's fp32 gradients (8*T*V/t):
-    the larger."""
+    (none when the logits are fp32 already), in backward nll_loss's and log_softmax's fp32 gradients (8*T*V/t);
+    then the output layer's backward: its weight gradient in the compute dtype and, under autocast, its fp32 cast
+    (the weight cast's ToCopyBackward) before AccumulateGrad adds it to .grad, (c + 4)*V*h/t, beside the logits'
+    gradient (c*T*V/t). The largest of the three."""
     logits = shape.tokens * spec.vocab_size / shape.tp
-    return max(0.0 if recipe.compute == FP32 else FP32 * logits, 2 * FP32 * logits)
+    head = spec.vocab_size * spec.hidden_size / shape.tp
+    head_backward = (recipe.compute + (FP32 if recipe.autocast else 0)) * head + recipe.compute * logits
+    return max(0.0 if recipe.compute == FP32 else FP32 * logits, 2 * FP32 * logits, head_backward)
 
 
 # ------------------------------------------------------------------------------------------------ time
