@@ -317,11 +317,16 @@ def _foreach_step_extra_bytes(cand: "Candidate", row: dict) -> np.ndarray:
     torch._foreach_sqrt(exp_avg_sqs) is an fp32 copy of v for every parameter the optimizer steps, alive until the
     final addcdiv_; the autocast bf16 copies counted among the weights are gone by then (freed with the backward)."""
     edp = max(1, cand.dp * cand.cp // cand.ep)
-    shard = (cand.dp * cand.cp, edp) if cand.zero_stage >= 1 else (1, 1)
     held = (cand.dp * cand.cp, edp) if cand.zero_stage >= 3 else (1, 1)
-    stepped = row["dense"] / shard[0] + row["expert"] / shard[1]
     fp32_weights = 4 * (row["dense"] / held[0] + row["expert"] / held[1])
-    return 4 * stepped - np.maximum(0.0, row["weights"] - fp32_weights)
+    return _foreach_temp_bytes(cand, row) - np.maximum(0.0, row["weights"] - fp32_weights)
+
+
+def _foreach_temp_bytes(cand: "Candidate", row: dict) -> np.ndarray:
+    """foreach AdamW's fp32 sqrt(v): 4 bytes per parameter the optimizer steps on this rank."""
+    edp = max(1, cand.dp * cand.cp // cand.ep)
+    shard = (cand.dp * cand.cp, edp) if cand.zero_stage >= 1 else (1, 1)
+    return 4 * (row["dense"] / shard[0] + row["expert"] / shard[1])
 
 
 def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
@@ -334,6 +339,7 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     static = row["weights"] + row["grads"] + row["optimizer"]
     other = fixed.other + _partial_full_working_bytes(model, cand, full)
     weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + other
+    saved = acts
     step_peak = static + _step_extra_bytes(model, cand, row)
     if (step_peak > allocated).any():  # the optimizer step, activations freed, outgrows the backward
         acts = np.where(step_peak > allocated, 0.0, acts)
@@ -342,7 +348,9 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     runs_autocast = model.request.precision == autocast.RECIPE if executor_recipe is None else executor_recipe.autocast
     if runs_autocast and autocast.grads_absent_at_activation_peak(
             dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
-        weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, other)
+        foreach = executor_recipe is not None and model.options.adamw_impl == "foreach"
+        weights, grads, optimizer, acts, allocated = autocast.peak_rows(
+            weights, grads, optimizer, saved, other, step_extra=_foreach_temp_bytes(cand, row) if foreach else 0.0)
         static = weights + grads + optimizer
     peak = allocated * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
     table = np.vstack([weights, grads, optimizer, acts, peak - static - acts, peak])
