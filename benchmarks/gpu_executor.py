@@ -278,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or default
     command = "python benchmarks/gpu_executor.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     report = run_matrix(settings, output, command)
+    for row in report["rows"]:
+        if row["status"] == "ok":
+            print(f"{row['name']:16s} MFU {row['mfu'] or 0:.1%}  time error {row['predicted_step_time_s'] / row['step_time_s'] - 1:+.1%}  "
+                  f"peak {row['peak_bytes'] / 2**30:.2f} GiB (predicted with allowance {row['predicted_peak_bytes'] / 2**30:.2f})")
+        else:
+            print(f"{row['name']:16s} {row['status']}: predicted to fit {row['predicted_fits']}")
     ok = sum(r["status"] == "ok" for r in report["rows"])
     print(f"{ok} ok, {len(report['rows']) - ok} failed (oom/error), {len(report['skipped'])} skipped; {report['wall_s']:.0f} s; "
           f"written {output}")
