@@ -181,16 +181,15 @@ class CostModel:
         from planner.cost.arrays import layer_working_bytes, zero3_working_bytes
 
         other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
-        if stage == cand.pp - 1 and self.executor_recipe is not None:  # planner.cost.executor: logits held, loss phase
+        if self.executor_recipe is not None:  # planner.cost.executor: logits held, the loss phase, cuBLAS workspaces
             from planner.cost import executor
 
-            shape, recipe = self.shape(cand), self.executor_recipe_for(cand)
-            held = executor.logits_held_bytes(self.spec, shape, recipe)
-            other = max(other + held, held + executor.loss_transient_bytes(self.spec, shape, recipe))
-        if self.executor_recipe is not None and self.cal.family != "cpu":
-            from planner.cost import executor
-
-            other += executor.CUBLAS_WORKSPACES_BYTES
+            if stage == cand.pp - 1:
+                shape, recipe = self.shape(cand), self.executor_recipe_for(cand)
+                held = executor.logits_held_bytes(self.spec, shape, recipe)
+                other = max(other + held, held + executor.loss_transient_bytes(self.spec, shape, recipe))
+            if self.cal.family != "cpu":
+                other += executor.CUBLAS_WORKSPACES_BYTES
         elif stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
             logits = memory.logits_buffer_bytes(self.spec, self.shape(cand))
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
@@ -211,8 +210,8 @@ class CostModel:
     def other_per_rank(self, cand: Candidate) -> np.ndarray:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
-        key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size,
-               cand.recompute == "full", cand.tp_overlap)
+        key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp,
+               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap)
         found = self.memo.get(key)
         if found is None:
             found = np.full(cand.pp, float(self.stage_other_bytes(cand, 0)))
