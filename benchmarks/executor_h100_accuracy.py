@@ -153,8 +153,8 @@ def memory_terms(row: dict) -> dict[str, float]:
 def summarise(results: list[dict]) -> dict:
     """Medians and extremes of the ok rows, and whether every OOM row is predicted not to fit."""
     ok = [r for r in results if r["status"] == "ok"]
-    errors = [abs(r["time_error"]) for r in ok]
-    margins = [r["memory_margin"] for r in ok]
+    errors = [abs(r["time_error"]) for r in ok] or [0.0]
+    margins = [r["memory_margin"] for r in ok] or [0.0]
     return {"time_error_median": statistics.median(errors), "time_error_max": max(errors),
             "memory_margin_min": min(margins), "memory_margin_max": max(margins),
             "memory_margin_median": statistics.median(margins),

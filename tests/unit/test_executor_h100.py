@@ -143,3 +143,18 @@ def test_one_gpu_zero_2_is_priced_as_the_fp32_run_it_is():
     times = [api.estimate(request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1, zero_stage=z), microbatch_size=4))
              .prediction.step_time_s for z in (0, 2)]
     assert times[1] > 4 * times[0]  # fp32 GEMMs without tensor cores
+
+
+GPU_REPORTS = sorted((ROOT / "profiles").glob("executor-*.json"))
+
+
+@pytest.mark.parametrize("report", GPU_REPORTS or [None], ids=[p.name for p in GPU_REPORTS] or ["none"])
+def test_committed_gpu_executor_reports_meet_the_same_must_shows(report):
+    """Rows a lent GPU measured with benchmarks/gpu_executor.py (profiles/executor-<device>.json, committed): the same
+    bounds as the validation rows. Skipped while none is committed."""
+    if report is None:
+        pytest.skip("no profiles/executor-<device>.json committed yet (no GPU lent so far)")
+    bench = _bench()
+    summary = bench.summarise([bench.evaluate_row(row) for row in bench.load_rows(report) if row["status"] in ("ok", "oom")])
+    assert summary["oom_predicted_not_to_fit"] and summary["memory_margin_min"] >= -0.03
+    assert summary["time_error_median"] <= 0.10 and summary["time_error_max"] <= 0.25
