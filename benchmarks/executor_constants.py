@@ -7,8 +7,10 @@ per-call time, the attention rates, HBM efficiency, the operator counts of the e
 - eager_kernel_s: device time per kernel beyond its bytes and FLOPs; the median, over the device-bound rows, of the
   value at which the model without host cost reproduces the row;
 - eager_host_op_s: host time per operator; the median, over the host-bound rows, of the value at which the model with
-  that kernel time reproduces the row. A row is host-bound when the family's shipped host time moves its prediction
-  by more than HOST_SENSITIVITY, device-bound otherwise.
+  that kernel time reproduces the row. A row is device-bound when the family's shipped host time moves its
+  prediction by no more than HOST_SENSITIVITY; host-bound when it does and the device alone (host time 0) would run
+  more than HOST_SENSITIVITY faster than measured. Without host-bound rows the family's value is kept (the rows
+  say nothing about the host).
 Each is the stack's entry of calibration.yaml's `stack_eager` for the family (read by
 planner.cost.calibration.device_calibration for the eager recipe). It prints each row's prediction with the constants
 derived from the other rows (leave-one-row-out) before writing. Rows that ran bf16 as autocast are priced as amp-bf16
@@ -68,10 +70,13 @@ def derive(rows: list[dict], prior_host_op_s: float) -> dict[str, float]:
     """eager_kernel_s and eager_host_op_s of the stack from `rows` (module docstring)."""
     from planner.cost.derivation import implied_value
 
-    hosts = [r for r in rows if host_bound(r, prior_host_op_s)]
-    devices = [r for r in rows if r not in hosts] or rows
+    sensitive = [r for r in rows if host_bound(r, prior_host_op_s)]
+    devices = [r for r in rows if r not in sensitive] or rows
     kernel = statistics.median(implied_value(lambda x, r=r: step_with(r, eager_kernel_s=x, eager_host_op_s=0.0),
                                              r["step_time_s"], high=1e-4) for r in devices)
+    # a row measures the host only where the device alone would be faster than it ran
+    hosts = [r for r in sensitive
+             if step_with(r, eager_kernel_s=kernel, eager_host_op_s=0.0) < (1 - HOST_SENSITIVITY) * r["step_time_s"]]
     host = prior_host_op_s
     if hosts:
         host = statistics.median(implied_value(lambda x, r=r: step_with(r, eager_kernel_s=kernel, eager_host_op_s=x),

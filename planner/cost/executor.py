@@ -264,7 +264,7 @@ def attention_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
         fan = fan + _norm(q + kv, recipe)
     return (_norm(region, recipe) + _linear(region, q, input_cast=True, recipe=recipe)
             + _linear(region, kv, input_cast=True, recipe=recipe).times(2)
-            + (_rope(q + kv, recipe) if spec.position == "rope" else OpCount()) + expand
+            + (_rope(q, recipe) + _rope(kv, recipe) if spec.position == "rope" else OpCount()) + expand
             + OpCount(fwd_ops=1, bwd_ops=3) + _linear(q, region, input_cast=False, recipe=recipe) + _residual(region, recipe) + fan)
 
 
