@@ -189,7 +189,7 @@ def _print(results: list[dict], summary: dict) -> None:
           f"{'meas GiB':>8s} {'margin':>7s} | {'peak GiB':>8s} fits")
     for r in results:
         meas = (f"{r['measured_step_time_s']:7.3f} {r['time_error']:+7.1%}" if r["status"] == "ok" else f"{'-':>7s} {'-':>7s}")
-        mem = (f"{r['measured_peak_bytes'] / GiB:8.2f} {r['memory_margin']:+7.1%}" if r["status"] == "ok" else f"{'(oom)':>8s} {'-':>7s}")
+        mem = (f"{r['measured_peak_bytes'] / GiB:8.2f} {r['memory_margin']:+7.1%}" if r["status"] == "ok" else f"{'(' + r['status'] + ')':>8s} {'-':>7s}")
         print(f"{r['name']:13s} {r['status']:6s} {r['precision_priced']:8s} | {r['predicted_step_time_s']:7.3f} {meas} | "
               f"{r['predicted_allocated_bytes'] / GiB:9.2f} {mem} | {r['predicted_peak_bytes'] / GiB:8.2f} {r['fits']}")
     print(f"time |error| median {summary['time_error_median']:.1%} max {summary['time_error_max']:.1%} "
