@@ -41,6 +41,7 @@ from planner import api
 from planner.cost.calibration import device_calibration
 from planner.cost.derivation import implied_value
 from planner.cost.model import CostModel
+from planner.cost.stack import hf_eager_options
 from planner.schemas.plan import Configuration, Parallelism
 from planner.units import GiB
 
@@ -67,7 +68,15 @@ def config_of(row: dict) -> Configuration:
 
 
 def predict(row: dict, *, profile: str | None):
-    return api.estimate(request_of(row, profile=profile), config_of(row))
+    """The row's estimate as HuggingFace's recipe (planner.cost.stack.hf_eager_options: the planner stack's options
+    without its executor facts, since these rows ran transformers' modeling code, not planner/nn)."""
+    from types import SimpleNamespace
+
+    from planner.cost.notes import candidate_of
+
+    request = request_of(row, profile=profile)
+    ev = CostModel(request, options=hf_eager_options("amp-bf16")).evaluate(candidate_of(request, config_of(row)))
+    return SimpleNamespace(prediction=SimpleNamespace(step_time_s=ev.step_time_s), memory=SimpleNamespace(peak_bytes=ev.peak_bytes))
 
 
 def step_with(row: dict, **constants: float) -> float:
@@ -76,7 +85,8 @@ def step_with(row: dict, **constants: float) -> float:
 
     request = request_of(row)
     cal = dataclasses.replace(device_calibration(request.topology.device, "planner", eager=True), **constants)
-    return CostModel(request, calibration=cal).evaluate(candidate_of(request, config_of(row))).step_time_s
+    return CostModel(request, calibration=cal, options=hf_eager_options("amp-bf16")).evaluate(
+        candidate_of(request, config_of(row))).step_time_s
 
 
 def derive_eager_constants(rows: list[dict]) -> dict[str, float]:

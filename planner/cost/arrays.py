@@ -28,11 +28,14 @@ KIND_ORDER = ("embedding", "decoder", "moe_decoder", "head")
 
 def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str, ModuleCost]:
     """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it."""
-    env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=model.request.precision,
+    recipe = model.executor_recipe_for(cand)
+    precision = "fp32" if recipe is not None and recipe.compute == 4 else model.request.precision  # as the executor runs
+    env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=precision,
               shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
               stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
               selective_mode=model.options.selective_mode,
-              moe_hierarchical=model.options.moe_hierarchical,
+              moe_hierarchical=model.options.moe_hierarchical, executor=recipe,
+              moe_loop=model.options.moe_expert_impl == "loop",
               moe_dispatch_fp8=cand.compression.has("fp8-dispatch"))
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
@@ -55,7 +58,7 @@ def module_table(model: "CostModel", cand: "Candidate", links: Links | None = No
     schedule do not change a module's cost. `links` overrides the candidate's (planner.cost.bounds.floor_links)."""
     links = model.links(cand) if links is None else links
     key = ("modules", cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap, links.tp, links.cp,
-           links.ep, cand.compression.has("fp8-dispatch"))
+           links.ep, model.executor_recipe_for(cand), cand.compression.has("fp8-dispatch"))
     found = model.memo.get(key)
     if found is None:
         kinds = _kind_costs(model, cand, links)
@@ -199,9 +202,29 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.dp * cand.cp)
     e = memory.static_split(expert, recipe, zero_stage=zero, dp=max(1, cand.dp * cand.cp // cand.ep))
     weights, grads, optim = (d[i] + e[i] for i in range(3))
+    if model.executor_recipe is not None and model.executor_recipe.autocast:
+        expert_dp = max(1, cand.dp * cand.cp // cand.ep)
+        weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.dp * cand.cp,
+                                                  expert_dp=expert_dp)
     if cand.schedule == "2bw":
         weights = weights * 2
     return weights, grads, optim
+
+
+def executor_uncast_bytes(dense: np.ndarray, expert: np.ndarray, *, recompute: str, zero_stage: int, dp: int,
+                          expert_dp: int = 1) -> np.ndarray:
+    """Bytes of the 2-byte autocast copies (executor.AUTOCAST_BYTES) that the executor does not hold at its peak
+    (planner.cost.executor): the embedding table is gathered in fp32 (autocast casts matmul inputs only), and a fully
+    recomputed layer's casts are cached only until the forward leaves autocast (torch clears the cast cache on exit;
+    the checkpoint saves none of them), so the loss and the backward see none of them. Under ZeRO-2/3 no autocast
+    runs at all (FSDP2's bf16 copies are its gathered working set, counted by zero3_working_bytes)."""
+    if zero_stage >= 2:
+        return 2 * (dense / (dp if zero_stage >= 3 else 1) + expert / (expert_dp if zero_stage >= 3 else 1))
+    uncast = np.zeros_like(dense)
+    uncast[0] = dense[0]
+    if recompute == "full":
+        uncast[1:-1] = dense[1:-1] + expert[1:-1]
+    return 2 * uncast
 
 
 def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:

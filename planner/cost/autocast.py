@@ -65,14 +65,15 @@ def grads_absent_at_activation_peak(*, dp: int, cp: int, zero_stage: int, num_mi
     return num_microbatches == 1 and dp * cp == 1 and zero_stage == 0
 
 
-def peak_rows(weights, grads, optimizer, activations, other):
+def peak_rows(weights, grads, optimizer, activations, other, step_extra=0.0):
     """(weights, grads, optimizer, activations, allocated) held at the allocated peak, the larger of the start of
-    backward and the optimizer step (module docstring); numpy arrays, one entry per pipeline rank."""
+    backward and the optimizer step (module docstring), the step with `step_extra` bytes of the optimizer's own
+    temporaries (a foreach AdamW's sqrt(v) copy); numpy arrays, one entry per pipeline rank."""
     import numpy as np
 
     backward_start = weights + optimizer + activations + other
     masters = weights * (1 - CAST_COPY_FRACTION)
-    optimizer_step = masters + grads + optimizer
+    optimizer_step = masters + grads + optimizer + step_extra
     first = backward_start >= optimizer_step
     return (np.where(first, weights, masters), np.where(first, 0.0, grads), optimizer,
             np.where(first, activations, 0.0), np.maximum(backward_start, optimizer_step))

@@ -72,6 +72,17 @@ def _stacks(raw: dict, key: str = "stack_ceilings") -> tuple[tuple[str, DeviceCa
                  for name, value in (raw.get(key) or {}).items())
 
 
+def _measured(raw: dict) -> dict[str, DeviceCalibration]:
+    """The eager recipe's calibration per stack of a family: its measured GEMM ceiling (`measured_stack_ceilings`) and,
+    where its own runs measured them (`stack_eager`, written by benchmarks/gpu_executor.py --derive), its eager
+    per-kernel and per-operator constants."""
+    measured = dict(_stacks(raw, "measured_stack_ceilings"))
+    for name, values in (raw.get("stack_eager") or {}).items():
+        if name in measured:
+            measured[name] = replace(measured[name], **{key: float(value) for key, value in values.items()})
+    return measured
+
+
 @lru_cache(maxsize=1)
 def _raw() -> dict:
     """calibration.yaml, parsed once (reload() reads it again)."""
@@ -87,8 +98,8 @@ def reload() -> None:
 @lru_cache(maxsize=1)
 def _load() -> tuple[tuple, DeviceCalibration, MemoryCalibration]:
     raw = _raw()
-    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item)),
-                     dict(_stacks(item, "measured_stack_ceilings"))) for item in raw["devices"])
+    devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item)), _measured(item))
+                    for item in raw["devices"])
     memory = MemoryCalibration(**raw["memory"])
     return devices, _entry(raw["default"]), memory
 

@@ -205,6 +205,10 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     edp = max(1, cand.dp * cand.cp // cand.ep)
     rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
+    if model.executor_recipe is not None:  # AdamW over fp32 parameters as the executor builds it (foreach or fused)
+        from planner.cost.executor import OPTIMIZER_BYTES_TOUCHED as EXECUTOR_OPTIMIZER_BYTES
+
+        per_param = EXECUTOR_OPTIMIZER_BYTES[model.options.adamw_impl] / rate
     sharded = cand.zero_stage >= 1
     dp_dense, dp_expert, gather_dense, gather_expert = dp_fits(model, cand)
     found = _Fixed(
@@ -301,10 +305,29 @@ def _step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.nd
     their fp32 copies, options.zero3_step_fp32_grad_params at a time (DeepSpeed: two sub-groups), beside its
     gradient bucket. 0 otherwise (the step then needs no more than the backward)."""
     o = model.options
+    if model.executor_recipe is not None and o.adamw_impl == "foreach":
+        return _foreach_step_extra_bytes(cand, row)
     if cand.zero_stage < 3 or o.zero3_grads_fp32 or not o.zero3_step_fp32_grad_params:
         return 0.0
     local = row["dense"] / (cand.dp * cand.cp) + row["expert"] / max(1, cand.dp * cand.cp // cand.ep)
     return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + reduce_bucket_bytes(o.zero3_reduce_bucket_params)
+
+
+def _foreach_step_extra_bytes(cand: "Candidate", row: dict) -> np.ndarray:
+    """The executor's foreach AdamW step (torch/optim/adam.py _multi_tensor_adam): exp_avg_sq_sqrt =
+    torch._foreach_sqrt(exp_avg_sqs) is an fp32 copy of v for every parameter the optimizer steps, alive until the
+    final addcdiv_; the autocast bf16 copies counted among the weights are gone by then (freed with the backward)."""
+    edp = max(1, cand.dp * cand.cp // cand.ep)
+    held = (cand.dp * cand.cp, edp) if cand.zero_stage >= 3 else (1, 1)
+    fp32_weights = 4 * (row["dense"] / held[0] + row["expert"] / held[1])
+    return _foreach_temp_bytes(cand, row) - np.maximum(0.0, row["weights"] - fp32_weights)
+
+
+def _foreach_temp_bytes(cand: "Candidate", row: dict) -> np.ndarray:
+    """foreach AdamW's fp32 sqrt(v): 4 bytes per parameter the optimizer steps on this rank."""
+    edp = max(1, cand.dp * cand.cp // cand.ep)
+    shard = (cand.dp * cand.cp, edp) if cand.zero_stage >= 1 else (1, 1)
+    return 4 * (row["dense"] / shard[0] + row["expert"] / shard[1])
 
 
 def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
@@ -317,13 +340,18 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     static = row["weights"] + row["grads"] + row["optimizer"]
     other = fixed.other + _partial_full_working_bytes(model, cand, full) + compression.memory_bytes(model.recipe, cand, row, model.links(cand).dp)
     weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + other
+    saved = acts
     step_peak = static + _step_extra_bytes(model, cand, row)
     if (step_peak > allocated).any():  # the optimizer step, activations freed, outgrows the backward
         acts = np.where(step_peak > allocated, 0.0, acts)
         allocated = np.maximum(allocated, step_peak)
-    if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
+    executor_recipe = model.executor_recipe_for(cand)
+    runs_autocast = model.request.precision == autocast.RECIPE if executor_recipe is None else executor_recipe.autocast
+    if runs_autocast and autocast.grads_absent_at_activation_peak(
             dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
-        weights, grads, optimizer, acts, allocated = autocast.peak_rows(weights, grads, optimizer, acts, other)
+        foreach = executor_recipe is not None and model.options.adamw_impl == "foreach"
+        weights, grads, optimizer, acts, allocated = autocast.peak_rows(
+            weights, grads, optimizer, saved, other, step_extra=_foreach_temp_bytes(cand, row) if foreach else 0.0)
         static = weights + grads + optimizer
     peak = allocated * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
     table = np.vstack([weights, grads, optimizer, acts, peak - static - acts, peak])

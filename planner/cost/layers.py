@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import autocast, comm, compute, eager, memory
+from planner.cost import executor as executor_cost
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compression import FP8_DISPATCH_BYTES
 from planner.cost.compute import Shape
@@ -50,6 +51,8 @@ class Env:
     moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
     selective_mode: str = "attention_core"  # what the stack's selective recompute reruns (behaviour.memory)
     moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
+    executor: executor_cost.Dtypes | None = None  # the planner's executor, priced from its code (planner.cost.executor)
+    moe_loop: bool = False  # routed experts as a per-expert Python loop (behaviour.executor.moe_expert_impl)
     moe_dispatch_fp8: bool = False  # dispatch-direction all-to-alls in fp8 (compression fp8-dispatch)
 
 
@@ -181,7 +184,8 @@ def _layer_params_per_gpu(spec: ModelSpec, shape: Shape, moe_layer: bool) -> flo
 
 def _autocast_cast_s(env: Env, params: float) -> tuple[float, float]:
     """Weight casts torch.autocast adds per micro-batch (memory.AUTOCAST_CAST_BYTES), as HBM streaming time."""
-    fwd_bytes, bwd_bytes = memory.AUTOCAST_CAST_BYTES.get(env.precision, (0.0, 0.0))
+    precision = "amp-bf16" if env.executor is not None and env.executor.autocast else env.precision
+    fwd_bytes, bwd_bytes = memory.AUTOCAST_CAST_BYTES.get(precision, (0.0, 0.0))
     return (compute.memory_bound_time_s(params * fwd_bytes, device=env.device, cal=env.cal),
             compute.memory_bound_time_s(params * bwd_bytes, device=env.device, cal=env.cal))
 
@@ -224,6 +228,8 @@ def _eager_compute_s(env: Env, params: float) -> tuple[float, float, float, floa
 def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     """Costs of one decoder layer (dense or MoE) for one micro-batch on one GPU."""
     spec, shape = env.spec, env.shape
+    if env.executor is not None and env.executor.compute == 2 and spec.mla is None and shape.flash_attention:
+        return _executor_decoder_cost(env, moe_layer=moe_layer)
     if _is_eager(env) and eager.supported(spec, shape, moe_layer=moe_layer):
         return _eager_decoder_cost(env)
     moe = counting.moe_params(spec) if moe_layer else None
@@ -241,7 +247,9 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     if env.moe_overlap:  # the all-to-all of one micro-batch runs under another's layer compute (DualPipe, 1F1B A2A)
         ep_fwd, ep_bwd = max(0.0, ep_fwd - fwd), max(0.0, ep_bwd - bwd)
     cp_fwd, cp_bwd = cp_times(env, core)
-    if env.precision == autocast.RECIPE and not moe_layer:
+    if env.executor is not None:
+        acts = executor_cost.decoder_activation_bytes(spec, shape, env.executor, moe_layer=moe_layer, moe_loop=env.moe_loop)
+    elif env.precision == autocast.RECIPE and not moe_layer:
         acts = autocast.decoder_activation_bytes(spec, shape)
     else:
         acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
@@ -264,8 +272,48 @@ def _eager_decoder_cost(env: Env) -> ModuleCost:
     tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2)
     cp_fwd, cp_bwd = cp_times(env, core)
     acts = autocast.decoder_activation_bytes(env.spec, env.shape)
+    if env.executor is not None:
+        acts = executor_cost.decoder_activation_bytes(env.spec, env.shape, env.executor, moe_layer=False, moe_loop=False)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd,
                       cp_bwd_s=cp_bwd, act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
+                      act_transient=acts.transient, recompute_compute_s=rec)
+
+
+def _executor_decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
+    """decoder_cost for the planner's executor under autocast, from its code (planner.cost.executor): its GEMMs as it
+    issues them (separate q, k, v and MLP input projections; MoE experts one GEMM per expert and matrix when
+    moe_expert_impl is loop), its operators and bytes, each phase max(device, host) (planner.cost.eager); an MoE
+    block's forward drains the queue at its host syncs (executor.MOE_HOST_SYNCS), so its segments add."""
+    spec, shape, recipe = env.spec, env.shape, env.executor
+    moe = counting.moe_params(spec) if moe_layer else None
+    weights = 3 if spec.gated else 2
+    calls = {"qkv": 3, "mlp": weights, "experts": weights * max(1, spec.moe.num_experts // shape.ep) if moe_layer else 1}
+    if moe_layer and not env.moe_loop:
+        calls["experts"] = 2 * max(1, spec.moe.num_experts // shape.ep)
+    gemms = [dataclasses.replace(g, calls=calls.get(g.name, g.calls))
+             for g in compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=moe)]
+    g_fwd, g_bwd, core = gemm_times(env, gemms)
+    attn = executor_cost.attention_ops(spec, shape, recipe)
+    ffn = executor_cost.mlp_ops(spec, shape, recipe)
+    if moe_layer:
+        ffn = executor_cost.moe_block_ops(spec, shape, recipe)
+        if env.moe_loop:
+            ffn = ffn + executor_cost.moe_expert_loop_ops(spec, shape, recipe)
+    ops = attn + ffn
+    dev_f, dev_b = _eager_device_s(env, ops, g_fwd, g_bwd, _layer_params_per_gpu(spec, shape, moe_layer))
+    rates = {"kernel_s": env.cal.eager_kernel_s, "host_op_s": env.cal.eager_host_op_s}
+    fwd = eager.phase_s(dev_f, ops.fwd_ops, **rates)
+    if moe_layer and env.moe_loop:  # segments separated by host syncs do not overlap
+        fwd += executor_cost.MOE_HOST_SYNCS * (rates["kernel_s"] + rates["host_op_s"])
+    bwd = eager.phase_s(dev_b, ops.bwd_ops, **rates)
+    rec = eager.phase_s(dev_b + dev_f, ops.bwd_ops + ops.fwd_ops, **rates) - bwd
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2)
+    ep_fwd, ep_bwd = ep_times(env) if moe_layer else (0.0, 0.0)
+    cp_fwd, cp_bwd = cp_times(env, core)
+    acts = executor_cost.decoder_activation_bytes(spec, shape, recipe, moe_layer=moe_layer, moe_loop=env.moe_loop)
+    return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd,
+                      ep_bwd_s=ep_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=core + rates["host_op_s"],
+                      act_none=acts.none, act_selective=acts.selective, act_full=acts.full,
                       act_transient=acts.transient, recompute_compute_s=rec)
 
 
@@ -282,7 +330,9 @@ def embedding_cost(env: Env) -> ModuleCost:
     num_bytes = compute.embedding_elementwise_bytes(env.spec, env.shape)
     fwd = compute.memory_bound_time_s(num_bytes, device=env.device, cal=env.cal)
     bwd = 2 * fwd
-    if _is_eager(env):
+    if env.executor is not None and env.executor.compute == 2:
+        fwd, bwd = _eager_phases(env, executor_cost.embedding_ops(env.spec, env.shape, env.executor), 0.0, 0.0, 0.0)
+    elif _is_eager(env):
         fwd, bwd = _eager_phases(env, eager.embedding_ops(env.spec, env.shape), 0.0, 0.0, 0.0)
     tp_fwd, _ = tp_times(env, fwd, bwd, collectives=1)
     act = memory.embedding_activation_bytes(env.spec, env.shape)
@@ -295,13 +345,17 @@ def head_cost(env: Env) -> ModuleCost:
     g_fwd, g_bwd, _ = gemm_times(env, compute.head_gemms(env.spec, env.shape))
     mem = compute.memory_bound_time_s(compute.head_elementwise_bytes(env.spec, env.shape), device=env.device, cal=env.cal)
     fwd, bwd = g_fwd + mem, g_bwd + 2 * mem
-    if _is_eager(env):
-        lm_head = env.spec.vocab_size * env.spec.hidden_size / env.shape.tp
+    lm_head = env.spec.vocab_size * env.spec.hidden_size / env.shape.tp
+    if env.executor is not None and env.executor.compute == 2:
+        fwd, bwd = _eager_phases(env, executor_cost.head_ops(env.spec, env.shape, env.executor), g_fwd, g_bwd, lm_head)
+    elif _is_eager(env):
         fwd, bwd = _eager_phases(env, eager.head_ops(env.spec, env.shape), g_fwd, g_bwd, lm_head)
     tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=1)
     if not env.shape.sp:
         tp_fwd = 0.0
-    if env.precision == autocast.RECIPE:
+    if env.executor is not None:
+        act = executor_cost.head_activation_bytes(env.spec, env.shape, env.executor)
+    elif env.precision == autocast.RECIPE:
         act = autocast.head_activation_bytes(env.spec, env.shape)
     else:
         act = memory.head_activation_bytes(env.spec, env.shape)

@@ -49,7 +49,14 @@ class CostModel:
         self.options = options
         fused = options.fused_kernels
         self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
-        eager = request.precision == "amp-bf16" and not self.fused_kernels  # planner.cost.eager's recipe
+        self.executor_recipe = None  # the planner's executor, priced from its code (planner.cost.executor)
+        if options.executor_code:
+            from planner.cost import executor
+
+            self.executor_recipe = executor.recipe_for(request.precision, bf16_autocast=options.bf16_autocast)
+            self.fused_kernels = self.fused_kernels and self.executor_recipe.compute != 2  # its code is eager
+        autocast_run = request.precision == "amp-bf16" or (self.executor_recipe is not None and self.executor_recipe.compute == 2)
+        eager = autocast_run and not self.fused_kernels  # planner.cost.eager's (or the executor's) eager recipe
         self.cal = calibration or device_calibration(self.device, request.framework, eager=eager)
         overlay = request.calibration if calibration is None else None  # the user's own runs (planner calibrate)
         if overlay is not None:
@@ -59,6 +66,10 @@ class CostModel:
         self.cal = dataclasses.replace(self.cal, attention_fraction=fraction, attention_seq_half=seq_half)
         if request.precision == "bf16" and not options.main_grads_fp32:
             self.recipe = memory.FP32_MASTER_PARAMS_BF16
+        if self.executor_recipe is not None and self.executor_recipe.autocast:  # bf16 run as fp32 params + autocast
+            from planner.cost import executor
+
+            self.recipe = executor.AUTOCAST_BYTES
         # the training loop's per-step work outside the micro-batches (calibration.yaml `loop`)
         self.step_overhead_s = step_overhead_s(request.framework) if step_overhead is None else step_overhead
         self.mem_cal = memory_calibration()
@@ -92,6 +103,15 @@ class CostModel:
         if key not in self.memo:
             self.memo[key] = compression.powersgd_ratio(self.spec, rank)
         return self.memo[key]
+
+    def executor_recipe_for(self, cand: Candidate):
+        """The executor's recipe for this candidate (its ZeRO stage decides autocast or FSDP2: executor.recipe_for)."""
+        if self.executor_recipe is None:
+            return None
+        from planner.cost import executor
+
+        return executor.recipe_for(self.request.precision, bf16_autocast=self.options.bf16_autocast,
+                                   zero_stage=cand.zero_stage, dp=cand.dp)
 
     # --- memory capacity -------------------------------------------------------------------------------
 
@@ -179,7 +199,16 @@ class CostModel:
         from planner.cost.arrays import layer_working_bytes, zero3_working_bytes
 
         other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
-        if stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
+        if self.executor_recipe is not None:  # planner.cost.executor: logits held, the loss phase, cuBLAS workspaces
+            from planner.cost import executor
+
+            if stage == cand.pp - 1:
+                shape, recipe = self.shape(cand), self.executor_recipe_for(cand)
+                held = executor.logits_held_bytes(self.spec, shape, recipe)
+                other = max(other + held, held + executor.loss_transient_bytes(self.spec, shape, recipe))
+            if self.cal.family != "cpu":
+                other += executor.CUBLAS_WORKSPACES_BYTES
+        elif stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
             logits = memory.logits_buffer_bytes(self.spec, self.shape(cand))
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
         if cand.zero_stage >= 3:
@@ -199,8 +228,8 @@ class CostModel:
     def other_per_rank(self, cand: Candidate) -> np.ndarray:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
-        key = ("other", cand.pp, cand.zero_stage >= 3, cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size,
-               cand.recompute == "full", cand.tp_overlap)
+        key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp,
+               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap)
         found = self.memo.get(key)
         if found is None:
             found = np.full(cand.pp, float(self.stage_other_bytes(cand, 0)))

@@ -25,7 +25,7 @@ from planner.frameworks import load_framework
 def options_for(framework: str, precision: str):
     """CostOptions of a stack (by name or profile path) for a precision recipe."""
     b = load_framework(framework).behaviour
-    k, o, m = b.kernels, b.overlap, b.memory
+    k, o, m, x = b.kernels, b.overlap, b.memory, b.executor
     return CostOptions(
         flash_attention=(k.fused_attention and precision != "fp32"), dropout=b.defaults.dropout,
         fused_kernels=None,
@@ -40,4 +40,17 @@ def options_for(framework: str, precision: str):
         logits_live_in_backward=m.logits_live_in_backward, zero3_gather_unit=m.zero3_gather_unit,
         zero3_max_live_params=m.zero3_max_live_params, zero3_reduce_bucket_params=m.zero3_reduce_bucket_params,
         zero3_grads_fp32=m.zero3_grads_fp32, zero3_step_fp32_grad_params=m.zero3_step_fp32_grad_params,
+        executor_code=x is not None, bf16_autocast=x is not None and x.bf16_recipe == "autocast",
+        moe_expert_impl=x.moe_expert_impl if x is not None else "grouped",
+        adamw_impl=x.adamw_impl if x is not None else "fused",
     )
+
+
+def hf_eager_options(precision: str):
+    """CostOptions of HuggingFace transformers' modeling code under plain PyTorch (torch.autocast, fused AdamW), the
+    recipe of validation/h100_hf_tinyllama.jsonl priced by planner.cost.eager and planner.cost.autocast: the planner
+    stack's options without its executor facts (its own code is priced by planner.cost.executor instead)."""
+    import dataclasses
+
+    return dataclasses.replace(options_for("planner", precision), executor_code=False, bf16_autocast=False,
+                               moe_expert_impl="grouped", adamw_impl="fused")

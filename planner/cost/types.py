@@ -79,6 +79,9 @@ class CostOptions:
     zero3_gather_unit, zero3_max_live_params, zero3_reduce_bucket_params, zero3_grads_fp32,
         zero3_step_fp32_grad_params: how the stack holds ZeRO-3 memory (behaviour.memory; memory.zero3_working_set_bytes,
         measured by benchmarks/gpu_memory.py).
+    executor_code, bf16_autocast, moe_expert_impl, adamw_impl: the stack is the planner's executor, priced from its
+        code (planner.cost.executor; behaviour.executor): bf16 run under autocast or not, MoE experts as a loop or
+        grouped GEMMs, AdamW foreach or fused.
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
     """
 
@@ -108,6 +111,10 @@ class CostOptions:
     moe_hierarchical: bool = False
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
+    executor_code: bool = False
+    bf16_autocast: bool = False
+    moe_expert_impl: str = "grouped"
+    adamw_impl: str = "fused"
 
 
 @dataclass(frozen=True)

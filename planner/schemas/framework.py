@@ -205,11 +205,25 @@ class TrainingDefaults(Schema):
     source: str = Field(default="no dropout unless the model says", min_length=1)
 
 
+class ExecutorCode(Schema):
+    """The stack is this repository's executor: its memory and eager time are counted from its own code
+    (planner.cost.executor), with the implementation facts below (each cited in `source`)."""
+
+    bf16_recipe: Literal["autocast", "bf16-params"] = Field(description="how `--precision bf16` runs: fp32 "
+                                                                   "parameters under torch.autocast, or bf16 parameters")
+    moe_expert_impl: Literal["loop", "grouped"] = Field(description="routed experts as a Python loop of per-expert "
+                                                                    "GEMMs over weight slices, or grouped GEMMs")
+    adamw_impl: Literal["foreach", "fused"] = Field(description="torch.optim.AdamW's implementation: the foreach "
+                                                                "multi-tensor passes (torch's CUDA default) or fused")
+    source: str = Sourced
+
+
 class Behaviour(Schema):
     overlap: Overlap
     kernels: Kernels
     memory: MemoryHabits
     defaults: TrainingDefaults = Field(default_factory=TrainingDefaults)
+    executor: ExecutorCode | None = Field(default=None, description="set for the planner's own executor only")
 
 
 class ExportNaming(Schema):

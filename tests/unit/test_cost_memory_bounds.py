@@ -10,6 +10,7 @@ import pytest
 from planner import api
 from planner.cost import memory
 from planner.cost.model import Candidate, CostModel
+from planner.cost.stack import hf_eager_options  # the rows ran HuggingFace's modeling code, not the executor's
 
 VALIDATION = Path(__file__).resolve().parents[2] / "validation" / "h100_hf_tinyllama.jsonl"
 
@@ -28,7 +29,7 @@ def test_predicted_peak_covers_the_measured_reserved_peak(index):
     row = _rows()[index]
     request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=row["micro_batch"],
                                 seq_len=row["seq"], precision="amp-bf16")
-    model = CostModel(request)
+    model = CostModel(request, options=hf_eager_options("amp-bf16"))
     ev = model.evaluate(Candidate(dp=1, tp=1, pp=1, microbatch_size=row["micro_batch"], num_microbatches=1,
                                   recompute="full" if row["checkpointing"] else "none"))
     cal = model.mem_cal
@@ -65,7 +66,7 @@ def test_allowance_is_the_one_sided_envelope_of_the_rows():
     for row in _rows():
         request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1,
                                     global_batch_size=row["micro_batch"], seq_len=row["seq"], precision="amp-bf16")
-        model = CostModel(request)
+        model = CostModel(request, options=hf_eager_options("amp-bf16"))
         ev = model.evaluate(Candidate(dp=1, tp=1, pp=1, microbatch_size=row["micro_batch"], num_microbatches=1,
                                       recompute="full" if row["checkpointing"] else "none"))
         allocated = (ev.peak_bytes - cal.fragmentation_fixed_bytes) / (1 + model.mem_cal.fragmentation_fraction)

@@ -144,7 +144,8 @@ def test_too_big_does_not_fit_and_says_why():
 
 
 def test_moe_model_costs_experts_and_all_to_all():
-    request = api.build_request(model="mixtral-8x7b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096)
+    request = api.build_request(model="mixtral-8x7b", topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096,
+                                framework="megatron-core")  # the generic formulas (planner: planner.cost.executor)
     m = CostModel(request)
     ev = m.evaluate(Candidate(dp=4, tp=2, pp=2, ep=4, sp=True, microbatch_size=1, num_microbatches=16, zero_stage=1))
     assert ev.breakdown.ep_comm_s > 0 and ev.fits
@@ -190,5 +191,6 @@ def test_profile_replaces_compute_of_the_shapes_it_covers(tmp_path):
 
 def test_kernel_fusion_defaults_follow_the_recipe():
     for precision, fused in (("bf16", True), ("fp8", True), ("amp-bf16", False), ("fp32", False)):
-        request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision)
+        request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision,
+                                    framework="megatron-core")  # planner: tests/unit/test_cost_stack.py
         assert CostModel(request).fused_kernels is fused

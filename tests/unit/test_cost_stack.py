@@ -117,6 +117,8 @@ def test_kernel_bytes_follow_the_recipe_for_every_stack():
     """Flash attention from the stack; norm/activation kernel bytes from the precision recipe (planner.cost.stack)."""
     for framework in ("megatron-core", "planner", "torchtitan", "pytorch-fsdp"):
         for precision, fused in (("bf16", True), ("amp-bf16", False), ("fp32", False)):
+            if framework == "planner" and precision == "bf16":
+                fused = False  # the executor runs bf16 under autocast, eagerly (behaviour.executor.bf16_recipe)
             req = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, precision=precision)
             assert CostModel(req.model_copy(update={"framework": framework})).fused_kernels is fused
     assert CostModel(api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1)

@@ -13,6 +13,7 @@ from planner.cost.calibration import device_calibration
 from planner.cost.compute import Shape
 from planner.cost.derivation import implied_value
 from planner.cost.model import Candidate, CostModel
+from planner.cost.stack import hf_eager_options  # HuggingFace's recipe: the planner stack without its executor facts
 from planner.models import load_model
 from planner.schemas.model import ModelSpec
 
@@ -65,7 +66,7 @@ def _model(microbatch_size: int, precision: str = "amp-bf16", **constants) -> tu
     request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=microbatch_size,
                                 seq_len=2048, precision=precision)
     cal = dataclasses.replace(device_calibration(request.topology.device, "planner", eager=True), **constants)
-    return CostModel(request, calibration=cal), Candidate(dp=1, tp=1, pp=1, microbatch_size=microbatch_size, num_microbatches=1)
+    return CostModel(request, calibration=cal, options=hf_eager_options(precision)), Candidate(dp=1, tp=1, pp=1, microbatch_size=microbatch_size, num_microbatches=1)
 
 
 def test_tinyllama_layer_is_host_bound_at_micro_batch_1_and_device_bound_at_8():
@@ -116,7 +117,8 @@ def test_a_profile_replaces_the_eager_recompute_with_its_measured_forward(tmp_pa
                                                    entries=(entry,))))
     request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=1, seq_len=2048,
                                 precision="amp-bf16", profile=str(path))
-    costs = CostModel(request).layer_costs(Candidate(dp=1, tp=1, pp=1, microbatch_size=1, num_microbatches=1, recompute="full"))
+    costs = CostModel(request, options=hf_eager_options("amp-bf16")).layer_costs(
+        Candidate(dp=1, tp=1, pp=1, microbatch_size=1, num_microbatches=1, recompute="full"))
     assert costs.recompute_s[1] == pytest.approx(0.01)
 
 

@@ -180,8 +180,12 @@ def test_amp_bf16_allocated_peak_matches_the_h100_rows(row_index):
                                 seq_len=row["seq"], precision="amp-bf16")
     config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=row["micro_batch"],
                            recompute="full" if row["checkpointing"] else "none")
+    from planner.cost.model import CostModel
+    from planner.cost.notes import candidate_of
+    from planner.cost.stack import hf_eager_options  # HuggingFace's recipe, not the executor's code
+
     cal = memory_calibration()
-    peak = api.estimate(request, config).memory.peak_bytes
+    peak = CostModel(request, options=hf_eager_options("amp-bf16")).evaluate(candidate_of(request, config)).peak_bytes
     allocated_gib = (peak - cal.fragmentation_fixed_bytes) / (1 + cal.fragmentation_fraction) / 2**30
     assert allocated_gib == pytest.approx(row["peak_alloc_gib"], rel=0.05)
 
