@@ -83,7 +83,7 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
                  stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
                  selective_mode=model.options.selective_mode,
                  moe_hierarchical=model.options.moe_hierarchical,
-              moe_dispatch_fp8=cand.compression.has("fp8-dispatch"))
+                 moe_dispatch_fp8=cand.compression.has("fp8-dispatch"))
 
 
 def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:
