@@ -280,3 +280,21 @@ def test_every_planner_capability_is_exercised_by_an_executor_test():
         file, name = EXECUTOR_EVIDENCE[claim]
         text = (folder / file).read_text()
         assert (f"def {name}(" in text) or (f'"{name}"' in text), f"{claim}: {file} has no test or layout {name!r}"
+
+
+def test_deepspeed_moe_never_runs_with_zero3():
+    """deepspeed/runtime/engine.py: "Native DeepSpeed MoE is not supported with ZeRO Stage 3": estimate refuses it,
+    the search never plans it, and a plan made elsewhere is refused by the exporter."""
+    from planner.export import export_plan
+
+    request = api.build_request(model="mixtral-8x7b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096,
+                                framework="deepspeed", search=FAST)
+    moe3 = Configuration(parallelism=Parallelism(dp=32, tp=1, pp=1, ep=8, zero_stage=3), schedule="1f1b")
+    with pytest.raises(BadInputError, match="Native DeepSpeed MoE is not supported with ZeRO Stage 3"):
+        api.estimate(request, moe3)
+    plan = api.plan(request)
+    assert plan.feasible and plan.parallelism.zero_stage in (0, 1, 2)
+    assert all(a.parallelism.zero_stage != 3 for a in plan.alternatives)
+    elsewhere = api.estimate(request.model_copy(update={"framework": "planner"}), moe3)
+    with pytest.raises(BadInputError, match="ZeRO Stage 3"):
+        export_plan(elsewhere, "deepspeed")
