@@ -16,7 +16,7 @@ from planner.cost.model import CostModel, CostOptions
 from planner.cost.notes import candidate_of, model_notes
 from planner.cost.validity import input_reasons
 from planner.errors import BadInputError
-from planner.frameworks import config_of, load_framework, refusal
+from planner.frameworks import config_of, load_framework, model_refusal, refusal
 from planner.plan import build_launch_plan
 from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
 
@@ -29,7 +29,11 @@ def estimate(request: PlanRequest, config: Configuration, *, options: CostOption
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))
-    refused = refusal(load_framework(request.framework), config_of(cand, model=request.model, precision=request.precision))
+    profile = load_framework(request.framework)
+    model_refused = model_refusal(profile, request.model)
+    if model_refused is not None:
+        raise BadInputError(model_refused)
+    refused = refusal(profile, config_of(cand, model=request.model, precision=request.precision))
     if refused is not None:
         raise BadInputError(refused[1])
     reasons = model.validity_reasons(cand)

@@ -33,7 +33,7 @@ import shlex
 import sys
 
 from planner.export.common import Export
-from planner.export.judges_megatron import megatron_core_verdict
+from planner.export.judges_megatron import megatron_core_params, megatron_core_verdict
 from planner.export.verdicts import JudgeUnavailable, Verdict, first_line, quiet
 from planner.schemas.plan import LaunchPlan
 
@@ -170,7 +170,27 @@ def judge_megatron(plan: LaunchPlan, export: Export) -> Verdict:
         verdict = _megatron_lm(args, plan, path, "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export.text)
     else:
         verdict = megatron_core_verdict(args, plan.request.gpus)
-    return verdict if not verdict.accepted else _megatron_interleaved_groups(plan)
+    if not verdict.accepted:
+        return verdict
+    verdict = _megatron_interleaved_groups(plan)
+    return verdict if not verdict.accepted else _megatron_params(args, plan)
+
+
+def _megatron_params(args: list[str], plan: LaunchPlan) -> Verdict:
+    """The model the flags build (megatron-core's GPTModel on the meta device) has the plan's parameter count, which
+    tests/unit/test_models_hf_parity.py ties to transformers' for HF configs."""
+    from planner.models.counting import total_params
+
+    try:
+        built = megatron_core_params(args)
+    except ImportError as exc:
+        raise JudgeUnavailable(f"megatron-core is not importable: {exc}") from None
+    except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
+        return Verdict(False, f"GPTModel did not build: {first_line(exc)}")
+    expected = total_params(plan.request.model)
+    if built != expected:
+        return Verdict(False, f"GPTModel from the flags has {built:,} parameters, the plan's model {expected:,}")
+    return Verdict(True)
 
 
 def _megatron_interleaved_groups(plan: LaunchPlan) -> Verdict:

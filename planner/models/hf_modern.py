@@ -73,6 +73,7 @@ def _qwen3_moe(cfg: HFConfig) -> MoESpec:
         num_experts=cfg.req(*NUM_EXPERTS),
         top_k=cfg.req("num_experts_per_tok"),
         expert_ffn_hidden_size=cfg.req("moe_intermediate_size"),
+        normalize_topk=cfg.flag("norm_topk_prob"),
         **sparse_layout(cfg),
     )
 
@@ -86,6 +87,7 @@ def _qwen2_moe(cfg: HFConfig) -> MoESpec:
         num_shared_experts=1,
         shared_expert_ffn_hidden_size=cfg.req("shared_expert_intermediate_size"),
         shared_expert_gate=True,
+        normalize_topk=cfg.flag("norm_topk_prob"),
         **sparse_layout(cfg),
     )
 

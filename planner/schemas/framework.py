@@ -91,6 +91,21 @@ class Exclusion(Schema):
     source: str = Sourced
 
 
+# model architecture features a stack may lack (predicates: planner.models.features.MODEL_FEATURES)
+ModelFeature = Literal["parallel_residual", "chunked_attention", "sliding_window_attention", "attention_sinks",
+                       "bias_free_layernorm", "lm_head_bias", "learned_expert_score_bias", "sigmoid_unnormalized_topk",
+                       "partial_linear_bias", "four_norms_per_layer", "projection_qk_norm", "geglu", "alibi",
+                       "learned_positions", "mla", "moe"]
+
+
+class ModelRule(Schema):
+    """A model feature the stack cannot build: a model that has it is refused for this stack (plan, estimate, export)."""
+
+    feature: ModelFeature
+    reason: str = Field(min_length=1, description="why the stack cannot build it (shown after the feature's name)")
+    source: str = Sourced
+
+
 class Capabilities(Schema):
     precisions: tuple[Literal["bf16", "amp-bf16", "fp32", "fp8"], ...] = Field(min_length=1)
     fp8_recipes: tuple[str, ...] = ()
@@ -108,6 +123,7 @@ class Capabilities(Schema):
         "pipeline schedules are torch.distributed.pipelining's classes, with their constructors' micro-batch rules "
         "(planner.frameworks.torch_schedule_rule)"))
     exclusions: tuple[Exclusion, ...] = ()
+    unsupported_models: tuple[ModelRule, ...] = Field(default=(), description="model features the stack cannot build")
     source: str = Sourced
 
     @field_validator("schedules")

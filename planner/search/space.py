@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import BadInputError
-from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, parallel_refusal,
+from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, model_refusal, parallel_refusal,
                                 precision_refusal)
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
@@ -108,7 +108,11 @@ def framework_of(request: PlanRequest) -> FrameworkProfile:
     limits = request.search or SearchLimits()
     if limits.runnable and request.framework != "planner":
         raise BadInputError(f"runnable=true with framework={request.framework!r}: --runnable means --framework planner; drop one")
-    return load_framework(request.framework)
+    profile = load_framework(request.framework)
+    refused = model_refusal(profile, request.model)
+    if refused is not None:
+        raise BadInputError(refused)
+    return profile
 
 
 def _narrowed(name: str, asked: tuple, kept: tuple, profile: FrameworkProfile) -> tuple:

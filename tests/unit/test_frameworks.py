@@ -298,3 +298,33 @@ def test_deepspeed_moe_never_runs_with_zero3():
     elsewhere = api.estimate(request.model_copy(update={"framework": "planner"}), moe3)
     with pytest.raises(BadInputError, match="ZeRO Stage 3"):
         export_plan(elsewhere, "deepspeed")
+
+
+def test_every_model_feature_a_profile_names_has_a_predicate():
+    from typing import get_args
+
+    from planner.models.features import MODEL_FEATURES
+    from planner.schemas.framework import ModelFeature
+
+    assert set(get_args(ModelFeature)) == set(MODEL_FEATURES)
+
+
+def test_a_model_the_stack_cannot_build_is_refused_at_plan_estimate_and_export():
+    """Megatron-Core has no parallel residual (transformer_layer.py): GPT-NeoX is refused in one line naming it,
+    before the search, by estimate, and by the exporter for a plan made for another stack."""
+    from planner.export import export_plan
+    from planner.models import load_model
+
+    hf = Path(__file__).resolve().parents[1] / "data" / "hf"
+    neox = load_model(str(hf / "gpt-neox-20b"))
+    with pytest.raises(BadInputError, match="parallel attention/FFN residual .* framework 'megatron-core' does not build"):
+        api.build_request(model=neox, nodes=4, framework="megatron-core")
+    request = api.build_request(model=neox, nodes=4, global_batch_size=64, seq_len=2048, framework="planner")
+    plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=4, tp=8, pp=1, sp=True, zero_stage=1)))
+    with pytest.raises(BadInputError, match="cannot export to megatron: .*parallel attention/FFN residual"):
+        export_plan(plan, "megatron")
+    with pytest.raises(BadInputError, match="does not build"):
+        api.estimate(request.model_copy(update={"framework": "megatron-core"}),
+                     Configuration(parallelism=Parallelism(dp=4, tp=8, pp=1, sp=True, zero_stage=1)))
+    cli = runner.invoke(app, ["plan", "--model", str(hf / "gpt-neox-20b"), "--framework", "megatron-core"])
+    assert cli.exit_code == 2 and len(cli.output.strip().splitlines()) == 1 and "parallel attention/FFN residual" in cli.output
