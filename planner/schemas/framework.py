@@ -106,6 +106,22 @@ class ModelRule(Schema):
     source: str = Sourced
 
 
+class RankOrder(Schema):
+    """How the stack lays global ranks over the axes, outermost first (our axes: pp, dp, cp, tp; expert groups are
+    carved from the dp x cp ranks, planner.topology.placement)."""
+
+    axes: tuple[Literal["pp", "dp", "cp", "tp"], ...] = Field(min_length=4, max_length=4, description="outermost first")
+    native: str = Field(min_length=1, description="the stack's own spelling of the order")
+    source: str = Sourced
+
+    @field_validator("axes")
+    @classmethod
+    def _permutation(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if sorted(value) != sorted(("pp", "dp", "cp", "tp")):
+            raise ValueError(f"rank_order.axes={list(value)} must be a permutation of ['pp', 'dp', 'cp', 'tp']")
+        return value
+
+
 class Capabilities(Schema):
     precisions: tuple[Literal["bf16", "amp-bf16", "fp32", "fp8"], ...] = Field(min_length=1)
     fp8_recipes: tuple[str, ...] = ()
@@ -124,6 +140,9 @@ class Capabilities(Schema):
         "(planner.frameworks.torch_schedule_rule)"))
     exclusions: tuple[Exclusion, ...] = ()
     unsupported_models: tuple[ModelRule, ...] = Field(default=(), description="model features the stack cannot build")
+    rank_order: RankOrder | None = Field(default=None, description=(
+        "the stack's fixed layout of ranks over the parallel axes: a plan for it is placed and priced in this order; "
+        "None = the planner chooses (our executor)"))
     source: str = Sourced
 
     @field_validator("schedules")
