@@ -40,6 +40,10 @@ MODEL_FEATURES: dict[str, tuple[str, Callable[[ModelSpec], bool]]] = {
     "learned_positions": ("a learned position table (GPT-2/3, OPT)", lambda s: s.position == "learned"),
     "mla": ("multi-head latent attention (DeepSeek)", lambda s: s.mla is not None),
     "moe": ("mixture-of-experts layers", lambda s: s.moe is not None),
+    "layernorm": ("LayerNorm (not RMSNorm)", lambda s: s.norm == "layernorm"),
+    "plain_ffn": ("a plain (non-gated) FFN", lambda s: not s.gated),
+    "shared_expert_gate": ("a shared-expert gate (Qwen2-MoE)", lambda s: s.moe is not None and s.moe.shared_expert_gate),
+    "one_norm_per_layer": ("one norm per layer shared by attention and FFN (Falcon-7B, Cohere)", lambda s: s.norms_per_layer == 1),
 }
 
 

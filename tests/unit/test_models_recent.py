@@ -44,7 +44,8 @@ def test_gpt_oss_layer_kinds_and_attention_share():
 
 
 def _attention_core_s(spec, seq_len=32768):
-    request = api.build_request(model=spec, topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=seq_len)
+    request = api.build_request(model=spec, topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=seq_len,
+                                framework="megatron-core")
     config = Configuration(parallelism=Parallelism(dp=1, tp=8, pp=1, sp=True, ep=1), schedule="1f1b")
     return api.estimate(request, config)
 
@@ -67,9 +68,13 @@ def test_the_executor_refuses_windowed_layers_and_builds_the_rest():
 
 
 def test_planner_run_refuses_a_windowed_model_in_one_line():
+    """Planned for our executor: refused before the search (profile unsupported_models); a plan made for another stack
+    is refused by `planner run`'s pre-launch check."""
     from planner.executor.runnable import check_runnable
 
     spec = load_model(str(HF_DIR / "ministral-8b"))
+    with pytest.raises(BadInputError, match="sliding-window attention layers, which framework 'planner' does not build"):
+        api.build_request(model=spec, gpus=8, framework="planner")
     plan = _attention_core_s(spec, seq_len=4096)
     with pytest.raises(BadInputError, match="not built by the executor's reference decoder"):
         check_runnable(plan)
