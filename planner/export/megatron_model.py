@@ -60,9 +60,7 @@ def _attention_args(spec: ModelSpec) -> list[str]:
 
 
 def _position_args(spec: ModelSpec, warnings: list[str]) -> list[str]:
-    args = ["--position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute"]
-    if spec.position == "alibi":
-        warnings.append("ALiBi is not in Megatron-core: exported as learned absolute positions")
+    args = ["--position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute"]  # no ALiBi: refused
     if spec.position == "rope" and spec.rope_theta is not None:
         theta = round(spec.rope_theta)
         if theta != spec.rope_theta:
@@ -118,7 +116,7 @@ def model_arguments(spec: ModelSpec, seq_len: int, warnings: list[str]) -> list[
     profile's unsupported_models: planner.frameworks.model_refusal)."""
     args = ["--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
             "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads),
-            "--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, spec.seq_len)),
+            "--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, spec.position_rows)),
             "--vocab-size", str(spec.vocab_size)]
     args += _attention_args(spec)
     if spec.activation == "swiglu":

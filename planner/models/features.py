@@ -43,6 +43,7 @@ MODEL_FEATURES: dict[str, tuple[str, Callable[[ModelSpec], bool]]] = {
     "layernorm": ("LayerNorm (not RMSNorm)", lambda s: s.norm == "layernorm"),
     "plain_ffn": ("a plain (non-gated) FFN", lambda s: not s.gated),
     "shared_expert_gate": ("a shared-expert gate (Qwen2-MoE)", lambda s: s.moe is not None and s.moe.shared_expert_gate),
+    "embedding_norm": ("a LayerNorm after the embedding (BLOOM)", lambda s: s.embedding_norm),
     "one_norm_per_layer": ("one norm per layer shared by attention and FFN (Falcon-7B, Cohere)", lambda s: s.norms_per_layer == 1),
 }
 

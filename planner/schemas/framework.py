@@ -96,7 +96,7 @@ ModelFeature = Literal["parallel_residual", "chunked_attention", "sliding_window
                        "bias_free_layernorm", "lm_head_bias", "learned_expert_score_bias", "sigmoid_unnormalized_topk",
                        "partial_linear_bias", "four_norms_per_layer", "projection_qk_norm", "geglu", "alibi",
                        "learned_positions", "mla", "moe", "layernorm", "plain_ffn", "shared_expert_gate",
-                       "one_norm_per_layer"]
+                       "one_norm_per_layer", "embedding_norm"]
 
 
 class ModelRule(Schema):

@@ -28,8 +28,10 @@ def plan_for(folder: str, *, seq_len: int = 4096):
 
 def model_args(folder: str) -> list[str]:
     """The model half of the export (planner.export.megatron_model) with the smallest parallel half Megatron reads."""
+    spec = load_model(str(HF / folder))
+    seq_len = min(2048, spec.position_rows)  # a learned position table bounds the training length
     return ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--micro-batch-size", "1",
-            "--global-batch-size", "8", *model_arguments(load_model(str(HF / folder)), 2048, [])]
+            "--global-batch-size", "8", *model_arguments(spec, seq_len, [])]
 
 
 def flags(folder: str) -> dict[str, str | bool]:
@@ -74,7 +76,7 @@ def test_qwen2_moe_shared_expert_gate_is_a_flag():
 @pytest.mark.parametrize("folder", ["llama3-8b", "qwen3-8b", "qwen2-7b", "mistral-7b", "ministral-8b", "smollm3-3b",
                                     "mistral-small-3.1-24b", "gpt-oss-20b", "granite-3.0-1b-a400m", "deepseek-v2-lite",
                                     "qwen1.5-moe-a2.7b", "qwen3-30b-a3b", "mixtral-8x7b", "phi-3-mini-4k", "glm-4.5-air",
-                                    "hunyuan-a13b", "exaone-4.0-32b", "deepseek-v3"])
+                                    "hunyuan-a13b", "exaone-4.0-32b", "deepseek-v3", "gpt2", "opt-1.3b", "starcoder2-3b"])
 def test_megatron_core_builds_the_plans_model(folder):
     pytest.importorskip("megatron.core")
     from planner.export.judges_megatron import megatron_core_params
