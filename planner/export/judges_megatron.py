@@ -28,7 +28,8 @@ INT_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "cont
 FLOAT_FLAGS = ("moe-expert-capacity-factor", "rotary-percent", "norm-epsilon", "moe-router-topk-scaling-factor")
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
              "position-embedding-type", "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq",
-             "moe-token-dispatcher-type", "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function")
+             "moe-token-dispatcher-type", "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function",
+             "no-rope-freq")
 BOOL_FLAGS = ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
               "add-qkv-bias", "qk-layernorm", "multi-latent-attention", "moe-shared-expert-gate", "moe-router-pre-softmax",
@@ -70,6 +71,7 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
         layernorm_epsilon=a.norm_epsilon, softmax_type=a.softmax_type,
         window_size=tuple(int(v) for v in a.window_size.strip("()").split(",")) if a.window_size else None,
         window_attn_skip_freq=ast.literal_eval(a.window_attn_skip_freq) if a.window_attn_skip_freq else None,
+        no_rope_freq=ast.literal_eval(a.no_rope_freq) if a.no_rope_freq else None,
     )
     if a.num_experts:
         kw.update(num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk, moe_ffn_hidden_size=a.moe_ffn_hidden_size,

@@ -68,6 +68,9 @@ def _position_args(spec: ModelSpec, warnings: list[str]) -> list[str]:
         args += ["--rotary-base", str(theta)]
     if spec.position == "rope" and spec.rotary_percent is not None:
         args += ["--rotary-percent", repr(spec.rotary_percent)]
+    if spec.position == "rope" and spec.nope_layers:  # 1 = no RoPE on that layer (arguments.py no_rope_freq_type)
+        skipped = set(spec.nope_layers)
+        args += ["--no-rope-freq", "[" + ",".join("1" if i in skipped else "0" for i in range(spec.num_layers)) + "]"]
     return args
 
 

@@ -74,6 +74,7 @@ def llama_family_gap(spec: ModelSpec) -> str | None:
         "sliding-window or chunked attention layers": spec.layer_types is not None and set(spec.layer_types) != {"full"},
         "attention sinks": spec.attention_sinks,
         "partial RoPE": spec.rotary_percent is not None and spec.rotary_percent < 1,
+        "layers without RoPE (NoPE)": bool(spec.nope_layers),
         "parallel attention/MLP residual": spec.parallel_residual,
     }
     return next((what for what, present in gaps.items() if present), None)

@@ -72,6 +72,14 @@ LAYER_RULES: dict[str, Callable[[HFConfig, int], list[str]]] = {
 }
 
 
+def nope_fields(cfg: HFConfig, n: int) -> dict[str, Any]:
+    """nope_layers: the layers no_rope_layers marks 0 (no RoPE), for the types whose configuration class has it."""
+    if cfg.model_type not in ("smollm3", "llama4_text"):
+        return {}
+    skipped = tuple(i for i, rope in enumerate(_no_rope(cfg, n)) if not rope)
+    return {"nope_layers": skipped} if skipped else {}
+
+
 def layer_fields(cfg: HFConfig, n: int) -> dict[str, Any]:
     """layer_types, sliding_window and attention_chunk of the spec; refuses a kind the planner does not model."""
     raw = cfg.data.get("layer_types")
@@ -95,7 +103,8 @@ def layer_fields(cfg: HFConfig, n: int) -> dict[str, Any]:
 
 
 def _with_layers(fields: dict[str, Any], cfg: HFConfig) -> dict[str, Any]:
-    return {**fields, **layer_fields(cfg, int(fields["num_layers"]))}
+    n = int(fields["num_layers"])
+    return {**fields, **layer_fields(cfg, n), **nope_fields(cfg, n)}
 
 
 def ministral(cfg: HFConfig) -> dict[str, Any]:

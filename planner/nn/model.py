@@ -20,7 +20,8 @@ Approximations (said here so nobody is surprised):
 - MLA (DeepSeek V2/V3) runs as standard multi-head attention with the spec's head dims
   (q/k head_dim = qk_nope_head_dim + qk_rope_head_dim, v head_dim = v_head_dim); no low-rank compression.
 - RoPE uses theta = 10000 and the rotate-half convention (Su et al. 2021, RoFormer eq. 34; Llama layout).
-- Parallel attention/FFN residuals (NeoX, Cohere) run sequentially, partial RoPE rotates every dim, and the spec's
+- Parallel attention/FFN residuals (NeoX, Cohere) run sequentially, partial RoPE rotates every dim, NoPE layers
+  (nope_layers) rotate too, and the spec's
   RoPE base, norm epsilon, attention sinks (gpt-oss: one logit per head), bias-free LayerNorms, LM-head, router and
   expert biases are left out: each holds at most O(h + V + E) parameters and O(tokens) work per layer.
 Not built (BadInputError from check_reference_supports): norms_per_layer other than 2, whole-projection qk norms,

@@ -130,6 +130,8 @@ class ModelSpec(InputSchema):
         default=None, description="attention of each decoder layer: full causal, sliding (sliding_window keys back), chunked "
         "(attention_chunk_size blocks, Llama-4); None = every layer full"
     )
+    nope_layers: tuple[int, ...] | None = Field(default=None, description="0-based indices of layers without RoPE (NoPE: "
+                                               "Llama-4 and SmolLM3 no_rope_layers); None = RoPE on every layer")
     sliding_window: int | None = Field(default=None, gt=0, le=L.MAX_SEQ_LEN, description="keys a 'sliding' layer attends to")
     attention_chunk: int | None = Field(default=None, gt=0, le=L.MAX_SEQ_LEN, description="block length of a 'chunked' layer")
     attention_sinks: bool = Field(default=False, description="a learned per-head sink logit in the softmax (gpt-oss): "
@@ -151,6 +153,8 @@ class ModelSpec(InputSchema):
             )
         if self.moe is not None and self.moe.first_k_dense > self.num_layers:
             raise ValueError(f"moe.first_k_dense={self.moe.first_k_dense} exceeds num_layers={self.num_layers}")
+        if self.nope_layers is not None and any(not 0 <= i < self.num_layers for i in self.nope_layers):
+            raise ValueError(f"nope_layers={list(self.nope_layers)} names layers outside 0..{self.num_layers - 1}")
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_layers:
                 raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_layers={self.num_layers}: give one per layer")

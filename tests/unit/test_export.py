@@ -156,7 +156,7 @@ def megatron_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + flag, type=int, default=None)
     for flag in ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization", "position-embedding-type",
                  "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq", "moe-token-dispatcher-type",
-                 "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function"):
+                 "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function", "no-rope-freq"):
         p.add_argument("--" + flag, default=None)
     for flag in ("rotary-base", "moe-router-num-groups", "moe-router-group-topk", "kv-lora-rank", "q-lora-rank", "qk-head-dim",
                  "qk-pos-emb-head-dim", "v-head-dim"):

@@ -67,6 +67,11 @@ def test_deepseek_router_groups_scaling_and_expert_bias():
     assert "--moe-router-pre-softmax" in lite and "--q-lora-rank" not in lite and "--moe-router-score-function" not in lite
 
 
+def test_nope_layers_are_exported():
+    f = flags("smollm3-3b")  # no_rope_layer_interval 4: layers 3, 7, ... without RoPE
+    assert f["--no-rope-freq"].startswith("[0,0,0,1,0,0,0,1") and f["--no-rope-freq"].count("1") == 9
+
+
 def test_qwen2_moe_shared_expert_gate_is_a_flag():
     f = flags("qwen1.5-moe-a2.7b")
     assert "--moe-shared-expert-gate" in f and f["--moe-shared-expert-intermediate-size"] == "5632"

@@ -33,6 +33,7 @@ def test_a_model_torchtitan_registers_uses_its_flavor(model, expected):
 
 
 @pytest.mark.parametrize(("model", "missing"), [("mixtral-8x7b", "mixture-of-experts"), (str(HF / "qwen2-7b"), "linear biases"),
+                                                (str(HF / "smollm3-3b"), "layers without RoPE"),
                                                 (str(HF / "gpt-oss-20b"), "mixture-of-experts")])
 def test_a_model_torchtitan_cannot_build_is_refused_not_stood_in(model, missing):
     with pytest.raises(BadInputError, match=f"torchtitan 0.3 has no model for .* with {missing}"):
@@ -104,7 +105,7 @@ def counted(model) -> int:
     return params
 
 
-@pytest.mark.parametrize("model", ["tinyllama-1.1b", str(HF / "qwen3-8b"), str(HF / "mistral-7b"), str(HF / "smollm3-3b"),
+@pytest.mark.parametrize("model", ["tinyllama-1.1b", str(HF / "qwen3-8b"), str(HF / "mistral-7b"), str(HF / "mistral-small-3.1-24b"),
                                    str(HF / "ministral-8b") + "-full"])
 def test_the_generated_module_builds_the_plans_model(model, monkeypatch, tmp_path):
     spec = load_model(model.removesuffix("-full"))
