@@ -1,8 +1,11 @@
 """HuggingFace `config.json` -> ModelSpec, for the decoder-only families the planner supports (IMPORTERS).
 
 Supported model_type values: llama, mistral, mixtral, phi3, granite, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2,
-gemma2, gemma3_text, starcoder2, deepseek_v3 (planner.models.hf_modern, one table of how each departs from Llama)
-and gpt2, gpt_neox, opt, bloom, falcon (planner.models.hf_classic). Field names, key spellings of transformers
+gemma2, gemma3_text, starcoder2, deepseek_v3 (planner.models.hf_modern, one table of how each departs from Llama),
+gpt2, gpt_neox, opt, bloom, falcon (planner.models.hf_classic), and the 2025-26 types gpt_oss, llama4 / llama4_text,
+glm4_moe, deepseek_v2, ernie4_5_moe, mistral3 / ministral, olmoe, dbrx, granitemoe, cohere2, smollm3, exaone4,
+hunyuan_v1_moe, phimoe (planner.models.hf_recent; llama4 and mistral3 are planned as their text_config's language
+model). qwen3_next (Gated DeltaNet) and jamba (Mamba) are refused naming the layer kind the planner lacks. Field names, key spellings of transformers
 4.x and 5.x, and defaults follow the transformers configuration classes (planner.models.hf_config). Parameter
 counts equal transformers 5.x's `sum(p.numel() for p in model.parameters())` exactly for every supported type
 (tests/unit/test_models_hf_parity.py builds each on the meta device).
@@ -12,10 +15,12 @@ the training length, so seq_len = min(that, 8192) (MAX_DEFAULT_SEQ_LEN); BLOOM h
 pre-training length 2048. A request can always override seq_len. Learned position tables keep their configured
 size (num_positions), whatever the seq_len.
 
-Ignored, as they hold no parameters and do not change matmul FLOPs: rope_theta/rope_scaling/rope_parameters,
-partial rotary (NeoX rotary_pct, Phi-3), sliding_window and layer_types (attention FLOPs are counted as full
-causal attention, an overestimate only for seq_len > sliding_window), soft-capping (Gemma2), Granite's
-multipliers, parallel residual/attention data flow (NeoX, Falcon), and initialisation settings. Dropout is kept as
+Recorded without parameters, for the exports (a job must set them): RoPE base (rope_theta, 5.x rope_parameters),
+partial rotary (NeoX rotary_pct, GLM partial_rotary_factor), norm epsilon, parallel residual (NeoX, Falcon, Cohere)
+(architecture_fields). Per-layer attention kinds (layer_types: sliding / chunked windows) are read for the 2025-26
+types and priced (ModelSpec.attention_fraction); for gemma2/gemma3_text/mistral they are still ignored (attention
+counted as full causal, an overestimate only for seq_len > sliding_window). Ignored: rope_scaling, soft-capping
+(Gemma2), Granite's multipliers and initialisation settings. Dropout is kept as
 one flag (ModelSpec.dropout: any probability > 0; None when the config names none).
 Configurations the schema cannot express raise BadInputError naming the key, its value and the fix: OPT
 word_embed_proj_dim != hidden_size or without its final LayerNorm, Qwen-MoE mlp_only_layers other than the

@@ -78,3 +78,25 @@ def test_planner_run_refuses_a_windowed_model_in_one_line():
     plan = _attention_core_s(spec, seq_len=4096)
     with pytest.raises(BadInputError, match="not built by the executor's reference decoder"):
         check_runnable(plan)
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    ({"layer_types": ["linear_attention"] * 24}, "layer_types=\\['linear_attention'\\] .* layer kinds \\['linear_attention'\\] are not modelled"),
+    ({"layer_types": ["full_attention"] * 3}, "layer_types=3 .* 3 entries for 24 layers"),
+    ({"sliding_window": None}, "missing field 'sliding_window'"),
+])
+def test_a_layer_layout_the_planner_cannot_express_is_one_line(patch, message):
+    import json
+
+    from planner.models.hf import spec_from_hf_config
+
+    config = {**json.loads((HF_DIR / "gpt-oss-20b" / "config.json").read_text()), **patch}
+    with pytest.raises(BadInputError, match=message) as caught:
+        spec_from_hf_config(config)
+    assert "\n" not in str(caught.value)
+
+
+def test_multimodal_wrappers_are_planned_as_their_language_model():
+    spec = load_model(str(HF_DIR / "llama-4-scout"))
+    assert "language model of llama4" in spec.source and spec.layer_types.count("chunked") == 36
+    assert spec.nope_layers == tuple(range(3, 48, 4)) and spec.moe.score_function == "sigmoid"
