@@ -1,18 +1,22 @@
 """Do the frameworks accept what we export? Plans made for each stack, exported, judged by that stack's own code.
 
-For each of REQUESTS (dense and MoE, 8 to 16,384 GPUs, layer counts that do not divide evenly, long sequences)
+For each of REQUESTS (dense and MoE, 8 to 16,384 GPUs, layer counts that do not divide evenly, long sequences, HF
+config.json files of the 2025-26 model types, and dimensions fixed as a user pins them: --tp 8 --pp 16, --cp 8,
+--ep 64 --pp 8, 80 layers over 6 stages, 16,384 GPUs)
 and each framework (megatron-core, torchtitan, deepspeed, planner): `api.build_request(..., framework=NAME)`,
 `api.plan`, `export_plan(plan, <the framework's exporter>)`, then `planner.export.judges.judge`:
 
   megatron-core  Megatron-LM's parse_args + validate_args + core_transformer_config_from_args when
                  $MEGATRON_LM_PATH points at a Megatron-LM checkout (e.g. `git archive core_v0.16.1 megatron/training
-                 megatron/legacy megatron/rl megatron/post_training`), else megatron-core's TransformerConfig
+                 megatron/legacy megatron/rl megatron/post_training`), else megatron-core's TransformerConfig; then
+                 megatron-core's GPTModel built from the flags on the meta device must have the plan's parameter count
   torchtitan     torchtitan 0.3 ConfigManager.parse_args, ParallelDims, torch's pipeline schedule per pp rank
   deepspeed      DeepSpeedConfig(config, mpu=<PipeModelDataParallelTopology sizes>) in a fake world of the plan's size
   planner        planner.executor.runnable.check_runnable (our executor's pre-launch check)
 
 Outcomes: `ok` accepted; `REJECTED` exported but the framework's code refused it (the bug this measures);
-`refused` our exporter refused (with the reason); `no plan` the search found no configuration the profile runs;
+`refused` our exporter refused (with the reason); `no plan` the search found no configuration the profile runs, or the
+profile cannot build the model (its unsupported_models, e.g. Megatron-Core and a parallel residual);
 `n/a` the framework is not installed here. The acceptance rate is accepted / exported.
 
     PYTHONPATH=. MEGATRON_LM_PATH=/path/to/Megatron-LM python benchmarks/framework_acceptance.py [--time-limit 10] [--cross]
@@ -51,7 +55,31 @@ REQUESTS = [
     ("dsv3-2048gpu", "deepseek-v3", 2048, 4096, 4096),
     ("dsv3-16384gpu", "deepseek-v3", 16384, 16384, 4096),
     ("dsv3-1024gpu-16k", "deepseek-v3", 1024, 512, 16384),
+    # HF config.json files (tests/data/hf/<folder>/config.json, README there names each Hub repository)
+    ("hf-gpt-oss-20b-64gpu", "hf:gpt-oss-20b", 64, 512, 8192),
+    ("hf-glm-4.5-air-128gpu", "hf:glm-4.5-air", 128, 1024, 4096),
+    ("hf-dsv2-lite-16gpu", "hf:deepseek-v2-lite", 16, 256, 4096),
+    ("hf-olmoe-16gpu", "hf:olmoe-1b-7b", 16, 512, 4096),
+    ("hf-qwen3-30b-a3b-32gpu", "hf:qwen3-30b-a3b", 32, 256, 8192),
+    ("hf-ministral-8b-16gpu-32k", "hf:ministral-8b", 16, 32, 32768),
+    ("hf-smollm3-8gpu", "hf:smollm3-3b", 8, 256, 4096),
+    ("hf-granite-moe-8gpu", "hf:granite-3.0-1b-a400m", 8, 256, 4096),
+    ("hf-hunyuan-a13b-128gpu", "hf:hunyuan-a13b", 128, 512, 8192),
+    ("hf-phi-3.5-moe-64gpu", "hf:phi-3.5-moe", 64, 512, 4096),
+    ("hf-dbrx-256gpu", "hf:dbrx", 256, 1024, 4096),
+    ("hf-exaone4-32b-64gpu", "hf:exaone-4.0-32b", 64, 256, 8192),
+    ("hf-llama4-scout-128gpu", "hf:llama-4-scout", 128, 512, 8192),
+    ("hf-mistral-small-24b-32gpu", "hf:mistral-small-3.1-24b", 32, 256, 8192),
+    ("hf-dsv3-2048gpu", "hf:deepseek-v3", 2048, 4096, 4096),
+    # fixed dimensions (the search is told --tp/--pp/--cp/--ep, as a user pins them)
+    ("70b-tp8-pp16-1024gpu", "llama3-70b", 1024, 1024, 8192, {"tp": 8, "pp": 16}),
+    ("405b-cp8-1024gpu-128k", "llama3-405b", 1024, 64, 131072, {"cp": 8}),
+    ("dsv3-ep64-pp8-2048gpu", "deepseek-v3", 2048, 4096, 4096, {"ep": 64, "pp": 8}),
+    ("70b-80layers-6stages", "llama3-70b", 96, 384, 8192, {"tp": 8, "pp": 6}),
+    ("405b-16384gpu-tp8-pp16", "llama3-405b", 16384, 2048, 8192, {"tp": 8, "pp": 16}),
+    ("mixtral-ep8-tp2-64gpu", "mixtral-8x7b", 64, 512, 4096, {"ep": 8, "tp": 2}),
 ]
+HF_DIR = "tests/data/hf"  # "hf:<folder>" models: relative to the repository root (run from it, as the usage line says)
 
 
 @dataclass
@@ -60,12 +88,18 @@ class Cell:
     detail: str = ""
 
 
-def plan_for(label: str, model: str, gpus: int, gbs: int, seq: int, framework: str, time_limit: float):
+def plan_for(label: str, model: str, gpus: int, gbs: int, seq: int, fixed: dict | None = None, *, framework: str,
+             time_limit: float):
+    from pathlib import Path
+
     from planner import api
     from planner.schemas.plan import SearchLimits
 
+    if model.startswith("hf:"):
+        model = str(Path(__file__).resolve().parents[1] / HF_DIR / model[3:])
+    limits = SearchLimits(time_limit_s=time_limit, top_k=0, fixed=fixed or {})
     request = api.build_request(model=model, topology="dgx-h100", gpus=gpus, nodes=max(1, gpus // 8), global_batch_size=gbs,
-                                seq_len=seq, framework=framework, search=SearchLimits(time_limit_s=time_limit, top_k=0))
+                                seq_len=seq, framework=framework, search=limits)
     return api.plan(request)
 
 

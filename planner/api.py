@@ -86,8 +86,12 @@ def build_request(
     if profile is not None and not is_file(profile):
         raise BadInputError(f"profile={profile!r}: file not found: run `planner profile -o {profile}` or fix the path")
     _check_precision(precision, topo)
-    load_framework(framework)
+    from planner.frameworks import model_refusal
+
+    refused = model_refusal(load_framework(framework), spec)
     overlay = _calibration_for(calibration, topo, framework)
+    if refused is not None:
+        raise BadInputError(refused)
     try:
         return PlanRequest(framework=framework, model=spec, topology=topo, gpus=world, global_batch_size=batch,
                            seq_len=length, precision=precision, profile=profile, search=search, calibration=overlay)

@@ -17,7 +17,7 @@ from planner.cost.model import CostModel, CostOptions
 from planner.cost.notes import candidate_of, model_notes
 from planner.cost.validity import input_reasons
 from planner.errors import BadInputError
-from planner.frameworks import config_of, load_framework, refusal
+from planner.frameworks import config_of, load_framework, model_refusal, refusal
 from planner.frameworks_split import split_refusal
 from planner.plan import build_launch_plan
 from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
@@ -32,6 +32,9 @@ def estimate(request: PlanRequest, config: Configuration, *, options: CostOption
     if bad:
         raise BadInputError("; ".join(bad))
     profile = load_framework(request.framework)
+    model_refused = model_refusal(profile, request.model)
+    if model_refused is not None:
+        raise BadInputError(model_refused)
     refused = refusal(profile, config_of(cand, model=request.model, precision=request.precision))
     if refused is not None:
         raise BadInputError(refused[1])

@@ -20,6 +20,7 @@ from planner.io import load_file, shipped_names
 from planner.resources import ENV_OVERRIDES, data_dir
 from planner.schemas.compression import NONE
 from planner.schemas.framework import FrameworkProfile
+from planner.models.features import describe, has_feature
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan
 
@@ -261,12 +262,22 @@ def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: 
     return None
 
 
+def model_refusal(profile: FrameworkProfile, spec: ModelSpec) -> str | None:
+    """The first model feature the stack cannot build (profile capabilities.unsupported_models), as one line naming
+    the feature, the stack and why; None when it builds the model."""
+    for rule in profile.capabilities.unsupported_models:
+        if has_feature(spec, rule.feature):
+            return (f"model {spec.name!r} has {describe(rule.feature)}, which framework {profile.name!r} does not build "
+                    f"({rule.reason}): choose another --framework or change the model")
+    return None
+
+
 def plan_refusal(profile: FrameworkProfile, plan: LaunchPlan) -> str | None:
     """Why `profile`'s stack cannot run `plan` (precision, capabilities, exclusions, layer split), or None.
 
     The search's own judge applied to a finished plan: the executor's pre-launch check, `explain`'s verdicts and
     every exporter's re-check (a plan made for one framework is judged on its configuration, not its name)."""
-    reason = precision_refusal(profile, plan.request.precision)
+    reason = precision_refusal(profile, plan.request.precision) or model_refusal(profile, plan.request.model)
     if reason is not None:
         return reason
     for config in plan_configs(plan):

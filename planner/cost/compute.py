@@ -109,6 +109,7 @@ class Gemm:
     calls: int = 1
     attention_core: bool = False
     block_seq: float = 0.0  # attention core: the sequence length one kernel call sees (s / cp)
+    attended_fraction: float = 1.0  # attention core: share of full causal work a windowed/chunked model does
 
 
 def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
@@ -133,9 +134,10 @@ def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> lis
             proj.append(Gemm("q", 2 * tokens * h * a * qk_dim / t))
         else:
             proj += [Gemm("q_down", 2 * tokens * h * mla.q_lora_rank), Gemm("q_up", 2 * tokens * mla.q_lora_rank * a * qk_dim / t)]
+    share = spec.attention_fraction(s)
     return proj + [
-        Gemm("attn_scores", 2 * core * qk_dim, attention_core=True, block_seq=s / cp),
-        Gemm("attn_values", 2 * core * v_dim, attention_core=True, block_seq=s / cp),
+        Gemm("attn_scores", 2 * core * qk_dim, attention_core=True, block_seq=s / cp, attended_fraction=share),
+        Gemm("attn_values", 2 * core * v_dim, attention_core=True, block_seq=s / cp, attended_fraction=share),
     ]
 
 
@@ -174,10 +176,13 @@ def head_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gem
 def gemm_time_s(gemm: Gemm, *, peak_tflops: float, cal: DeviceCalibration, flash: bool) -> float:
     """Forward time of one matmul: flops / (peak * ceiling) + calls * t0 (the efficiency curve, module docstring).
     A fused attention core runs over the causal half of the blocks at its kernel's measured rate for the block
-    length s: fraction * s / (s + s_half) (calibration.attention_rate_for)."""
+    length s: fraction * s / (s + s_half) (calibration.attention_rate_for). Sliding-window and chunked layers
+    (ModelSpec.attended_keys) skip the blocks outside the window as a causal kernel skips the masked half
+    (FlashAttention-2 window_size, Dao 2023; Transformer Engine/cuDNN sliding window): their share of the work,
+    gemm.attended_fraction, scales the time. An unfused softmax masks the same s x s scores it always computes."""
     if gemm.attention_core and flash:
         rate = cal.attention_fraction * attention_seq_factor(gemm.block_seq, cal.attention_seq_half)
-        return gemm.flops * CAUSAL_SKIP / (peak_tflops * 1e12 * rate) + cal.gemm_fixed_s
+        return gemm.flops * gemm.attended_fraction * CAUSAL_SKIP / (peak_tflops * 1e12 * rate) + cal.gemm_fixed_s
     return gemm.flops / (peak_tflops * 1e12 * cal.matmul_ceiling_fraction) + gemm.calls * cal.gemm_fixed_s
 
 

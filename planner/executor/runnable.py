@@ -11,6 +11,7 @@ from __future__ import annotations
 from planner.errors import BadInputError
 from planner.executor.schedules import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.frameworks import load_framework, plan_configs, precision_refusal, refusal
+from planner.models.support import reference_refusal
 from planner.schemas.plan import LaunchPlan
 
 EXECUTOR_FRAMEWORK = "planner"
@@ -117,6 +118,9 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
             f"global_batch_size={batch.global_batch_size} != microbatch_size={batch.microbatch_size} x "
             f"num_microbatches={batch.num_microbatches} x dp={par.dp}: regenerate the plan"
         )
+    model_refused = reference_refusal(plan.request.model)
+    if model_refused is not None:
+        raise BadInputError(model_refused)
     _check_parallelism(plan)
     _check_schedule(plan)
     _check_stages(plan)

@@ -33,7 +33,7 @@ import shlex
 import sys
 
 from planner.export.common import Export, stage_layer_counts
-from planner.export.judges_megatron import megatron_core_verdict, split_verdict
+from planner.export.judges_megatron import megatron_core_params, megatron_core_verdict, split_verdict
 from planner.export.verdicts import JudgeUnavailable, Verdict, first_line, quiet
 from planner.schemas.plan import LaunchPlan
 
@@ -73,7 +73,7 @@ def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
     capability = device_capability(plan)  # the plan's GPU: Float8 converters check it while the config is built
     float8.has_cuda_capability = lambda major, minor: capability >= (major, minor)
     args = script_array(export.text, "PLANNER_TORCHTITAN_ARGS")
-    with quiet() as err:
+    with quiet() as err, _generated_module_on_path(export.text):
         try:
             config = ConfigManager().parse_args(args)
         except ImportError as exc:  # the model module needs what is not installed here (triton, torchao)
@@ -84,11 +84,52 @@ def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
             dims = ParallelDims.from_config(config.parallelism, plan.request.gpus)
             _titan_batch(config, dims, plan)
             _titan_pipeline(config, dims, plan)
-            if plan.request.model.name in _same_model_configs():  # the config's model is the plan's model
-                config.model_spec.model.update_from_config(config=config)  # heads vs tp, tying vs PP, RoPE vs seq_len
+            config.model_spec.model.update_from_config(config=config)  # heads vs tp, tying vs PP, RoPE vs seq_len
+            built = _titan_params(config)
         except (AssertionError, ValueError, RuntimeError, NotImplementedError) as exc:
             return Verdict(False, first_line(exc))
+    from planner.models.counting import total_params
+
+    if built != total_params(plan.request.model):
+        return Verdict(False, f"torchtitan's model from the export has {built:,} parameters, the plan's "
+                              f"{total_params(plan.request.model):,}")
     return Verdict(True)
+
+
+@contextlib.contextmanager
+def _generated_module_on_path(script: str):
+    """The config module a torchtitan export writes (heredoc PLANNER_TORCHTITAN_MODEL), importable while judged."""
+    import importlib
+    import tempfile
+    from pathlib import Path
+
+    marker = "PLANNER_TORCHTITAN_MODEL"
+    lines = script.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.endswith(f"<<'{marker}'")), None)
+    if start is None:
+        yield
+        return
+    end = lines.index(marker, start + 1)
+    name = lines[start].split("/")[-1].split(".py")[0]
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / f"{name}.py").write_text("\n".join(lines[start + 1:end]) + "\n")
+        sys.path.insert(0, folder)
+        sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+        try:
+            yield
+        finally:
+            sys.path.remove(folder)
+            sys.modules.pop(name, None)
+
+
+def _titan_params(config) -> int:
+    """Unique parameters of torchtitan's own model built from the exported config on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    return sum(p.numel() for p in model.parameters())
 
 
 def _titan_batch(config, dims, plan: LaunchPlan) -> None:
@@ -126,7 +167,7 @@ def _titan_pipeline(config, dims, plan: LaunchPlan) -> None:
     assert placed == names, (f"the model parts are not torchtitan's modules in order: unknown {sorted(set(placed) - set(names))}, "
                              f"missing {sorted(set(names) - set(placed))}")
     model_layers = getattr(getattr(config.model_spec, "model", None), "layers", None)
-    if model_layers is not None and plan.request.model.name in _same_model_configs():
+    if model_layers is not None:  # the config's model is the plan's (never a stand-in): the FQNs name its layers
         assert len(model_layers) == layers, f"config model has {len(model_layers)} layers, the plan {layers}"
     schedule_class = get_schedule_class(p.pipeline_parallel_schedule)
     n_microbatches = config.training.local_batch_size // p.pipeline_parallel_microbatch_size
@@ -139,12 +180,6 @@ def _titan_pipeline(config, dims, plan: LaunchPlan) -> None:
     indices = _get_pp_rank_to_stage_indices_mapping(0, dims.pp, p.pipeline_parallel_schedule, len(parts))
     stages = [_StubStage(i, len(parts), dims.pp, 0) for i in indices]
     schedule_class(stages[0] if single else stages, n_microbatches=n_microbatches)
-
-
-def _same_model_configs() -> set[str]:
-    from planner.export.torchtitan import BASE_CONFIGS
-
-    return set(BASE_CONFIGS)
 
 
 class _StubStage:
@@ -170,7 +205,27 @@ def judge_megatron(plan: LaunchPlan, export: Export) -> Verdict:
         verdict = _megatron_lm(args, plan, path, "export CUDA_DEVICE_MAX_CONNECTIONS=1" in export.text)
     else:
         verdict = megatron_core_verdict(args, plan.request.gpus, stage_layer_counts(plan))
-    return verdict if not verdict.accepted else _megatron_interleaved_groups(plan)
+    if not verdict.accepted:
+        return verdict
+    verdict = _megatron_interleaved_groups(plan)
+    return verdict if not verdict.accepted else _megatron_params(args, plan)
+
+
+def _megatron_params(args: list[str], plan: LaunchPlan) -> Verdict:
+    """The model the flags build (megatron-core's GPTModel on the meta device) has the plan's parameter count, which
+    tests/unit/test_models_hf_parity.py ties to transformers' for HF configs."""
+    from planner.models.counting import total_params
+
+    try:
+        built = megatron_core_params(args)
+    except ImportError as exc:
+        raise JudgeUnavailable(f"megatron-core is not importable: {exc}") from None
+    except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
+        return Verdict(False, f"GPTModel did not build: {first_line(exc)}")
+    expected = total_params(plan.request.model)
+    if built != expected:
+        return Verdict(False, f"GPTModel from the flags has {built:,} parameters, the plan's model {expected:,}")
+    return Verdict(True)
 
 
 def _megatron_interleaved_groups(plan: LaunchPlan) -> Verdict:
@@ -295,6 +350,9 @@ def judge_deepspeed(plan: LaunchPlan, export: Export) -> Verdict:
             ds = DeepSpeedConfig(config, mpu=TopologyMpu(topology) if par.tp * par.pp > 1 else None)
         if par.pp > 1:  # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__
             assert ds.zero_optimization_stage < 2, "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        if plan.request.model.moe is not None:  # deepspeed/runtime/engine.py DeepSpeedEngine.__init__ (MoE layers)
+            assert ds.zero_optimization_stage < 3, ("Native DeepSpeed MoE is not supported with ZeRO Stage 3. Use AutoEP "
+                                                    "or choose ZeRO stage 1/2")
     except (AssertionError, ValueError, KeyError) as exc:
         return Verdict(False, f"DeepSpeedConfig: {first_line(exc)}")
     return Verdict(True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 
 from planner.export.verdicts import JudgeUnavailable, Verdict, first_line, quiet
@@ -25,20 +26,24 @@ INT_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "cont
              "hidden-size", "ffn-hidden-size", "num-attention-heads", "seq-length", "max-position-embeddings", "vocab-size",
              "kv-channels", "num-query-groups", "num-experts", "moe-router-topk", "moe-ffn-hidden-size",
              "moe-shared-expert-intermediate-size", "kv-lora-rank", "q-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
-             "v-head-dim")
+             "v-head-dim", "rotary-base", "moe-router-num-groups", "moe-router-group-topk")
+FLOAT_FLAGS = ("moe-expert-capacity-factor", "rotary-percent", "norm-epsilon", "moe-router-topk-scaling-factor")
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
              "position-embedding-type", "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq",
-             "moe-token-dispatcher-type")
+             "moe-token-dispatcher-type", "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function",
+             "no-rope-freq")
 BOOL_FLAGS = ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
-              "add-qkv-bias", "qk-layernorm", "multi-latent-attention")
+              "add-qkv-bias", "qk-layernorm", "multi-latent-attention", "moe-shared-expert-gate", "moe-router-pre-softmax",
+              "moe-router-enable-expert-bias")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
     for flag in INT_FLAGS:
         parser.add_argument("--" + flag, type=int, default=None)
-    parser.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    for flag in FLOAT_FLAGS:
+        parser.add_argument("--" + flag, type=float, default=None)
     for flag in STR_FLAGS:
         parser.add_argument("--" + flag, default=None)
     for flag in BOOL_FLAGS:
@@ -67,18 +72,29 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
         add_qkv_bias=a.add_qkv_bias, qk_layernorm=a.qk_layernorm, normalization=a.normalization or "LayerNorm",
         bf16=a.bf16, params_dtype=torch.bfloat16 if a.bf16 else torch.float32, fp8=a.fp8_format,
         pipeline_dtype=torch.bfloat16 if a.bf16 else torch.float32,  # arguments.py: args.pipeline_dtype = args.params_dtype
+        layernorm_epsilon=a.norm_epsilon, softmax_type=a.softmax_type,
+        window_size=tuple(int(v) for v in a.window_size.strip("()").split(",")) if a.window_size else None,
+        window_attn_skip_freq=ast.literal_eval(a.window_attn_skip_freq) if a.window_attn_skip_freq else None,
+        no_rope_freq=ast.literal_eval(a.no_rope_freq) if a.no_rope_freq else None,
     )
     if a.num_experts:
         kw.update(num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
                   moe_grouped_gemm=a.moe_grouped_gemm, moe_token_dispatcher_type=a.moe_token_dispatcher_type or "allgather",
                   moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size,
-                  moe_expert_capacity_factor=a.moe_expert_capacity_factor)
+                  moe_expert_capacity_factor=a.moe_expert_capacity_factor, moe_shared_expert_gate=a.moe_shared_expert_gate,
+                  moe_router_score_function=a.moe_router_score_function, moe_router_pre_softmax=a.moe_router_pre_softmax,
+                  moe_router_topk_scaling_factor=a.moe_router_topk_scaling_factor,
+                  moe_router_num_groups=a.moe_router_num_groups, moe_router_group_topk=a.moe_router_group_topk,
+                  moe_router_enable_expert_bias=a.moe_router_enable_expert_bias)
         if a.moe_layer_freq:
             kw["moe_layer_freq"] = ast.literal_eval(a.moe_layer_freq) if a.moe_layer_freq.startswith("[") else int(a.moe_layer_freq)
     if a.multi_latent_attention:
         kw.update(multi_latent_attention=True, q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank,
                   qk_head_dim=a.qk_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, v_head_dim=a.v_head_dim)
-    return {key: value for key, value in kw.items() if value is not None}
+    kept = {key: value for key, value in kw.items() if value is not None}
+    if a.multi_latent_attention:  # arguments.py: --q-lora-rank defaults to None (full-rank Q), the dataclass to 512
+        kept["q_lora_rank"] = a.q_lora_rank
+    return kept
 
 
 def megatron_stage_counts(config, pp: int, vpp: int) -> list[int]:
@@ -135,3 +151,66 @@ def megatron_core_verdict(args: list[str], world: int, stage_layers: list[int] |
     except (AssertionError, ValueError, TypeError) as exc:
         return Verdict(False, f"{config_class.__name__}: {first_line(exc)}")
     return split_verdict(config, pp, config.virtual_pipeline_model_parallel_size or 1, stage_layers)
+
+
+@contextlib.contextmanager
+def one_rank_world():
+    """A one-rank gloo world on an in-memory store (parallel_state needs a world to carve its groups from)."""
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        tdist.destroy_process_group()
+
+
+SINGLE_DEVICE = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
+                     expert_model_parallel_size=1, sequence_parallel=False, virtual_pipeline_model_parallel_size=None,
+                     pipeline_model_parallel_layout=None, num_layers_in_first_pipeline_stage=None,
+                     num_layers_in_last_pipeline_stage=None, recompute_granularity=None, recompute_method=None,
+                     recompute_num_layers=None, moe_grouped_gemm=False, fp8=None, perform_initialization=False,
+                     use_cpu_initialization=True, moe_token_dispatcher_type="allgather")
+
+
+def megatron_core_params(args: list[str]) -> int:
+    """Parameters of the model the exported flags describe, built by megatron-core's own GPTModel on the meta device
+    in a one-rank world (no parallel split, local module spec, SequentialMLP experts: the same parameters as
+    GroupedMLP without its CUDA kernel). Counts unique parameters (a tied output layer shares the embedding)."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer import multi_latent_attention as mla_module
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    a = _parser().parse_args(args)
+    config_class = MLATransformerConfig if a.multi_latent_attention else TransformerConfig
+    config = config_class(**{**_config_kwargs(a), **SINGLE_DEVICE})
+    current_device, core_init = torch.cuda.current_device, DotProductAttention.__init__
+
+    def core_without_mla_channels(self, *args, k_channels=None, v_channels=None, **kwargs):
+        core_init(self, *args, **kwargs)  # MLA's local spec passes TE's k/v_channels; the core holds no weights
+
+    with quiet(), one_rank_world():
+        parallel_state.initialize_model_parallel(1, 1)
+        torch.cuda.current_device = lambda: "meta"  # the learnable softmax offset asks CUDA for its device
+        DotProductAttention.__init__ = core_without_mla_channels
+        # without Transformer Engine megatron-core leaves a MagicMock as TELinear and HAVE_TE True; MLA isinstance()s it
+        have_te, mla_module.HAVE_TE = mla_module.HAVE_TE, isinstance(mla_module.TELinear, type)
+        try:
+            with torch.device("meta"):
+                model = GPTModel(
+                    config=config, transformer_layer_spec=get_gpt_decoder_block_spec(config, use_transformer_engine=False),
+                    vocab_size=a.vocab_size, max_sequence_length=a.max_position_embeddings,
+                    position_embedding_type=a.position_embedding_type or "learned_absolute",
+                    share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
+                    rotary_percent=a.rotary_percent or 1.0, rotary_base=a.rotary_base or 10000)
+            return sum(p.numel() for p in model.parameters())
+        finally:
+            torch.cuda.current_device, DotProductAttention.__init__ = current_device, core_init
+            mla_module.HAVE_TE = have_te
+            parallel_state.destroy_model_parallel()

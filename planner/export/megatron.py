@@ -25,6 +25,8 @@ its reason; the acceptance judges run validate_args itself, planner.export.judge
   granularity cannot say (selective plus some full layers, different counts per stage) is exported as more
   recompute (full everywhere, or the largest count), with a warning: never more memory than the plan.
 - Schedules: 1F1B and interleaved 1F1B only; GPipe maps to 1F1B (same bubble, less memory).
+- The model: every architecture flag it needs, or a refusal naming what Megatron-Core cannot build
+  (planner.export.megatron_model).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from planner.export.common import (
     refuse,
     stage_layer_counts,
 )
+from planner.export.megatron_model import model_arguments
 from planner.frameworks_split import megatron_flags
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan
@@ -136,70 +139,6 @@ def _recompute_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(max(full))]
 
 
-def _model_args(spec: ModelSpec, seq_len: int, warnings: list[str]) -> list[str]:
-    args = ["--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
-            "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads),
-            "--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, spec.seq_len)),
-            "--vocab-size", str(spec.vocab_size)]
-    if spec.head_dim is not None:
-        args += ["--kv-channels", str(spec.head_dim)]
-    if spec.kv_heads != spec.num_attention_heads:
-        args += ["--group-query-attention", "--num-query-groups", str(spec.kv_heads)]
-    if spec.activation == "swiglu":
-        args.append("--swiglu")
-    elif spec.activation != "gelu":
-        warnings.append(f"activation {spec.activation!r} has no Megatron flag: set it in your model provider")
-    if spec.norm == "rmsnorm":
-        args += ["--normalization", "RMSNorm"]
-    args += ["--position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute"]
-    if spec.position == "alibi":
-        warnings.append("ALiBi is not in Megatron-core: exported as learned absolute positions")
-    if not spec.tied_embeddings:
-        args.append("--untie-embeddings-and-output-weights")
-    if not spec.linear_bias:
-        args.append("--disable-bias-linear")
-    if spec.qkv_bias:
-        args.append("--add-qkv-bias")
-    if spec.qk_norm:
-        args.append("--qk-layernorm")
-    warnings.extend(_without_flags(spec))
-    return args + _moe_mla_args(spec)
-
-
-def _without_flags(spec: ModelSpec) -> list[str]:
-    """Warnings for spec features (mostly from HF imports: Gemma, OLMo2, Falcon, Qwen2-MoE) Megatron has no flag for."""
-    found = {
-        "attention-output or MLP biases without linear_bias": (spec.out_bias or spec.mlp_bias) and not spec.linear_bias,
-        f"norms_per_layer={spec.norms_per_layer}": spec.norms_per_layer != 2,
-        "qk_norm over whole projections (OLMo2)": spec.qk_norm and spec.qk_norm_scope == "projection",
-        "a shared-expert gate (Qwen2-MoE)": spec.moe is not None and spec.moe.shared_expert_gate,
-    }
-    return [f"{what} has no Megatron flag: set it in your model provider" for what, present in found.items() if present]
-
-
-def _moe_mla_args(spec: ModelSpec) -> list[str]:
-    args: list[str] = []
-    if spec.moe is not None:
-        moe = spec.moe
-        pattern = [1 if spec.is_moe_layer(i) else 0 for i in range(spec.num_layers)]
-        args += ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
-                 "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm",
-                 "--moe-token-dispatcher-type", "alltoall"]
-        if any(value == 0 for value in pattern):
-            args += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
-        if moe.shared_ffn_hidden_size:
-            args += ["--moe-shared-expert-intermediate-size", str(moe.shared_ffn_hidden_size)]
-        if moe.capacity_factor is not None:
-            args += ["--moe-expert-capacity-factor", str(moe.capacity_factor)]
-    if spec.mla is not None:
-        mla = spec.mla
-        args += ["--multi-latent-attention", "--kv-lora-rank", str(mla.kv_lora_rank), "--qk-head-dim", str(mla.qk_nope_head_dim),
-                 "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim), "--v-head-dim", str(mla.v_head_dim)]
-        if mla.q_lora_rank is not None:
-            args += ["--q-lora-rank", str(mla.q_lora_rank)]
-    return args
-
-
 def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     par, batch = plan.parallelism, plan.batch
     args = ["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp)]
@@ -238,7 +177,7 @@ def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
         args += ["--fp8-format", "hybrid"]
     if precision == "amp-bf16":
         warnings.append("amp-bf16 exported as Megatron --bf16 (bf16 params with fp32 main params in the optimizer)")
-    args += _model_args(plan.request.model, plan.batch.seq_len, warnings)
+    args += model_arguments(plan.request.model, plan.batch.seq_len, warnings)
     return args, warnings
 
 

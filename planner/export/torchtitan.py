@@ -7,6 +7,9 @@ torchtitan 0.3 has no TOML job file: `torchtitan/config/manager.py` ConfigManage
 So the export is the override list, checked by ConfigManager.parse_args itself in the tests and the
 acceptance benchmark (planner.export.judges).
 
+The model: the plan's own (planner.export.torchtitan_model): a registered flavor of the same architecture, or a
+generated config module the script writes, or a refusal; never a stand-in.
+
 Written: parallelism.data_parallel_replicate_degree / data_parallel_shard_degree / fsdp_reshard_after_forward,
 tensor_parallel_degree, enable_sequence_parallel, context_parallel_degree, expert_parallel_degree,
 pipeline_parallel_degree / _schedule (the profile's native name) / _microbatch_size, module_fqns_per_model_part
@@ -43,42 +46,27 @@ from planner.export.common import (
     stage_layer_counts,
     torch_schedule_reason,
 )
+from planner.export.torchtitan_model import GENERATED_MODULE, model_choice
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import LaunchPlan
 
 TARGET = "torchtitan"
 PRECISION_PARAM = {"bf16": "bfloat16", "amp-bf16": "bfloat16", "fp8": "bfloat16", "fp32": "float32"}
-# Our model presets -> torchtitan 0.3 config_registry (module, function) of the same architecture and depth.
-BASE_CONFIGS = {
-    "llama3-8b": ("llama3", "llama3_8b"),
-    "llama3-70b": ("llama3", "llama3_70b"),
-    "llama3-405b": ("llama3", "llama3_405b"),
-    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
-}
 # What a base config turns on that the plan did not assume (the converters live in the model spec: no flag).
 BASE_NOTES = {
     "llama3_405b": "torchtitan's llama3_405b config turns on Float8 linear layers (torchao), torch.compile and async TP",
 }
-DEFAULT_DENSE = ("llama3", "llama3_8b")
-DEFAULT_MOE = ("deepseek_v3", "deepseek_v3_16b")
 EXECUTOR_HEAD = "output"  # the plan's (our executor's) name of the output projection
 
 
-def base_config(plan: LaunchPlan, warnings: list[str]) -> tuple[str, str]:
-    """The `--module/--config` pair for the plan's model; a stand-in (with a warning) when torchtitan has none."""
-    spec = plan.request.model
-    if spec.name in BASE_CONFIGS:
-        module, function = BASE_CONFIGS[spec.name]
-        if function in BASE_NOTES:
-            warnings.append(f"{BASE_NOTES[function]}, which the plan (precision={plan.request.precision}) did not assume: "
-                            "derive a config without them for the predicted step time")
-        return module, function
-    module, function = DEFAULT_MOE if spec.moe is not None else DEFAULT_DENSE
-    warnings.append(
-        f"torchtitan 0.3 has no config for model {spec.name!r}: the script names --module {module} --config {function} "
-        f"as a stand-in; replace them with your model's config_registry function ({spec.num_layers} layers)"
-    )
-    return module, function
+def base_config(plan: LaunchPlan, warnings: list[str]) -> tuple[str, str, str | None]:
+    """The `--module/--config` pair for the plan's model and the generated config module, if one is needed
+    (planner.export.torchtitan_model: the model itself, never a stand-in)."""
+    module, function, generated = model_choice(plan.request.model)
+    if function in BASE_NOTES:
+        warnings.append(f"{BASE_NOTES[function]}, which the plan (precision={plan.request.precision}) did not assume: "
+                        "derive a config without them for the predicted step time")
+    return module, function, generated
 
 
 def _data_parallel(plan: LaunchPlan) -> dict[str, object]:
@@ -156,16 +144,22 @@ def activation_checkpoint(plan: LaunchPlan, warnings: list[str]) -> str:
 
 def torchtitan_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     """(arguments, warnings) for `torchrun ... -m torchtitan.train`; raises BadInputError for what 0.3 cannot run."""
+    args, warnings, _ = torchtitan_export_parts(plan)
+    return args, warnings
+
+
+def torchtitan_export_parts(plan: LaunchPlan) -> tuple[list[str], list[str], str | None]:
+    """(arguments, warnings, generated config module source or None)."""
     check_exportable(plan, TARGET)
     profile = check_framework(plan, TARGET)
     par, batch = plan.parallelism, plan.batch
     warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "mesh [pp, dp_replicate, dp_shard, cp, tp] (outermost first)")
-    module, function = base_config(plan, warnings)
     parallelism = _data_parallel(plan)
     _check_rules(plan, int(parallelism["data_parallel_shard_degree"]))
     parallelism.update({"tensor_parallel_degree": par.tp, "enable_sequence_parallel": par.sp or par.tp == 1,
                         "context_parallel_degree": par.cp, "expert_parallel_degree": par.ep})
     parallelism.update(_pipeline(plan, profile, warnings))
+    module, function, generated = base_config(plan, warnings)
     training: dict[str, object] = {
         "local_batch_size": batch.microbatch_size * (batch.num_microbatches if par.pp > 1 else 1),
         "global_batch_size": batch.global_batch_size,
@@ -186,7 +180,7 @@ def torchtitan_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
         for key, value in values.items():
             args += _flag(f"--{section}.{key}", value)
     args.append(f"activation-checkpoint:{activation_checkpoint(plan, warnings)}")  # a subcommand: last
-    return args, warnings
+    return args, warnings, generated
 
 
 def _flag(name: str, value: object) -> list[str]:
@@ -201,7 +195,7 @@ def _flag(name: str, value: object) -> list[str]:
 
 def export_torchtitan(plan: LaunchPlan) -> Export:
     """A bash script defining PLANNER_TORCHTITAN_ARGS for torchtitan 0.3's trainer."""
-    args, warnings = torchtitan_arguments(plan)
+    args, warnings, generated = torchtitan_export_parts(plan)
     world = plan.request.gpus
     per_node = min(world, plan.request.topology.gpus_per_node)
     lines = ["#!/usr/bin/env bash", *header_lines(plan, TARGET)]
@@ -210,8 +204,18 @@ def export_torchtitan(plan: LaunchPlan) -> Export:
         "# Usage: source this file on each node, then",
         f"#   torchrun --nnodes {world // per_node} --nproc-per-node {per_node} ... -m torchtitan.train "
         '"${PLANNER_TORCHTITAN_ARGS[@]}" [your --dataloader / --optimizer / --checkpoint overrides before the last line]',
-        "PLANNER_TORCHTITAN_ARGS=(",
     ]
+    if generated is not None:
+        lines += [
+            f"# The model itself: torchtitan 0.3 has no config for {plan.request.model.name!r}, so this script writes one",
+            f"# ({GENERATED_MODULE}.py, torchtitan's own builders with the model's exact sizes) and puts it on PYTHONPATH.",
+            f"PLANNER_MODEL_DIR=\"${{PLANNER_MODEL_DIR:-$PWD}}\"",
+            f"cat > \"$PLANNER_MODEL_DIR/{GENERATED_MODULE}.py\" <<'PLANNER_TORCHTITAN_MODEL'",
+            generated.rstrip("\n"),
+            "PLANNER_TORCHTITAN_MODEL",
+            'export PYTHONPATH="$PLANNER_MODEL_DIR${PYTHONPATH:+:$PYTHONPATH}"',
+        ]
+    lines.append("PLANNER_TORCHTITAN_ARGS=(")
     index = 0
     while index < len(args):
         flag = args[index]

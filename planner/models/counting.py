@@ -17,8 +17,9 @@ from planner.schemas.model import ModelSpec
 
 
 def norm_width_params(spec: ModelSpec, width: int) -> int:
-    """One normalisation over `width` features: RMSNorm has a scale (width), LayerNorm a scale and a bias (2*width)."""
-    return width if spec.norm == "rmsnorm" else 2 * width
+    """One normalisation over `width` features: RMSNorm has a scale (width), LayerNorm a scale and a bias (2*width),
+    Cohere's bias-free LayerNorm (norm_bias false, modeling_cohere2.Cohere2LayerNorm) a scale only."""
+    return width if spec.norm == "rmsnorm" or not spec.norm_bias else 2 * width
 
 
 def norm_params(spec: ModelSpec) -> int:
@@ -91,6 +92,8 @@ def attention_params(spec: ModelSpec) -> int:
         params += q_width + 2 * kv_width
     if spec.has_out_bias:
         params += h
+    if spec.attention_sinks:  # modeling_gpt_oss.GptOssAttention.sinks: one learned logit per head
+        params += spec.num_attention_heads
     if spec.qk_norm:
         if spec.qk_norm_scope == "projection":
             params += norm_width_params(spec, q_width) + norm_width_params(spec, kv_width)
@@ -99,15 +102,17 @@ def attention_params(spec: ModelSpec) -> int:
     return params
 
 
-def mlp_params(spec: ModelSpec, ffn_hidden_size: int) -> int:
+def mlp_params(spec: ModelSpec, ffn_hidden_size: int, *, bias: bool | None = None) -> int:
     """One FFN of width f: gated (SwiGLU/GeGLU) has gate, up and down, 3*h*f; otherwise up and down, 2*h*f.
 
-    A fused gate_up projection (Phi-3) has the same count. Biases (has_mlp_bias): 2f + h gated, f + h otherwise.
+    A fused gate_up projection (Phi-3) has the same count. Biases (`bias`, default has_mlp_bias): 2f + h gated,
+    f + h otherwise.
     """
     h, f = spec.hidden_size, ffn_hidden_size
+    biased = spec.has_mlp_bias if bias is None else bias
     if spec.gated:
-        return 3 * h * f + ((2 * f + h) if spec.has_mlp_bias else 0)
-    return 2 * h * f + ((f + h) if spec.has_mlp_bias else 0)
+        return 3 * h * f + ((2 * f + h) if biased else 0)
+    return 2 * h * f + ((f + h) if biased else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,15 +142,18 @@ def moe_params(spec: ModelSpec) -> MoEParams:
 
     Qwen2-MoE's shared_expert_gate (Linear(h, 1, bias=False), modeling_qwen2_moe.Qwen2MoeSparseMoeBlock) is counted
     with the router: both are small, replicated over tp and seen by every token. DeepSeek-V3's per-expert
-    score-correction bias (E values, a buffer in HF) is not counted.
+    score-correction bias (E values, a buffer in HF) is not counted; ERNIE-4.5's (expert_score_bias "parameter",
+    modeling_ernie4_5_moe.Ernie4_5_MoeStatics) is, with the router. gpt-oss: router bias E and expert biases
+    (router_bias, expert_bias; modeling_gpt_oss.GptOssTopKRouter, GptOssExperts gate_up_proj_bias/down_proj_bias).
     """
     moe = spec.moe
     if moe is None:
         raise ValueError(f"model {spec.name!r} has no moe section")
     shared_width = moe.shared_ffn_hidden_size
     return MoEParams(
-        router=spec.hidden_size * (moe.num_experts + int(moe.shared_expert_gate)),
-        per_expert=mlp_params(spec, moe.expert_ffn_hidden_size),
+        router=spec.hidden_size * (moe.num_experts + int(moe.shared_expert_gate))
+        + moe.num_experts * (int(moe.router_bias) + int(moe.expert_score_bias == "parameter")),
+        per_expert=mlp_params(spec, moe.expert_ffn_hidden_size, bias=spec.has_mlp_bias or moe.expert_bias),
         shared=mlp_params(spec, shared_width) if shared_width else 0,
         num_experts=moe.num_experts,
         top_k=moe.top_k,
@@ -161,10 +169,12 @@ def decoder_layer_params(spec: ModelSpec, index: int) -> int:
 
 
 def head_params(spec: ModelSpec) -> int:
-    """Final norm, plus the LM head V*h when it is not tied to the token embedding."""
+    """Final norm, plus the LM head V*h when it is not tied to the token embedding, plus its bias V (PhiMoE)."""
     params = norm_params(spec)
     if not spec.tied_embeddings:
         params += spec.vocab_size * spec.hidden_size
+    if spec.lm_head_bias:
+        params += spec.vocab_size
     return params
 
 

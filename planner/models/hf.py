@@ -1,8 +1,11 @@
 """HuggingFace `config.json` -> ModelSpec, for the decoder-only families the planner supports (IMPORTERS).
 
 Supported model_type values: llama, mistral, mixtral, phi3, granite, qwen2, qwen2_moe, qwen3, qwen3_moe, olmo2,
-gemma2, gemma3_text, starcoder2, deepseek_v3 (planner.models.hf_modern, one table of how each departs from Llama)
-and gpt2, gpt_neox, opt, bloom, falcon (planner.models.hf_classic). Field names, key spellings of transformers
+gemma2, gemma3_text, starcoder2, deepseek_v3 (planner.models.hf_modern, one table of how each departs from Llama),
+gpt2, gpt_neox, opt, bloom, falcon (planner.models.hf_classic), and the 2025-26 types gpt_oss, llama4 / llama4_text,
+glm4_moe, deepseek_v2, ernie4_5_moe, mistral3 / ministral, olmoe, dbrx, granitemoe, cohere2, smollm3, exaone4,
+hunyuan_v1_moe, phimoe (planner.models.hf_recent; llama4 and mistral3 are planned as their text_config's language
+model). qwen3_next (Gated DeltaNet) and jamba (Mamba) are refused naming the layer kind the planner lacks. Field names, key spellings of transformers
 4.x and 5.x, and defaults follow the transformers configuration classes (planner.models.hf_config). Parameter
 counts equal transformers 5.x's `sum(p.numel() for p in model.parameters())` exactly for every supported type
 (tests/unit/test_models_hf_parity.py builds each on the meta device).
@@ -12,10 +15,12 @@ the training length, so seq_len = min(that, 8192) (MAX_DEFAULT_SEQ_LEN); BLOOM h
 pre-training length 2048. A request can always override seq_len. Learned position tables keep their configured
 size (num_positions), whatever the seq_len.
 
-Ignored, as they hold no parameters and do not change matmul FLOPs: rope_theta/rope_scaling/rope_parameters,
-partial rotary (NeoX rotary_pct, Phi-3), sliding_window and layer_types (attention FLOPs are counted as full
-causal attention, an overestimate only for seq_len > sliding_window), soft-capping (Gemma2), Granite's
-multipliers, parallel residual/attention data flow (NeoX, Falcon), and initialisation settings. Dropout is kept as
+Recorded without parameters, for the exports (a job must set them): RoPE base (rope_theta, 5.x rope_parameters),
+partial rotary (NeoX rotary_pct, GLM partial_rotary_factor), norm epsilon, parallel residual (NeoX, Falcon, Cohere)
+(architecture_fields). Per-layer attention kinds (layer_types: sliding / chunked windows) are read for the 2025-26
+types and priced (ModelSpec.attention_fraction); for gemma2/gemma3_text/mistral they are still ignored (attention
+counted as full causal, an overestimate only for seq_len > sliding_window). Ignored: rope_scaling, soft-capping
+(Gemma2), Granite's multipliers and initialisation settings. Dropout is kept as
 one flag (ModelSpec.dropout: any probability > 0; None when the config names none).
 Configurations the schema cannot express raise BadInputError naming the key, its value and the fix: OPT
 word_embed_proj_dim != hidden_size or without its final LayerNorm, Qwen-MoE mlp_only_layers other than the
@@ -32,7 +37,7 @@ from pydantic import ValidationError
 
 from planner.errors import BadInputError
 from planner.io import format_validation_error, load_structured
-from planner.models import hf_classic, hf_modern
+from planner.models import hf_classic, hf_modern, hf_recent
 from planner.models.hf_config import MAX_DEFAULT_SEQ_LEN, HFConfig
 from planner.schemas.model import ModelSpec
 
@@ -59,7 +64,34 @@ IMPORTERS: dict[str, Importer] = {
     "opt": Importer(hf_classic.opt, expects=hf_classic.OPT_EXPECTS),
     "bloom": Importer(hf_classic.bloom),
     "falcon": Importer(hf_classic.falcon, hf_classic.FALCON_DEFAULTS),
+    **{
+        model_type: Importer(build, hf_recent.DEFAULTS.get(model_type, {}), hf_recent.EXPECTS.get(model_type, {}))
+        for model_type, build in hf_recent.BUILDERS.items()
+    },
 }
+
+ROPE_THETA = ("rope_theta", "rotary_emb_base")  # NeoX spells it rotary_emb_base
+ROTARY_FRACTION = ("partial_rotary_factor", "rotary_pct")  # NeoX rotary_pct; Phi-3 / GLM partial_rotary_factor
+NORM_EPS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+
+
+def architecture_fields(cfg: HFConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """RoPE base and rotated fraction, and norm epsilon: no parameters, but a job that trains this model must set them
+    (Megatron --rotary-base, --rotary-percent, --norm-epsilon). transformers 5.x nests the RoPE settings in
+    rope_parameters (modeling_rope_utils); 4.x wrote them at the top level."""
+    rope = cfg.data.get("rope_parameters") if isinstance(cfg.data.get("rope_parameters"), dict) else {}
+    extra: dict[str, Any] = {}
+    if fields.get("position", "rope") == "rope":
+        theta = rope.get("rope_theta") or cfg.get(*ROPE_THETA)
+        fraction = rope.get("partial_rotary_factor") or cfg.get(*ROTARY_FRACTION)
+        if theta is not None and "rope_theta" not in fields:
+            extra["rope_theta"] = float(theta)
+        if fraction is not None and float(fraction) < 1:
+            extra["rotary_percent"] = float(fraction)
+    eps = cfg.get(*NORM_EPS)
+    if eps is not None:
+        extra["norm_eps"] = float(eps)
+    return {**extra, **fields}
 
 
 DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout",
@@ -75,8 +107,8 @@ def dropout_of(data: dict[str, Any]) -> bool | None:
 
 
 def supported_model_types() -> list[str]:
-    """model_type values spec_from_hf_config understands."""
-    return sorted(IMPORTERS)
+    """model_type values spec_from_hf_config understands (multimodal wrappers planned as their text model included)."""
+    return sorted([*IMPORTERS, *hf_recent.WRAPPERS])
 
 
 def _default_name(data: dict[str, Any], path: Path | None, model_type: str) -> str:
@@ -102,6 +134,12 @@ def spec_from_hf_config(
     if not isinstance(data, dict):
         raise BadInputError(f"{where}: expected a JSON object (HuggingFace config), got {type(data).__name__}")
     model_type = data.get("model_type")
+    wrapper = model_type if model_type in hf_recent.WRAPPERS else None
+    if wrapper is not None:
+        data = hf_recent.text_config(data, where)
+        model_type = data["model_type"]
+    if model_type in hf_recent.REFUSED:
+        raise BadInputError(f"{where}: model_type={model_type!r} is not supported: {hf_recent.REFUSED[model_type]}")
     if model_type not in IMPORTERS:
         raise BadInputError(
             f"{where}: model_type={model_type!r} is not supported: use one of {', '.join(supported_model_types())} "
@@ -111,10 +149,12 @@ def spec_from_hf_config(
     try:
         cfg = HFConfig(data, where, importer.defaults)
         cfg.require_values(importer.expects)
-        fields = importer.build(cfg)
+        fields = architecture_fields(cfg, importer.build(cfg))
         fields["dropout"] = dropout_of(data)
         fields["name"] = name or _default_name(data, path, model_type)
         fields["source"] = f"HuggingFace config.json ({model_type}): {where}"
+        if wrapper is not None:
+            fields["source"] += f" (the language model of {wrapper}: its text_config; vision tower and projector not planned)"
         return ModelSpec.model_validate(fields)
     except ValidationError as exc:
         raise BadInputError(format_validation_error(exc, where)) from None

@@ -58,6 +58,7 @@ def gpt_neox(cfg: HFConfig) -> dict[str, Any]:
         tied_embeddings=cfg.flag("tie_word_embeddings"),
         linear_bias=biased,
         mlp_bias=not biased,
+        parallel_residual=cfg.flag("use_parallel_residual", default=True),
     )
 
 
@@ -141,4 +142,5 @@ def falcon(cfg: HFConfig) -> dict[str, Any]:
         tied_embeddings=cfg.flag("tie_word_embeddings"),
         linear_bias=cfg.flag("bias"),
         norms_per_layer=norms,
+        parallel_residual=cfg.flag("parallel_attn", default=True),
     )

@@ -73,6 +73,7 @@ def _qwen3_moe(cfg: HFConfig) -> MoESpec:
         num_experts=cfg.req(*NUM_EXPERTS),
         top_k=cfg.req("num_experts_per_tok"),
         expert_ffn_hidden_size=cfg.req("moe_intermediate_size"),
+        normalize_topk=cfg.flag("norm_topk_prob"),
         **sparse_layout(cfg),
     )
 
@@ -86,6 +87,7 @@ def _qwen2_moe(cfg: HFConfig) -> MoESpec:
         num_shared_experts=1,
         shared_expert_ffn_hidden_size=cfg.req("shared_expert_intermediate_size"),
         shared_expert_gate=True,
+        normalize_topk=cfg.flag("norm_topk_prob"),
         **sparse_layout(cfg),
     )
 
@@ -148,6 +150,30 @@ DEEPSEEK_V3_DEFAULTS = {"first_k_dense_replace": 3, "n_shared_experts": 1}  # co
 DEEPSEEK_V3_EXPECTS = {"attention_bias": False}
 
 
+def deepseek_mla(cfg: HFConfig) -> MLASpec:
+    """DeepSeek-V2/V3 MLA sizes (q_lora_rank: explicit null = full-rank Q, as DeepSeek-V2-Lite; missing = 1536)."""
+    return MLASpec(
+        q_lora_rank=cfg.data["q_lora_rank"] if "q_lora_rank" in cfg.data else DEEPSEEK_DEFAULT_Q_LORA_RANK,
+        kv_lora_rank=cfg.req("kv_lora_rank"),
+        qk_nope_head_dim=cfg.req("qk_nope_head_dim"),
+        qk_rope_head_dim=cfg.req("qk_rope_head_dim"),
+        v_head_dim=cfg.req("v_head_dim"),
+    )
+
+
+def router_fields(cfg: HFConfig, *, score: str) -> dict[str, Any]:
+    """DeepSeek-style router settings (MoESpec fields): score function, renormalised top-k (norm_topk_prob),
+    routed_scaling_factor, group-limited routing (n_group, topk_group) where it has more than one group."""
+    groups, group_topk = cfg.get("n_group"), cfg.get("topk_group")
+    fields: dict[str, Any] = dict(score_function=score, normalize_topk=cfg.flag("norm_topk_prob"))
+    scale = float(cfg.get("routed_scaling_factor", default=1.0))
+    if scale != 1.0:
+        fields["topk_scaling_factor"] = scale
+    if groups and int(groups) > 1:
+        fields.update(num_groups=int(groups), group_topk=int(group_topk or groups))
+    return fields
+
+
 def deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
     """DeepSeek-V3 (modeling_deepseek_v3): MLA, first_k_dense_replace dense layers, shared + routed experts.
 
@@ -157,14 +183,7 @@ def deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
     by DeepSeek's own modeling code (transformers 5.x ignores it; V3 has 1). attention_bias must be false
     (DEEPSEEK_V3_EXPECTS): MLA's biased projections are not modelled.
     """
-    mla = MLASpec(
-        # explicit null = full-rank Q (DeepSeek-V2-Lite); a missing key is the class default
-        q_lora_rank=cfg.data["q_lora_rank"] if "q_lora_rank" in cfg.data else DEEPSEEK_DEFAULT_Q_LORA_RANK,
-        kv_lora_rank=cfg.req("kv_lora_rank"),
-        qk_nope_head_dim=cfg.req("qk_nope_head_dim"),
-        qk_rope_head_dim=cfg.req("qk_rope_head_dim"),
-        v_head_dim=cfg.req("v_head_dim"),
-    )
+    mla = deepseek_mla(cfg)
     first_k, freq = int(cfg.req("first_k_dense_replace")), int(cfg.get("moe_layer_freq", default=1))
     if freq > 1 and first_k % freq:
         raise cfg.refuse(
@@ -179,6 +198,8 @@ def deepseek_v3(cfg: HFConfig) -> dict[str, Any]:
         num_shared_experts=cfg.req("n_shared_experts"),
         first_k_dense=first_k,
         moe_every=freq,
+        expert_score_bias="buffer",
+        **router_fields(cfg, score="sigmoid"),
     )
     fields = family_fields(cfg, Family())  # no bias switches: DeepseekV3MLP and the router have no biases
     fields.update(num_kv_heads=None, mla=mla, moe=moe)

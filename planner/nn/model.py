@@ -20,8 +20,13 @@ Approximations (said here so nobody is surprised):
 - MLA (DeepSeek V2/V3) runs as standard multi-head attention with the spec's head dims
   (q/k head_dim = qk_nope_head_dim + qk_rope_head_dim, v head_dim = v_head_dim); no low-rank compression.
 - RoPE uses theta = 10000 and the rotate-half convention (Su et al. 2021, RoFormer eq. 34; Llama layout).
-Not built (BadInputError from check_reference_supports): norms_per_layer other than 2, whole-projection qk norms
-and a shared-expert gate. OLMo2's post-norm order is built as pre-norm (same shapes and FLOPs).
+- Parallel attention/FFN residuals (NeoX, Cohere) run sequentially, partial RoPE rotates every dim, NoPE layers
+  (nope_layers) rotate too, and the spec's
+  RoPE base, norm epsilon, attention sinks (gpt-oss: one logit per head), bias-free LayerNorms, LM-head, router and
+  expert biases are left out: each holds at most O(h + V + E) parameters and O(tokens) work per layer.
+Not built (BadInputError from check_reference_supports): norms_per_layer other than 2, whole-projection qk norms,
+a shared-expert gate, and sliding-window or chunked attention layers (its core is full causal attention, which would
+time other work than the model's). OLMo2's post-norm order is built as pre-norm (same shapes and FLOPs).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import BadInputError
+from planner.models.support import reference_refusal
 from planner.nn.common import FeedForward, check_divisible
 from planner.nn.moe import MoE
 from planner.schemas.model import ModelSpec
@@ -135,18 +141,10 @@ class Attention(nn.Module):
 
 def check_reference_supports(spec: ModelSpec) -> None:
     """BadInputError naming the first spec feature this reference decoder does not build (parameter counts and the
-    analytic cost model cover them; the executor and the layer profiler do not)."""
-    missing = {
-        f"norms_per_layer={spec.norms_per_layer} (Gemma/Falcon layouts)": spec.norms_per_layer != 2,
-        "qk_norm_scope='projection' (OLMo2)": spec.qk_norm and spec.qk_norm_scope == "projection",
-        "moe.shared_expert_gate (Qwen2-MoE)": spec.moe is not None and spec.moe.shared_expert_gate,
-    }
-    for what, present in missing.items():
-        if present:
-            raise BadInputError(
-                f"model {spec.name!r}: {what} is not built by the executor's reference decoder (planner.nn): "
-                "plan with the analytic cost model, or write a spec without it"
-            )
+    analytic cost model cover them; the executor and the layer profiler do not): planner.models.support."""
+    refused = reference_refusal(spec)
+    if refused is not None:
+        raise BadInputError(refused)
 
 
 class TransformerBlock(nn.Module):

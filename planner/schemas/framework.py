@@ -106,6 +106,38 @@ class CompressionEntry(Schema):
     source: str = Sourced
 
 
+# model architecture features a stack may lack (predicates: planner.models.features.MODEL_FEATURES)
+ModelFeature = Literal["parallel_residual", "chunked_attention", "sliding_window_attention", "attention_sinks",
+                       "bias_free_layernorm", "lm_head_bias", "learned_expert_score_bias", "sigmoid_unnormalized_topk",
+                       "partial_linear_bias", "four_norms_per_layer", "projection_qk_norm", "geglu", "alibi",
+                       "learned_positions", "mla", "moe", "layernorm", "plain_ffn", "shared_expert_gate",
+                       "one_norm_per_layer", "embedding_norm"]
+
+
+class ModelRule(Schema):
+    """A model feature the stack cannot build: a model that has it is refused for this stack (plan, estimate, export)."""
+
+    feature: ModelFeature
+    reason: str = Field(min_length=1, description="why the stack cannot build it (shown after the feature's name)")
+    source: str = Sourced
+
+
+class RankOrder(Schema):
+    """How the stack lays global ranks over the axes, outermost first (our axes: pp, dp, cp, tp; expert groups are
+    carved from the dp x cp ranks, planner.topology.placement)."""
+
+    axes: tuple[Literal["pp", "dp", "cp", "tp"], ...] = Field(min_length=4, max_length=4, description="outermost first")
+    native: str = Field(min_length=1, description="the stack's own spelling of the order")
+    source: str = Sourced
+
+    @field_validator("axes")
+    @classmethod
+    def _permutation(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if sorted(value) != sorted(("pp", "dp", "cp", "tp")):
+            raise ValueError(f"rank_order.axes={list(value)} must be a permutation of ['pp', 'dp', 'cp', 'tp']")
+        return value
+
+
 class Capabilities(Schema):
     precisions: tuple[Literal["bf16", "amp-bf16", "fp32", "fp8"], ...] = Field(min_length=1)
     fp8_recipes: tuple[str, ...] = ()
@@ -125,6 +157,10 @@ class Capabilities(Schema):
     exclusions: tuple[Exclusion, ...] = ()
     compression: tuple[CompressionEntry, ...] = Field(default=(), description=(
         "communication compression the stack runs (the search explores only these; none is always allowed)"))
+    unsupported_models: tuple[ModelRule, ...] = Field(default=(), description="model features the stack cannot build")
+    rank_order: RankOrder | None = Field(default=None, description=(
+        "the stack's fixed layout of ranks over the parallel axes: a plan for it is placed and priced in this order; "
+        "None = the planner chooses (our executor)"))
     source: str = Sourced
 
     @field_validator("schedules")

@@ -15,6 +15,7 @@ MODEL_SCHEMA_VERSION = "1"
 
 Activation = Literal["gelu", "relu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
+LayerType = Literal["full", "sliding", "chunked"]
 
 
 class MoESpec(InputSchema):
@@ -33,6 +34,22 @@ class MoESpec(InputSchema):
     first_k_dense: int = Field(default=0, ge=0, le=L.MAX_LAYERS, description="leading layers that keep a dense FFN")
     moe_every: int = Field(default=1, gt=0, le=L.MAX_LAYERS, description="every n-th layer after first_k_dense is MoE")
     capacity_factor: float | None = Field(default=None, gt=0, description="expert capacity = capacity_factor * tokens * top_k / num_experts; None = dropless")
+    score_function: Literal["softmax", "sigmoid"] = Field(
+        default="softmax", description="router scores: softmax (Mixtral, Qwen-MoE) or sigmoid (DeepSeek-V3, GLM-4.5)"
+    )
+    normalize_topk: bool = Field(
+        default=True, description="the top-k weights are renormalised to sum to 1 (HF norm_topk_prob; Mixtral's softmax over "
+        "the top-k logits); false: softmax over all experts, then top-k (Megatron --moe-router-pre-softmax)"
+    )
+    topk_scaling_factor: float | None = Field(default=None, gt=0, description="routed weights scaled by this (DeepSeek routed_scaling_factor)")
+    num_groups: int | None = Field(default=None, gt=0, le=L.MAX_EXPERTS, description="group-limited routing: expert groups (DeepSeek n_group)")
+    group_topk: int | None = Field(default=None, gt=0, le=L.MAX_EXPERTS, description="groups each token may use (DeepSeek topk_group)")
+    expert_score_bias: Literal["none", "buffer", "parameter"] = Field(
+        default="none", description="a per-expert bias added to the scores for choosing experts (aux-loss-free balancing): "
+        "a buffer (DeepSeek-V3, GLM-4.5) or a parameter (ERNIE-4.5, counted)"
+    )
+    router_bias: bool = Field(default=False, description="the router linear has a bias (gpt-oss)")
+    expert_bias: bool = Field(default=False, description="biases on the routed experts' linears (gpt-oss)")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
@@ -101,6 +118,24 @@ class ModelSpec(InputSchema):
     embedding_norm: bool = Field(default=False, description="LayerNorm right after the embedding (BLOOM)")
     dropout: bool | None = Field(default=None, description="dropout in training (attention or hidden dropout > 0): "
                                  "masks saved and applied; None = unsaid: the framework's default (behaviour.defaults)")
+    rope_theta: float | None = Field(default=None, gt=0, description="RoPE base (HF rope_theta); None = the framework's default")
+    rotary_percent: float | None = Field(default=None, gt=0, le=1, description="fraction of each head's dims RoPE rotates "
+                                         "(NeoX rotary_pct 0.25, GLM-4.5 0.5); None = all")
+    norm_eps: float | None = Field(default=None, gt=0, description="epsilon of the norms (HF rms_norm_eps / layer_norm_eps); None = framework default")
+    norm_bias: bool = Field(default=True, description="LayerNorm has a bias (false: Cohere's bias-free LayerNorm); RMSNorm has none")
+    parallel_residual: bool = Field(default=False, description="attention and FFN read the same input and add to one "
+                                    "residual (GPT-NeoX use_parallel_residual, Falcon parallel_attn, Cohere)")
+    lm_head_bias: bool = Field(default=False, description="the LM head has a bias (PhiMoE lm_head_bias)")
+    layer_types: tuple[LayerType, ...] | None = Field(
+        default=None, description="attention of each decoder layer: full causal, sliding (sliding_window keys back), chunked "
+        "(attention_chunk_size blocks, Llama-4); None = every layer full"
+    )
+    nope_layers: tuple[int, ...] | None = Field(default=None, description="0-based indices of layers without RoPE (NoPE: "
+                                               "Llama-4 and SmolLM3 no_rope_layers); None = RoPE on every layer")
+    sliding_window: int | None = Field(default=None, gt=0, le=L.MAX_SEQ_LEN, description="keys a 'sliding' layer attends to")
+    attention_chunk: int | None = Field(default=None, gt=0, le=L.MAX_SEQ_LEN, description="block length of a 'chunked' layer")
+    attention_sinks: bool = Field(default=False, description="a learned per-head sink logit in the softmax (gpt-oss): "
+                                  "num_attention_heads parameters per layer")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     source: str | None = Field(default=None, description="where the numbers come from")
@@ -118,6 +153,15 @@ class ModelSpec(InputSchema):
             )
         if self.moe is not None and self.moe.first_k_dense > self.num_layers:
             raise ValueError(f"moe.first_k_dense={self.moe.first_k_dense} exceeds num_layers={self.num_layers}")
+        if self.nope_layers is not None and any(not 0 <= i < self.num_layers for i in self.nope_layers):
+            raise ValueError(f"nope_layers={list(self.nope_layers)} names layers outside 0..{self.num_layers - 1}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_layers={self.num_layers}: give one per layer")
+            for kind, size in (("sliding", self.sliding_window), ("chunked", self.attention_chunk)):
+                if kind in self.layer_types and size is None:
+                    field = "sliding_window" if kind == "sliding" else "attention_chunk"
+                    raise ValueError(f"layer_types names {kind!r} layers but {field} is not set: set {field}")
         return self
 
     @property
@@ -148,6 +192,27 @@ class ModelSpec(InputSchema):
     @property
     def gated(self) -> bool:
         return self.activation in GATED_ACTIVATIONS
+
+    def attended_keys(self, index: int, seq_len: int) -> float:
+        """Keys per query of layer `index` at `seq_len`, on the non-causal convention of the FLOP count (full: s, whose
+        causal half a flash kernel computes): a window w averages w - w^2/(2s) keys per causal query (w(w+1)/2 over the
+        first w queries, w after), counted as 2w - w^2/s; a chunk c averages c/2, counted as c (Llama-4
+        attention_chunk_size; Mistral/Gemma sliding_window). Capped at s."""
+        kind = "full" if self.layer_types is None else self.layer_types[index]
+        s = float(seq_len)
+        if kind == "sliding" and self.sliding_window is not None and self.sliding_window < s:
+            w = float(self.sliding_window)
+            return 2 * w - w * w / s
+        if kind == "chunked" and self.attention_chunk is not None and self.attention_chunk < s:
+            return float(self.attention_chunk)
+        return s
+
+    def attention_fraction(self, seq_len: int) -> float:
+        """Mean over layers of attended_keys / s: the share of full causal attention work (and of the s x s scores an
+        unfused softmax stores) this model's attention does at `seq_len`; 1 without windowed or chunked layers."""
+        if self.layer_types is None:
+            return 1.0
+        return sum(self.attended_keys(i, seq_len) for i in range(self.num_layers)) / (self.num_layers * seq_len)
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` (0-based) has a routed-expert FFN."""

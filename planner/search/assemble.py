@@ -32,13 +32,18 @@ def space_notes(result) -> list[str]:
     return notes
 
 
-def placement_note(cost, best: Scored) -> str | None:
-    """Topology-aware placement: the winner under every axis order of the space (tp innermost), by step time."""
+def placement_note(cost, best: Scored, profile=None) -> str | None:
+    """Topology-aware placement: the winner under every axis order of the space (tp innermost), by step time; for a
+    stack with a fixed rank order (profile capabilities.rank_order) the note says the plan follows it."""
     import dataclasses
 
     from planner.search.space import Factorisation, axis_orders
 
     c = best.cand
+    fixed = profile.capabilities.rank_order if profile is not None else None
+    if fixed is not None:
+        return (f"placement: ranks laid out as framework {profile.name!r} builds them, {'>'.join(fixed.axes)} outermost "
+                f"first ({fixed.native}); links priced in that order")
     orders = axis_orders(Factorisation(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep))
     if len(orders) < 2:
         return None
@@ -74,7 +79,9 @@ def assemble(request: PlanRequest, result, preference=None) -> LaunchPlan:
         ilp_calls=result.counters.ilp_calls, dp_calls=result.counters.dp_calls,
         version=f"planner {planner.__version__} {SEARCH_VERSION}",
     )
-    placement = placement_note(cost, best)
+    from planner.frameworks import load_framework
+
+    placement = placement_note(cost, best, load_framework(request.framework))
     notes = [*model_notes(cost), *space_notes(result), *([placement] if placement else []),
              *([preference.note()] if preference is not None else [])]
     return build_launch_plan(

@@ -173,7 +173,7 @@ class _Search:
             for fact in facts:
                 for mbs in self.space.group_options(fact)[0]:
                     m = batch // (fact.dp * mbs)
-                    entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(axis_orders(fact))), [fact, m, 0])
+                    entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(axis_orders(fact, self.opts.profile))), [fact, m, 0])
                     entry[2] += copies
             for fact, m, count in alike.values():
                 self.space.prune_members(fact, m, reason, count)
@@ -243,7 +243,7 @@ class _Search:
         for schedule, vpp, count in self.space.variants(group):
             if arrays is None:
                 for zero in self.opts.zero_stages:
-                    for order in axis_orders(group.fact):
+                    for order in axis_orders(group.fact, self.opts.profile):
                         self.visit(self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
             elif self.cost.validity_reasons(self.candidate(group, schedule=schedule, vpp=vpp)):
                 for zero in self.opts.zero_stages:  # every member invalid for the same reasons: counted by visit

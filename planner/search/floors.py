@@ -39,7 +39,7 @@ class Floors(BoundsState):
     """Bounds of groups for one search (`state`: the driver's _Search: cost, opts, request, space)."""
 
     def order(self, fact: Factorisation) -> tuple[str, ...]:
-        return self._cached(("order", fact), lambda: axis_orders(fact)[0])
+        return self._cached(("order", fact), lambda: axis_orders(fact, self.opts.profile)[0])
 
     def shape(self, pp: int, vpp: int):
         return self._cached(("shape", pp, vpp), lambda: variant_shape(self.num_layers, pp, vpp))
@@ -233,7 +233,7 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
         out = []
         for time_s, vpp, schedule, zero in bounds:
-            for order in axis_orders(f):
+            for order in axis_orders(f, self.opts.profile):
                 key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule == "interleaved")
                 ppc = self._cached(key, lambda: self.cost.pp_comm_s(
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))

@@ -29,7 +29,7 @@ class Members(BoundsState):
     def order_arrays(self, group: Group) -> list[tuple[tuple[str, ...], ModuleArrays]]:
         """ModuleArrays of the group under each axis order (its own links)."""
         out = []
-        for order in axis_orders(group.fact):
+        for order in axis_orders(group.fact, self.opts.profile):
             lc = self.cost.layer_costs(self.state.candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
             out.append((order, module_arrays(lc, self.state.partial(group))))
         return out

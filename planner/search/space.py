@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import BadInputError
-from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, parallel_refusal,
+from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, model_refusal, parallel_refusal,
                                 precision_refusal)
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.framework import FrameworkProfile
@@ -116,7 +116,11 @@ def framework_of(request: PlanRequest) -> FrameworkProfile:
     limits = request.search or SearchLimits()
     if limits.runnable and request.framework != "planner":
         raise BadInputError(f"runnable=true with framework={request.framework!r}: --runnable means --framework planner; drop one")
-    return load_framework(request.framework)
+    profile = load_framework(request.framework)
+    refused = model_refusal(profile, request.model)
+    if refused is not None:
+        raise BadInputError(refused)
+    return profile
 
 
 def _narrowed(name: str, asked: tuple, kept: tuple, profile: FrameworkProfile) -> tuple:
@@ -197,8 +201,14 @@ class Member:
     axis_order: tuple[str, ...]
 
 
-def axis_orders(fact: Factorisation) -> tuple[tuple[str, ...], ...]:
-    """tp innermost; every permutation of the outer axes with size > 1, placed in the default order's slots."""
+def axis_orders(fact: Factorisation, profile: FrameworkProfile | None = None) -> tuple[tuple[str, ...], ...]:
+    """The stack's own rank order when its profile fixes one (Megatron tp-cp-ep-dp-pp, torchtitan's mesh
+    [pp, dp_replicate, dp_shard, cp, tp]: capabilities.rank_order), so the plan is placed and its links priced as
+    the stack lays ranks out; else (our executor) tp innermost and every permutation of the outer axes with size > 1,
+    placed in the default order's slots."""
+    fixed = profile.capabilities.rank_order if profile is not None else None
+    if fixed is not None:
+        return (tuple(fixed.axes),)
     return _orders(fact.pp > 1, fact.dp > 1, fact.cp > 1)
 
 
@@ -299,7 +309,7 @@ class Space:
 
     def members_per_group(self, fact: Factorisation) -> int:
         variants = schedule_variants(fact.pp, self.model.num_layers, self.opts)
-        return len(self.opts.zero_stages) * len(variants) * len(axis_orders(fact))
+        return len(self.opts.zero_stages) * len(variants) * len(axis_orders(fact, self.opts.profile))
 
     def fact_count(self, fact: Factorisation) -> int:
         """Configurations of the space with this factorisation (every group times its members)."""
@@ -350,7 +360,7 @@ class Space:
 
     def variants(self, group: Group) -> Iterator[tuple[str, int, int]]:
         """(schedule, vpp, members) of a group that pass the interleaving rules; the rest are counted pruned."""
-        per_variant = len(self.opts.zero_stages) * len(axis_orders(group.fact))
+        per_variant = len(self.opts.zero_stages) * len(axis_orders(group.fact, self.opts.profile))
         for schedule, vpp in schedule_variants(group.fact.pp, self.model.num_layers, self.opts):
             reason = self.variant_reason(group, schedule, vpp)
             if reason is not None:
@@ -378,7 +388,7 @@ class Space:
                 else:
                     rules[rule] += 1
             found = self._variant_counts[key] = (valid, rules)
-        per_variant = len(self.opts.zero_stages) * len(axis_orders(fact)) * copies
+        per_variant = len(self.opts.zero_stages) * len(axis_orders(fact, self.opts.profile)) * copies
         for rule, count in found[1].items():
             self.pruned[rule] += count * per_variant
         self.pruned[reason] += found[0] * per_variant
@@ -394,5 +404,5 @@ class Space:
 
     def members(self, group: Group, schedule: str, vpp: int) -> Iterator[Member]:
         """The members of one (schedule, vpp) variant: every ZeRO stage and axis order."""
-        for zero, order in itertools.product(self.opts.zero_stages, axis_orders(group.fact)):
+        for zero, order in itertools.product(self.opts.zero_stages, axis_orders(group.fact, self.opts.profile)):
             yield Member(zero, schedule, vpp, order)

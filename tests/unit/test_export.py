@@ -155,10 +155,18 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size"):
         p.add_argument("--" + flag, type=int, default=None)
     for flag in ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization", "position-embedding-type",
-                 "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq", "moe-token-dispatcher-type"):
+                 "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq", "moe-token-dispatcher-type",
+                 "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function", "no-rope-freq"):
         p.add_argument("--" + flag, default=None)
+    for flag in ("rotary-base", "moe-router-num-groups", "moe-router-group-topk", "kv-lora-rank", "q-lora-rank", "qk-head-dim",
+                 "qk-pos-emb-head-dim", "v-head-dim"):
+        p.add_argument("--" + flag, type=int, default=None)
+    for flag in ("rotary-percent", "norm-epsilon", "moe-router-topk-scaling-factor", "moe-expert-capacity-factor"):
+        p.add_argument("--" + flag, type=float, default=None)
     for flag in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
-                 "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm"):
+                 "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
+                 "add-qkv-bias", "qk-layernorm", "moe-shared-expert-gate", "moe-router-pre-softmax",
+                 "moe-router-enable-expert-bias", "multi-latent-attention"):
         p.add_argument("--" + flag, action="store_true")
     return p
 

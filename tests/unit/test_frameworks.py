@@ -283,3 +283,51 @@ def test_every_planner_capability_is_exercised_by_an_executor_test():
         file, name = EXECUTOR_EVIDENCE[claim]
         text = (folder / file).read_text()
         assert (f"def {name}(" in text) or (f'"{name}"' in text), f"{claim}: {file} has no test or layout {name!r}"
+
+
+def test_deepspeed_moe_never_runs_with_zero3():
+    """deepspeed/runtime/engine.py: "Native DeepSpeed MoE is not supported with ZeRO Stage 3": estimate refuses it,
+    the search never plans it, and a plan made elsewhere is refused by the exporter."""
+    from planner.export import export_plan
+
+    request = api.build_request(model="mixtral-8x7b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096,
+                                framework="deepspeed", search=FAST)
+    moe3 = Configuration(parallelism=Parallelism(dp=32, tp=1, pp=1, ep=8, zero_stage=3), schedule="1f1b")
+    with pytest.raises(BadInputError, match="Native DeepSpeed MoE is not supported with ZeRO Stage 3"):
+        api.estimate(request, moe3)
+    plan = api.plan(request)
+    assert plan.feasible and plan.parallelism.zero_stage in (0, 1, 2)
+    assert all(a.parallelism.zero_stage != 3 for a in plan.alternatives)
+    elsewhere = api.estimate(request.model_copy(update={"framework": "planner"}), moe3)
+    with pytest.raises(BadInputError, match="ZeRO Stage 3"):
+        export_plan(elsewhere, "deepspeed")
+
+
+def test_every_model_feature_a_profile_names_has_a_predicate():
+    from typing import get_args
+
+    from planner.models.features import MODEL_FEATURES
+    from planner.schemas.framework import ModelFeature
+
+    assert set(get_args(ModelFeature)) == set(MODEL_FEATURES)
+
+
+def test_a_model_the_stack_cannot_build_is_refused_at_plan_estimate_and_export():
+    """Megatron-Core has no parallel residual (transformer_layer.py): GPT-NeoX is refused in one line naming it,
+    before the search, by estimate, and by the exporter for a plan made for another stack."""
+    from planner.export import export_plan
+    from planner.models import load_model
+
+    hf = Path(__file__).resolve().parents[1] / "data" / "hf"
+    neox = load_model(str(hf / "gpt-neox-20b"))
+    with pytest.raises(BadInputError, match="parallel attention/FFN residual .* framework 'megatron-core' does not build"):
+        api.build_request(model=neox, nodes=4, framework="megatron-core")
+    request = api.build_request(model=neox, nodes=4, global_batch_size=64, seq_len=2048, framework="planner")
+    plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=4, tp=8, pp=1, sp=True, zero_stage=1)))
+    with pytest.raises(BadInputError, match="cannot export to megatron: .*parallel attention/FFN residual"):
+        export_plan(plan, "megatron")
+    with pytest.raises(BadInputError, match="does not build"):
+        api.estimate(request.model_copy(update={"framework": "megatron-core"}),
+                     Configuration(parallelism=Parallelism(dp=4, tp=8, pp=1, sp=True, zero_stage=1)))
+    cli = runner.invoke(app, ["plan", "--model", str(hf / "gpt-neox-20b"), "--framework", "megatron-core"])
+    assert cli.exit_code == 2 and len(cli.output.strip().splitlines()) == 1 and "parallel attention/FFN residual" in cli.output

@@ -15,6 +15,7 @@ import pytest
 
 from planner.models.counting import total_params
 from planner.models.hf import spec_from_hf_config, supported_model_types
+from planner.models.hf_recent import WRAPPERS
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -25,7 +26,12 @@ SAMPLES = sorted(path.parent.name for path in HF_DIR.glob("*/config.json"))
 
 
 def hf_num_parameters(config: dict) -> int:
-    """Unique parameters of the transformers model `config` describes, built without allocating memory."""
+    """Unique parameters of the transformers model `config` describes, built without allocating memory. A multimodal
+    wrapper (llama4, mistral3) is counted as its language model (text_config), the part the planner plans."""
+    if config["model_type"] in WRAPPERS:
+        inner = {**config["text_config"]}
+        config = {**inner, "model_type": inner.get("model_type", WRAPPERS[config["model_type"]])}
+        config["model_type"] = "llama4_text" if config["model_type"] == "llama4" else config["model_type"]
     kwargs = {key: value for key, value in config.items() if key != "model_type"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -53,3 +59,13 @@ def test_tiny_config_matches_transformers(name):
 def test_published_config_matches_transformers(folder):
     config = json.loads((HF_DIR / folder / "config.json").read_text())
     assert total_params(spec_from_hf_config(config)) == hf_num_parameters(config)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "jamba"])
+def test_hybrid_stacks_are_refused_naming_the_missing_layer_kind(model_type):
+    """Gated DeltaNet (qwen3_next) and Mamba (jamba) layers have no layer kind in the planner: one line naming it."""
+    from planner.errors import BadInputError
+
+    config = transformers.AutoConfig.for_model(model_type).to_dict()
+    with pytest.raises(BadInputError, match="linear-attention layer kind" if model_type == "qwen3_next" else "state-space layer kind"):
+        spec_from_hf_config(config)

@@ -1,0 +1,135 @@
+"""torchtitan exports carry the plan's own model: a registered flavor of the same architecture, or a generated
+config module built with torchtitan 0.3's own builders and the model's exact sizes, or a refusal; never a stand-in.
+
+Without torchtitan installed, the generated module is executed against a recording stub of the 0.3 builders it
+calls (torchtitan/models/common/config_utils.py make_gqa_config/make_ffn_config, llama3 model_registry,
+config_registry.llama3_8b; signatures as in the torchtitan 0.3.0 wheel) and the parameters those sizes give are
+counted; with torchtitan installed, planner.export.judges builds torchtitan's model itself on the meta device and
+compares its parameter count (test_export_judges.py, framework_acceptance.py)."""
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from planner import api
+from planner.errors import BadInputError
+from planner.export import export_plan
+from planner.export.torchtitan_model import GENERATED_MODULE, model_choice
+from planner.models import load_model
+from planner.models.counting import total_params
+from planner.schemas.plan import Configuration, Parallelism
+
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
+
+
+@pytest.mark.parametrize(("model", "expected"), [("llama3-8b", ("llama3", "llama3_8b")),
+                                                 (str(HF / "llama3-8b"), ("llama3", "llama3_8b")),
+                                                 (str(HF / "deepseek-v3"), ("deepseek_v3", "deepseek_v3_671b"))])
+def test_a_model_torchtitan_registers_uses_its_flavor(model, expected):
+    module, function, generated = model_choice(load_model(model))
+    assert (module, function) == expected and generated is None
+
+
+@pytest.mark.parametrize(("model", "missing"), [("mixtral-8x7b", "mixture-of-experts"), (str(HF / "qwen2-7b"), "linear biases"),
+                                                (str(HF / "smollm3-3b"), "layers without RoPE"),
+                                                (str(HF / "gpt-oss-20b"), "mixture-of-experts")])
+def test_a_model_torchtitan_cannot_build_is_refused_not_stood_in(model, missing):
+    with pytest.raises(BadInputError, match=f"torchtitan 0.3 has no model for .* with {missing}"):
+        model_choice(load_model(model))
+
+
+def test_the_torchtitan_profile_refuses_what_its_models_lack_before_the_search():
+    with pytest.raises(BadInputError, match="LayerNorm .* framework 'torchtitan' does not build"):
+        api.build_request(model="gpt3-175b", nodes=8, framework="torchtitan")
+
+
+class Recorder:
+    """Stands in for a torchtitan config class: keeps its keyword arguments."""
+
+    def __init__(self, kind, **kwargs):
+        self.kind, self.kwargs = kind, kwargs
+
+    def __getattr__(self, name):
+        return self.kwargs[name]
+
+
+def stub_torchtitan(monkeypatch):
+    """Modules named as torchtitan 0.3 names them, whose builders record what they are given."""
+    def config_class(kind):
+        return types.SimpleNamespace(Config=lambda **kw: Recorder(kind, **kw))
+
+    common = types.ModuleType("torchtitan.models.common")
+    for kind in ("ComplexRoPE", "Embedding", "Linear", "RMSNorm"):
+        setattr(common, kind, config_class(kind))
+    utils = types.ModuleType("torchtitan.models.common.config_utils")
+    utils.get_attention_config = lambda backend: Recorder("inner", backend=backend)
+    utils.make_gqa_config = lambda **kw: Recorder("gqa", **kw)
+    utils.make_ffn_config = lambda **kw: Recorder("ffn", **kw)
+    llama3 = types.ModuleType("torchtitan.models.llama3")
+    registry = types.ModuleType("torchtitan.models.llama3.config_registry")
+    registry.llama3_8b = lambda: types.SimpleNamespace(model_spec=None, loss=types.SimpleNamespace(
+        loss_fn=types.SimpleNamespace(global_vocab_size=128256)))
+    llama3.config_registry = registry
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Spec:
+        name: str
+        flavor: str
+        model: object
+
+    llama3.model_registry = lambda flavor: Spec(name="llama3", flavor=flavor, model=None)
+    model = types.ModuleType("torchtitan.models.llama3.model")
+    model.Llama3Model = config_class("Llama3Model")
+    model.Llama3TransformerBlock = config_class("Block")
+    for name, module in {"torchtitan": types.ModuleType("torchtitan"), "torchtitan.models": types.ModuleType("torchtitan.models"),
+                         "torchtitan.models.common": common, "torchtitan.models.common.config_utils": utils,
+                         "torchtitan.models.llama3": llama3, "torchtitan.models.llama3.config_registry": registry,
+                         "torchtitan.models.llama3.model": model}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def counted(model) -> int:
+    """Parameters of the recorded Llama3Model.Config as torchtitan's modules hold them (Linear without bias,
+    RMSNorm a scale, Embedding a table, a tied lm_head shares the embedding's weight)."""
+    h, v = model.dim, model.vocab_size
+    params = v * h + model.norm.normalized_shape + (0 if model.enable_weight_tying else v * h)
+    for block in model.layers:
+        a, kv, d = block.attention.n_heads, block.attention.n_kv_heads, block.attention.head_dim
+        qk = block.attention.qk_norm
+        params += block.attention_norm.normalized_shape + block.ffn_norm.normalized_shape
+        params += h * (a + 2 * kv) * d + a * d * h + (2 * qk.normalized_shape if qk is not None else 0)
+        params += 3 * h * block.feed_forward.hidden_dim
+    return params
+
+
+@pytest.mark.parametrize("model", ["tinyllama-1.1b", str(HF / "qwen3-8b"), str(HF / "mistral-7b"), str(HF / "mistral-small-3.1-24b"),
+                                   str(HF / "ministral-8b") + "-full"])
+def test_the_generated_module_builds_the_plans_model(model, monkeypatch, tmp_path):
+    spec = load_model(model.removesuffix("-full"))
+    if model.endswith("-full"):  # Ministral without its window: a dense model torchtitan's llama3 family builds
+        spec = spec.model_copy(update={"layer_types": None, "sliding_window": None})
+    stub_torchtitan(monkeypatch)
+    request = api.build_request(model=spec, topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096,
+                                framework="torchtitan")
+    pp = 1 if spec.tied_embeddings else 2  # torchtitan ties embeddings only without PP (decoder.py update_from_config)
+    plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=8 // pp, tp=2, pp=pp, sp=True, zero_stage=3),
+                                               schedule="1f1b"))
+    script = export_plan(plan, "torchtitan").text
+    assert f"--module {GENERATED_MODULE}" in script and "llama3_8b" not in script.split("PLANNER_TORCHTITAN_ARGS=(")[1]
+    source = script.split("<<'PLANNER_TORCHTITAN_MODEL'\n")[1].split("\nPLANNER_TORCHTITAN_MODEL\n")[0]
+    namespace: dict = {}
+    exec(compile(source, f"{GENERATED_MODULE}.py", "exec"), namespace)
+    config = namespace["planner_model"]()
+    assert config.model_spec.flavor == spec.name and config.loss.loss_fn.global_vocab_size == spec.vocab_size
+    built = config.model_spec.model
+    assert len(built.layers) == spec.num_layers
+    assert counted(built) == total_params(spec)
+    if pp == 1:
+        return
+    # the stage FQNs name the model's real layers, each once, in order
+    stages = script.split("--parallelism.module_fqns_per_model_part ")[1].split("\n")[0].replace("'", "").split()
+    names = [n for stage in stages for n in stage.split(",")]
+    assert names == ["tok_embeddings", *(f"layers.{i}" for i in range(spec.num_layers)), "norm", "lm_head"]
