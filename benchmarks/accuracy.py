@@ -75,7 +75,8 @@ def build_case(run: dict, overrides: dict | None = None) -> Case | None:
     stack = P.stack_of(run)
     spec, topo = P.model_spec(run), P.topology(run)
     request = PlanRequest(model=spec, topology=topo, gpus=run["parallel"]["num_gpus"], global_batch_size=P.global_batch(run),
-                          seq_len=spec.seq_len, precision=P.precision_of(run), framework=stack)
+                          seq_len=spec.seq_len, precision=P.precision_of(run),
+                          framework=P.profile_of(run, stack))
     s = P.settings(run, stack)
     keys = list(s.choices)
     candidates = []

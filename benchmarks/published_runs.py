@@ -75,6 +75,18 @@ def stack_of(run: dict) -> str:
     return DEFAULT_STACK
 
 
+DEEPSPEED_COALESCED_GATHER_YEAR = 2022  # deepspeedai/DeepSpeed #1188 (2021-10-31, v0.5.6): coalesced ZeRO-3 all-gather
+LEGACY_PROFILES = {"deepspeed": ("legacy/deepspeed-2021", DEEPSPEED_COALESCED_GATHER_YEAR)}
+
+
+def profile_of(run: dict, stack: str) -> str:
+    """The profile a run's stack ran as: a source older than a stack's profiled release runs the legacy profile
+    of frameworks/legacy/ (DeepSpeed sources of 2021 predate v0.5.6: frameworks/legacy/deepspeed-2021.yaml),
+    else the stack's own. The stack name still names the calibration cell."""
+    legacy, year = LEGACY_PROFILES.get(stack, (None, 0))
+    return legacy if legacy and (source_year(run) or year) < year else stack
+
+
 def source_year(run: dict) -> int | None:
     """The year of the source: an arXiv id's yymm, else a 4-digit year in the title; None when neither says."""
     src = run.get("source") or {}

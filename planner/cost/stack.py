@@ -33,6 +33,7 @@ def options_for(framework: str, precision: str):
         tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
         main_grads_fp32=b.memory.main_grads_fp32, pp_scatter_gather=o.pp_scatter_gather,
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
+        zero3_sync_per_tensor=o.zero3_sync_per_tensor,
         allocator_fraction=b.memory.allocator_allowance_fraction,
         grad_reduce_fp32=m.grad_reduce_fp32,
         selective_mode=m.selective_recompute, attention_kernel=k.attention_kernel,

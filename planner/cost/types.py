@@ -56,6 +56,8 @@ class CostOptions:
         TP collectives, MoE all-to-all run beside compute (the stack's `behaviour.overlap`).
     pp_scatter_gather: pipeline sends split over the TP ranks and all-gathered on the receiver (2021 Megatron-LM).
     zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate.dp_comm_s).
+    zero3_sync_per_tensor: ZeRO-3 gathers one synchronous collective per parameter tensor, copied out per rank
+        (DeepSpeed before v0.5.6; planner.cost.zero3_legacy), exposed.
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
         (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and
@@ -105,6 +107,7 @@ class CostOptions:
     moe_hierarchical: bool = False
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
+    zero3_sync_per_tensor: bool = False
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,8 @@ class Overlap(Schema):
                                                                "node (NCCL hierarchical); False: a flat ring per rank")
     zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "
                                                                           "weights again for the recompute forward")
+    zero3_sync_per_tensor: bool = Field(default=False, description="ZeRO-3 gathers each parameter tensor by its own "
+                                        "synchronous collective copied out rank by rank (DeepSpeed before v0.5.6)")
     source: str = Sourced
 
 
