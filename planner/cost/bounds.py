@@ -82,7 +82,8 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
                  shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap,
                  stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
                  selective_mode=model.options.selective_mode,
-                 moe_hierarchical=model.options.moe_hierarchical)
+                 moe_hierarchical=model.options.moe_hierarchical,
+                 moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap)
 
 
 def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, eager, memory
+from planner.cost import autocast, comm, compute, eager, memory, moe_comm
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compute import Shape
 from planner.models import counting
@@ -49,6 +49,8 @@ class Env:
     moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
     selective_mode: str = "attention_core"  # what the stack's selective recompute reruns (behaviour.memory)
     moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
+    moe_allgather: bool = False  # the stack's all-gather dispatcher is among its choices (moe_comm)
+    moe_shared_overlap: bool = False  # shared experts compute during the dispatch (moe_comm)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,17 +151,13 @@ def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -
 
 
 def ep_times(env: Env) -> tuple[float, float]:
-    """Two all-to-alls each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2):
-    tokens * top_k * capacity_factor * h bf16 each; per node deduplicated where the stack dispatches hierarchically
-    (comm.hierarchical_all_to_all_s)."""
+    """Two collectives each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2), the
+    fastest dispatcher the stack runs for the slowest EP rank's load (moe_comm.dispatch_s)."""
     cfg = env.spec.moe
     if env.shape.ep <= 1 or cfg is None:
         return 0.0, 0.0
-    size = env.shape.tokens * cfg.top_k * (cfg.capacity_factor or 1.0) * env.spec.hidden_size * compute.ACT_BYTES
-    if env.moe_hierarchical:
-        one = comm.hierarchical_all_to_all_s(size, top_k=cfg.top_k, group=env.links.ep)
-    else:
-        one = comm.all_to_all_s(size, group=env.links.ep)
+    one = moe_comm.dispatch_s(env.shape.tokens, cfg, env.spec.hidden_size, group=env.links.ep,
+                              hierarchical=env.moe_hierarchical, allgather=env.moe_allgather)
     return 2 * one, 2 * one
 
 
@@ -231,8 +229,12 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
     tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
     ep_fwd, ep_bwd = ep_times(env) if moe_layer else (0.0, 0.0)
-    if env.moe_overlap:  # the all-to-all of one micro-batch runs under another's layer compute (DualPipe, 1F1B A2A)
-        ep_fwd, ep_bwd = max(0.0, ep_fwd - fwd), max(0.0, ep_bwd - bwd)
+    if moe_layer:  # what the stack's overlap hides (moe_comm.exposed_s)
+        shared_fwd, shared_bwd, _ = gemm_times(env, [g for g in gemms if g.name == "shared_experts"])
+        ep_fwd = moe_comm.exposed_s(ep_fwd, layer_compute_s=fwd, shared_compute_s=shared_fwd,
+                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
+        ep_bwd = moe_comm.exposed_s(ep_bwd, layer_compute_s=bwd, shared_compute_s=shared_bwd,
+                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
     cp_fwd, cp_bwd = cp_times(env, core)
     if env.precision == autocast.RECIPE and not moe_layer:
         acts = autocast.decoder_activation_bytes(spec, shape)

@@ -68,6 +68,8 @@ class CostOptions:
         2022), "half_forward" (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes
         every other matmul and the pointwise ops), "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
+    moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher, and its shared experts computing during
+        the dispatch (planner.cost.moe_comm).
     attention_kernel: the stack's fused-attention kernel ("flash-attention-1", "flash-attention-2", "cudnn"),
         priced at the device family's measured rate for the model's head dim (calibration.attention_rate_for).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
@@ -105,6 +107,8 @@ class CostOptions:
     selective_mode: str = "attention_core"
     attention_kernel: str = "flash-attention-2"
     moe_hierarchical: bool = False
+    moe_allgather: bool = False
+    moe_shared_overlap: bool = False
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
     zero3_sync_per_tensor: bool = False

@@ -133,6 +133,10 @@ class Overlap(Schema):
                                                                "by the receiver (2021 Megatron-LM scatter/gather)")
     moe_hierarchical_dispatch: bool = Field(default=False, description="MoE tokens cross the NICs once per destination "
                                                                        "node and fan out over NVLink (DeepEP)")
+    moe_allgather_dispatch: bool = Field(default=False, description="the stack can dispatch MoE tokens by an all-gather "
+                                                                    "over the EP ranks (Megatron-Core's allgather dispatcher)")
+    moe_shared_expert_overlap: bool = Field(default=False, description="shared experts compute while the MoE dispatcher "
+                                                                       "communicates (Megatron-Core --moe-shared-expert-overlap)")
     zero3_hierarchical: bool = Field(default=True, description="ZeRO-3 gathers/reduce-scatters cross nodes once per "
                                                                "node (NCCL hierarchical); False: a flat ring per rank")
     zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "
