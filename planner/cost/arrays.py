@@ -33,7 +33,8 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
               stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
               selective_mode=model.options.selective_mode,
               moe_hierarchical=model.options.moe_hierarchical,
-              moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap)
+              moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
+              cp_flavours=model.options.cp_flavours)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
         kinds["decoder"] = decoder_cost(env, moe_layer=False)

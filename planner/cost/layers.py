@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, eager, memory, moe_comm
+from planner.cost import autocast, comm, compute, context_parallel, eager, memory, moe_comm
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compute import Shape
 from planner.models import counting
@@ -51,6 +51,7 @@ class Env:
     moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
     moe_allgather: bool = False  # the stack's all-gather dispatcher is among its choices (moe_comm)
     moe_shared_overlap: bool = False  # shared experts compute during the dispatch (moe_comm)
+    cp_flavours: tuple[str, ...] = ("p2p",)  # the stack's context-parallel flavours (context_parallel)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,17 +116,18 @@ def tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: 
 
 
 def cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
-    """Ring attention (Liu et al. 2023): cp - 1 steps each passing this rank's K and V chunk (2*b*(s/cp)*kv*d/t
-    bf16) to the next rank, overlapped with the attention of the previous chunk; backward passes K, V and their
-    gradients (twice the bytes). Exposed = max(0, comm - attention core compute)."""
+    """Exposed context-parallel communication of one layer: this rank's K and V (2*b*(s/cp)*kv*d/t bf16) and Q
+    (b*(s/cp)*a*d/t) moved by the fastest flavour the stack runs (planner.cost.context_parallel: ring p2p beside
+    the blockwise attention, all-gather of K/V, all-to-all by heads)."""
     shape, spec = env.shape, env.spec
     if shape.cp <= 1:
         return 0.0, 0.0
     kv_bytes = 2 * shape.tokens * spec.kv_heads * spec.dim_per_head * compute.ACT_BYTES / shape.tp
-    fwd = (shape.cp - 1) * comm.p2p_s(kv_bytes, group=env.links.cp)
-    bwd = (shape.cp - 1) * comm.p2p_s(2 * kv_bytes, group=env.links.cp)
+    q_bytes = shape.tokens * spec.num_attention_heads * spec.dim_per_head * compute.ACT_BYTES / shape.tp
     core_bwd = core_fwd_s * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
-    return max(0.0, fwd - core_fwd_s), max(0.0, bwd - core_bwd)
+    return context_parallel.exposed_s(env.cp_flavours, q_bytes=q_bytes, kv_bytes=kv_bytes, cp=shape.cp,
+                                      heads=spec.num_attention_heads, kv_heads=spec.kv_heads, group=env.links.cp,
+                                      core_fwd_s=core_fwd_s, core_bwd_s=core_bwd)
 
 
 def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -> tuple[float, float]:

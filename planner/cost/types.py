@@ -70,6 +70,8 @@ class CostOptions:
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
     moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher, and its shared experts computing during
         the dispatch (planner.cost.moe_comm).
+    cp_flavours: the context-parallel flavours the stack runs (capabilities.context_parallel.flavours), the fastest
+        priced (planner.cost.context_parallel).
     attention_kernel: the stack's fused-attention kernel ("flash-attention-1", "flash-attention-2", "cudnn"),
         priced at the device family's measured rate for the model's head dim (calibration.attention_rate_for).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
@@ -109,6 +111,7 @@ class CostOptions:
     moe_hierarchical: bool = False
     moe_allgather: bool = False
     moe_shared_overlap: bool = False
+    cp_flavours: tuple[str, ...] = ("p2p",)
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
     zero3_sync_per_tensor: bool = False

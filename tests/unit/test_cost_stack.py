@@ -165,7 +165,8 @@ def test_hierarchical_dispatch_crosses_each_node_once():
     assert flat == pytest.approx(size * 56 / 64 / 45e9, rel=1e-9)
     assert hier == pytest.approx(remote * size / 8 / 45e9, rel=1e-9)
     assert options_for("hai-llm", "fp8").moe_overlap and options_for("hai-llm", "fp8").moe_hierarchical
-    assert not options_for("megatron-core", "bf16").moe_overlap
+    assert options_for("megatron-core", "bf16").moe_overlap  # --overlap-moe-expert-parallel-comm, a setting the plan sets
+    assert not options_for("torchtitan", "bf16").moe_overlap and not options_for("deepspeed", "bf16").moe_overlap
 
 
 def test_fp8_saves_gemm_inputs_in_one_byte():
