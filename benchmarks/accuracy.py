@@ -69,7 +69,7 @@ class Case:
     overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
 
 
-def build_case(run: dict, overrides: dict | None = None) -> Case | None:
+def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = ()) -> Case | None:
     """The run converted; `overrides` ({stack: {CostOptions field: value}}) switches a stack's profile facts off
     for every run of that stack (accuracy_views.ABLATIONS)."""
     stack = P.stack_of(run)
@@ -77,7 +77,7 @@ def build_case(run: dict, overrides: dict | None = None) -> Case | None:
     request = PlanRequest(model=spec, topology=topo, gpus=run["parallel"]["num_gpus"], global_batch_size=P.global_batch(run),
                           seq_len=spec.seq_len, precision=P.precision_of(run),
                           framework=P.profile_of(run, stack))
-    s = P.settings(run, stack)
+    s = P.settings(run, stack, off)
     keys = list(s.choices)
     candidates = []
     for values in itertools.product(*(s.choices[k] for k in keys)):
@@ -184,8 +184,8 @@ def read_runs(path: Path) -> list[dict]:
     return raw["runs"] if isinstance(raw, dict) else raw
 
 
-def load(path: Path, only: str | None = None, overrides: dict | None = None,
-         without_source: str | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
+def load(path: Path, only: str | None = None, overrides: dict | None = None, without_source: str | None = None,
+         off: tuple[str, ...] = ()) -> tuple[list[Case], list[tuple[str, str]]]:
     cases, skipped = [], []
     for run in read_runs(path):
         if only and only not in run["id"] or without_source and P.source_of(run) == without_source:
@@ -195,7 +195,7 @@ def load(path: Path, only: str | None = None, overrides: dict | None = None,
             skipped.append((run["id"], why))
             continue
         try:
-            cases.append(build_case(run, overrides))
+            cases.append(build_case(run, overrides, off))
         except Exception as error:  # noqa: BLE001 - a run the conversion cannot express is reported, not fatal
             skipped.append((run["id"], f"no valid candidate (conversion failed: {type(error).__name__}: {error})"[:200]))
     return cases, skipped
@@ -234,10 +234,10 @@ class Overheads:
 
 
 def run_all(path: Path = RUNS_FILE, only: str | None = None, *, overrides: dict | None = None,
-            without_source: str | None = None, baselines: bool = True) -> dict:
+            without_source: str | None = None, baselines: bool = True, off: tuple[str, ...] = ()) -> dict:
     """Every run evaluated with the shipped calibration and leave-one-source-out; `overrides` switch profile facts
     off (an ablation), `without_source` leaves a source out of everything, `baselines` adds llm-analysis."""
-    cases, skipped = load(path, only, overrides, without_source)
+    cases, skipped = load(path, only, overrides, without_source, off)
     rows, by_id = [], {}
     for case in cases:
         try:
@@ -495,6 +495,9 @@ def with_extras(result: dict, path: Path) -> dict:
     result["without_largest"] = (largest, run_all(path, without_source=largest, baselines=False))
     table = []
     for label, field, value in V.ABLATIONS:
+        if field in P.READING_RULES:  # a conversion rule switched off
+            table.append((label, {"reading rule": {}}, V.headline(run_all(path, off=(field,), baselines=False)["rows"])))
+            continue
         overrides = V.ablation_overrides(field, value)
         other = run_all(path, overrides=overrides, baselines=False) if overrides else result
         table.append((label, overrides, V.headline(other["rows"])))

@@ -27,6 +27,7 @@ from planner.cost.stack import options_for
 from planner.cost.types import CostOptions
 
 STACKS = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "pytorch-fsdp", "hai-llm")
+LEGACY = {"deepspeed": ("legacy/deepspeed-2021",)}  # profiles a stack's older sources run (published_runs.profile_of)
 # (label, CostOptions field, the value it is switched to; None: CostOptions' default, applied to every stack whose
 # profile sets another value). Each row names where the mechanism's evidence lives (frameworks/<stack>.yaml).
 ABLATIONS = (
@@ -46,6 +47,10 @@ ABLATIONS = (
     ("MoE dispatch once per node (DeepEP / DeepSeek-V3)", "moe_hierarchical", None),
     ("allocator allowance 0.05 (the removed hand-set value; 0.094 measured)", "allocator_fraction", 0.05),
     ("ZeRO-3 gathers as flat rings (the removed DeepSpeed reading)", "zero3_hierarchical", False),
+    ("DeepSpeed 2021 per-tensor synchronous ZeRO-3 gathers (v0.4 code)", "zero3_sync_per_tensor", None),
+    ("'interleaving not stated' read as the stack default 1F1B (reading rule)", "interleaving_unstated_is_1f1b", None),
+    ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
+    ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
 )
 
 
@@ -56,7 +61,8 @@ def ablation_overrides(field: str, value=None) -> dict[str, dict]:
     for stack in STACKS:
         if value is not None and field == "zero3_hierarchical" and stack != "deepspeed":
             continue  # the removed reading applied to DeepSpeed only, as it was
-        if getattr(options_for(stack, "bf16"), field) != default:
+        profiles = (stack, *LEGACY.get(stack, ()))
+        if any(getattr(options_for(profile, "bf16"), field) != default for profile in profiles):
             out[stack] = {field: default}
     return out
 

@@ -318,12 +318,20 @@ def recompute_of(run: dict) -> str | None:
     return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
 
 
-def schedule_of(run: dict) -> tuple[str | None, int | None]:
+READING_RULES = ("interleaving_unstated_is_1f1b",)  # rules accuracy.py can switch off (its ablation table)
+
+
+def schedule_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str | None, int | None]:
+    """The published pipeline schedule. Interleaving a source calls "not stated" beside 1F1B is plain 1F1B: the
+    stack's default without --num-layers-per-virtual-pipeline-stage (Megatron-LM arguments.py: virtual pipeline
+    size None); with that rule `off`, unsaid (the planner's choice)."""
     train, pp = run["training"], run["parallel"].get("pp") or 1
     text = (train.get("pipeline_schedule") or "").lower()
     if pp == 1:
         return "1f1b", 1
     unstated = "not stated" in text or "no interleaving stated" in text  # interleaving unsaid: the rest of the text decides (1F1B)
+    if unstated and "interleaving_unstated_is_1f1b" in off:
+        return None, None
     if "interleav" in text and not unstated:
         vpp = train.get("virtual_pipeline_stages") or (int(m.group(1)) if (m := re.search(r"(\d+) interleaving", text)) else None)
         return "interleaved", vpp
@@ -334,11 +342,11 @@ def schedule_of(run: dict) -> tuple[str | None, int | None]:
     return None, None
 
 
-def settings(run: dict, stack: str) -> Settings:
+def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
     """Published settings and the choices for the unsaid ones (the stack's capabilities)."""
     par, train = run["parallel"], run["training"]
     caps = load_framework(stack).capabilities
-    schedule, vpp = schedule_of(run)
+    schedule, vpp = schedule_of(run, off)
     tp, pp, cp = par.get("tp") or 1, par.get("pp") or 1, par.get("cp") or 1
     dp = par.get("dp") or par["num_gpus"] // (tp * pp * cp)
     fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=par.get("ep") or 1,
