@@ -11,10 +11,16 @@ the step-time error per run, per source and overall, with:
   with no other source to calibration.yaml's value);
 - the naive estimate 6 * P * tokens / (GPUs * 0.5 * peak) on the same runs; llm-analysis at 0.5 FLOP efficiency
   with each run's chosen configuration where it is installed (benchmarks/llm_analysis_baseline.py says how).
-Also the runs predicted not to fit at their published settings (false OOM).
+Also the runs predicted not to fit at their published settings (false OOM), and (benchmarks/accuracy_views.py):
+- each source weighted once (each run 1/n of its source's n runs; the weighted median) beside the plain median;
+- the run set without its largest source (the MosaicML table), everything re-derived without it;
+- ranking within every source with >= 3 configurations of one model on one device (Spearman, top-1 gap);
+- the ablation table: each stack-specific mechanism (a profile fact, frameworks/*.yaml) switched off for every
+  run of the stacks that set it, and the reading rules of published_runs switched off, full LOSO each.
 
-Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet]
+Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet] [--no-ablations]
        python benchmarks/accuracy.py --derive   (rewrites calibration.yaml's stack_ceilings, then reports)
+The committed benchmarks/results/accuracy.txt is `python benchmarks/accuracy.py` with llm-analysis installed.
 """
 
 from __future__ import annotations

@@ -64,6 +64,8 @@ def ablation_overrides(field: str, value=None) -> dict[str, dict]:
         profiles = (stack, *LEGACY.get(stack, ()))
         if any(getattr(options_for(profile, "bf16"), field) != default for profile in profiles):
             out[stack] = {field: default}
+            if field == "zero3_hierarchical":  # the removed reading had no per-tensor gathers either
+                out[stack]["zero3_sync_per_tensor"] = False
     return out
 
 
