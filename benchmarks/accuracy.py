@@ -11,10 +11,16 @@ the step-time error per run, per source and overall, with:
   with no other source to calibration.yaml's value);
 - the naive estimate 6 * P * tokens / (GPUs * 0.5 * peak) on the same runs; llm-analysis at 0.5 FLOP efficiency
   with each run's chosen configuration where it is installed (benchmarks/llm_analysis_baseline.py says how).
-Also the runs predicted not to fit at their published settings (false OOM).
+Also the runs predicted not to fit at their published settings (false OOM), and (benchmarks/accuracy_views.py):
+- each source weighted once (each run 1/n of its source's n runs; the weighted median) beside the plain median;
+- the run set without its largest source (the MosaicML table), everything re-derived without it;
+- ranking within every source with >= 3 configurations of one model on one device (Spearman, top-1 gap);
+- the ablation table: each stack-specific mechanism (a profile fact, frameworks/*.yaml) switched off for every
+  run of the stacks that set it, and the reading rules of published_runs switched off, full LOSO each.
 
-Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet]
+Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet] [--no-ablations]
        python benchmarks/accuracy.py --derive   (rewrites calibration.yaml's stack_ceilings, then reports)
+The committed benchmarks/results/accuracy.txt is `python benchmarks/accuracy.py` with llm-analysis installed.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import accuracy_views as V  # noqa: E402
 import llm_analysis_baseline  # noqa: E402
 import published_runs as P  # noqa: E402
 
@@ -38,17 +45,20 @@ from planner.cost.compute import peak_tflops  # noqa: E402
 from planner.cost.derivation import implied_ceiling  # noqa: E402
 from planner.cost.evaluate import Evaluation  # noqa: E402
 from planner.cost.model import Candidate, CostModel  # noqa: E402
+from planner.cost.stack import options_for  # noqa: E402
 from planner.models import counting  # noqa: E402
 from planner.schemas.plan import PlanRequest  # noqa: E402
 
 RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
 SATURATED = 0.999
 # Published configurations that did NOT fit (stated in a run's source, not a run of the file): (the run whose
-# source says it, the GPU count it failed at with the run's other settings, the quote). The check: predicted not
-# to fit there (flagged), while the run itself is predicted to fit.
+# source says it, the GPU count and micro-batch size it failed at with the run's other settings, the quote). The
+# check: predicted not to fit there (flagged), needing more than the run itself.
 PUBLISHED_OOMS = (
-    ("megatron2021_t2_zero3_529B_640gpu", 560, "Narayanan et al. 2021 Table 2: 'The 530-billion-parameter GPT model did "
-     "not fit on 560 GPUs when using a microbatch size of 4 with ZeRO-3'"),
+    ("megatron2021_t2_zero3_529B_640gpu", 560, 4, "Narayanan et al. 2021 Table 2: 'The 530-billion-parameter GPT model "
+     "did not fit on 560 GPUs when using a microbatch size of 4 with ZeRO-3'"),
+    ("torchtitan_a100_llama2_70B_selective_op_lbs1", 64, 2, "torchtitan docs/performance.md (613bfd0): '70B | 2 | "
+     "selective op | OOM', '70B | 2 | selective layer | OOM' on 64 A100 80GB"),
 )
 TARGET_LOSO_MEDIAN, TARGET_LOSO_MAX, TARGET_COVERAGE, TARGET_VS_NAIVE = 0.10, 0.35, 0.90, 0.6
 STEP_OVERHEAD_GRID_S = tuple(round(0.025 * i, 3) for i in range(17))  # 0 to 0.4 s (calibration.yaml `loop`)
@@ -64,14 +74,18 @@ class Case:
     source: str
     request: PlanRequest
     candidates: list[Candidate]
+    overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
 
 
-def build_case(run: dict) -> Case | None:
+def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = ()) -> Case | None:
+    """The run converted; `overrides` ({stack: {CostOptions field: value}}) switches a stack's profile facts off
+    for every run of that stack (accuracy_views.ABLATIONS)."""
     stack = P.stack_of(run)
     spec, topo = P.model_spec(run), P.topology(run)
     request = PlanRequest(model=spec, topology=topo, gpus=run["parallel"]["num_gpus"], global_batch_size=P.global_batch(run),
-                          seq_len=spec.seq_len, precision=P.precision_of(run), framework=stack)
-    s = P.settings(run, stack)
+                          seq_len=spec.seq_len, precision=P.precision_of(run),
+                          framework=P.profile_of(run, stack))
+    s = P.settings(run, stack, off)
     keys = list(s.choices)
     candidates = []
     for values in itertools.product(*(s.choices[k] for k in keys)):
@@ -86,7 +100,14 @@ def build_case(run: dict) -> Case | None:
         cand = Candidate(num_microbatches=request.global_batch_size // per_step, **f)
         if cand not in candidates:
             candidates.append(cand)
-    return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates)
+    return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
+                dict((overrides or {}).get(stack, {})))
+
+
+def options(case: Case, request: PlanRequest | None = None):
+    """The stack's CostOptions (its profile, planner.cost.stack) with the case's overrides applied."""
+    request = request or case.request
+    return dataclasses.replace(options_for(request.framework, request.precision), **case.overrides)
 
 
 def cost_model(case: Case, ceiling: float | None, overhead: float | None = None) -> CostModel:
@@ -94,7 +115,7 @@ def cost_model(case: Case, ceiling: float | None, overhead: float | None = None)
     cal = device_calibration(case.request.topology.device, framework=case.stack)
     if ceiling is not None:
         cal = dataclasses.replace(cal, matmul_ceiling_fraction=ceiling)
-    return CostModel(case.request, calibration=cal, step_overhead=overhead)
+    return CostModel(case.request, calibration=cal, step_overhead=overhead, options=options(case))
 
 
 def choose(case: Case, ceiling: float | None = None, overhead: float | None = None):
@@ -166,17 +187,23 @@ def lookup(derived: dict, family: str, stack: str) -> float | None:
     return derived.get((family, stack), derived.get((family, "*")))
 
 
-def load(path: Path, only: str | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
+def read_runs(path: Path) -> list[dict]:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return raw["runs"] if isinstance(raw, dict) else raw
+
+
+def load(path: Path, only: str | None = None, overrides: dict | None = None, without_source: str | None = None,
+         off: tuple[str, ...] = ()) -> tuple[list[Case], list[tuple[str, str]]]:
     cases, skipped = [], []
-    for run in json.loads(path.read_text(encoding="utf-8")):
-        if only and only not in run["id"]:
+    for run in read_runs(path):
+        if only and only not in run["id"] or without_source and P.source_of(run) == without_source:
             continue
         why = P.skip_reason(run)
         if why:
             skipped.append((run["id"], why))
             continue
         try:
-            cases.append(build_case(run))
+            cases.append(build_case(run, overrides, off))
         except Exception as error:  # noqa: BLE001 - a run the conversion cannot express is reported, not fatal
             skipped.append((run["id"], f"no valid candidate (conversion failed: {type(error).__name__}: {error})"[:200]))
     return cases, skipped
@@ -214,8 +241,11 @@ class Overheads:
         return min(STEP_OVERHEAD_GRID_S, key=lambda o: (statistics.median(abs(e) for e in self.errors(o, without).values()), o))
 
 
-def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
-    cases, skipped = load(path, only)
+def run_all(path: Path = RUNS_FILE, only: str | None = None, *, overrides: dict | None = None,
+            without_source: str | None = None, baselines: bool = True, off: tuple[str, ...] = ()) -> dict:
+    """Every run evaluated with the shipped calibration and leave-one-source-out; `overrides` switch profile facts
+    off (an ablation), `without_source` leaves a source out of everything, `baselines` adds llm-analysis."""
+    cases, skipped = load(path, only, overrides, without_source, off)
     rows, by_id = [], {}
     for case in cases:
         try:
@@ -227,13 +257,15 @@ def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
             skipped.append((case.run["id"], "no valid candidate"))
             continue
         row["naive_error"] = naive_step_s(case) / row["measured_s"] - 1
-        if llm_analysis_baseline.available():
+        if baselines and llm_analysis_baseline.available():
             other = llm_analysis_baseline.step_s(case.request, row["cand"])
             row["llm_analysis_error"] = other / row["measured_s"] - 1 if other else float("nan")
         req = case.request
         shape = json.dumps(req.model.model_dump(mode="json", exclude={"name"}), sort_keys=True)
         row["setting"] = (case.source, shape, req.gpus, req.topology.device.name, req.seq_len)
         row["tokens"] = req.global_batch_size * req.seq_len
+        row["arch"] = json.dumps(req.model.model_dump(mode="json", exclude={"name", "seq_len"}), sort_keys=True)
+        row.update(moe=req.model.moe is not None, device=req.topology.device.name, gpus=req.gpus)
         rows.append(row)
         by_id[row["run"]] = case
     overheads = Overheads(rows, by_id)
@@ -250,7 +282,7 @@ def run_all(path: Path = RUNS_FILE, only: str | None = None) -> dict:
     overhead = overheads.best()
     ceilings = overheads.ceilings(overhead)
     return dict(rows=rows, skipped=skipped, ceilings=ceilings, derived=derive(rows, ceilings), step_overhead_s=overhead,
-                loso_step_overhead_s=loso_overheads, published=len(cases) + 0)
+                loso_step_overhead_s=loso_overheads, published=len(cases) + 0, path=path)
 
 
 def summary(values: list[float]) -> str:
@@ -278,6 +310,12 @@ def render(result: dict, *, quiet: bool = False) -> str:
                      f"{summary([r['naive_error'] for r in sub]):>34}")
     lines.append(f"{'OVERALL':48} {summary([r['error'] for r in rows]):>34} {summary([r['loso_error'] for r in rows]):>34} "
                  f"{summary([r['naive_error'] for r in rows]):>34}")
+    lines.append(f"{'OVERALL, each source weighted once':48} {'':>34} {V.fmt_headline(V.headline(rows))}")
+    if result.get("without_largest"):
+        name, other = result["without_largest"]
+        lines.append(f"{'without the largest source (' + name[:18] + ')':48} {'':>34} {V.fmt_headline(V.headline(other['rows']))}")
+    lines.append("(weighted: each run weighs 1/n of its source's n runs, the weighted median; the median of the sources' "
+                 f"medians is {V.per_source_weighted(rows)[1]:.1%})")
     lines.append(llm_analysis_line(rows))
     evaluable = len(rows) + sum(1 for _, why in result["skipped"] if why.startswith("no valid candidate"))
     with_tp = len(rows) + sum(1 for _, why in result["skipped"]
@@ -286,7 +324,8 @@ def render(result: dict, *, quiet: bool = False) -> str:
                  f"{evaluable - len(rows)} without a valid candidate")
     oom = [r for r in rows if not r["fits"]]
     lines.append(f"false OOM (ran, predicted not to fit at its settings): {len(oom)}" + "".join(f"\n  {r['run']}: {r['why']}" for r in oom))
-    lines += [published_oom_line(*item) for item in PUBLISHED_OOMS]
+    lines += [published_oom_line(*item, path=result.get("path", RUNS_FILE)) for item in PUBLISHED_OOMS
+              if any(r["run"] == item[0] for r in rows)]
     lines.append("ceilings (median implied, per device family x stack): " + ", ".join(
         f"{f}/{s}={v:.3f}" for (f, s), v in sorted(result["derived"].items())))
     lines.append(f"per-step loop overhead (derived, calibration.yaml loop): {result['step_overhead_s']:.3f} s; each source "
@@ -298,6 +337,9 @@ def render(result: dict, *, quiet: bool = False) -> str:
                  f"(leave-one-source-out; naive estimate {naive_right} of {total})")
     lines.append("ranking bands (median error moving within a source, planner.search.practice): " + ", ".join(
         f"{f}/{s}={v:.1%}" for (f, s), v in sorted(ranking_bands(rows).items())))
+    lines += V.render_ranking(rows)
+    if result.get("ablations") is not None:
+        lines += V.render_ablations(V.headline(rows), result["ablations"])
     lines += [f"skipped {name}: {why}" for name, why in result["skipped"]]
     return "\n".join(lines)
 
@@ -306,7 +348,7 @@ def llm_analysis_line(rows: list[dict]) -> str:
     """llm-analysis at 0.5 FLOP efficiency beside the planner (leave-one-source-out) and the naive estimate, on the
     runs llm-analysis can express (benchmarks/llm_analysis_baseline.py), or how to install it."""
     if not llm_analysis_baseline.available():
-        return ("llm-analysis: not installed (pip install --no-deps llm-analysis==0.2.2 'fire>=0.5,<0.6' termcolor for its column; "
+        return ("llm-analysis: not installed (pip install --no-deps llm-analysis==0.2.2 'fire>=0.5,<0.6' termcolor six for its column; "
                 "benchmarks/llm_analysis_baseline.py)")
     same = [r for r in rows if r.get("llm_analysis_error", float("nan")) == r.get("llm_analysis_error")]
     return (f"llm-analysis (0.5 efficiency) on the {len(same)} runs it expresses: {summary([r['llm_analysis_error'] for r in same])}; "
@@ -314,27 +356,29 @@ def llm_analysis_line(rows: list[dict]) -> str:
             f"naive: {summary([r['naive_error'] for r in same])}")
 
 
-def published_oom(run_id: str, gpus: int, path: Path = RUNS_FILE) -> tuple[Evaluation, Evaluation, int]:
-    """(evaluation at `gpus`, evaluation of the run itself, the run's GPU count): the run's chosen settings moved
-    to `gpus` GPUs with the same per-GPU batch, as the source describes its out-of-memory configuration."""
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    run = next(r for r in (raw["runs"] if isinstance(raw, dict) else raw) if r["id"] == run_id)
+def published_oom(run_id: str, gpus: int, microbatch_size: int,
+                  path: Path = RUNS_FILE) -> tuple[Evaluation, Evaluation, int]:
+    """(evaluation at `gpus` and `microbatch_size`, evaluation of the run itself, the run's GPU count): the run's
+    chosen settings moved to `gpus` GPUs and that micro-batch size, the number of micro-batches kept, as the source
+    describes its out-of-memory configuration."""
+    run = next(r for r in read_runs(path) if r["id"] == run_id)
     case = build_case(run)
     cand, ev = choose(case)
-    per_gpu = case.request.global_batch_size // case.request.gpus
+    per_gpu = case.request.global_batch_size // case.request.gpus * microbatch_size // cand.microbatch_size
     topology = case.request.topology.model_copy(update={"num_nodes": -(-gpus // case.request.topology.gpus_per_node)})
     request = case.request.model_copy(update={"gpus": gpus, "global_batch_size": per_gpu * gpus, "topology": topology})
     scale = gpus / case.request.gpus
-    failed = CostModel(request, calibration=cost_model(case, None).cal).evaluate(
-        dataclasses.replace(cand, dp=int(cand.dp * scale)))
+    failed = CostModel(request, calibration=cost_model(case, None).cal, options=options(case, request)).evaluate(
+        dataclasses.replace(cand, dp=int(cand.dp * scale), microbatch_size=microbatch_size))
     return failed, ev, case.request.gpus
 
 
-def published_oom_line(run_id: str, gpus: int, quote: str, path: Path = RUNS_FILE) -> str:
+def published_oom_line(run_id: str, gpus: int, microbatch_size: int, quote: str, path: Path = RUNS_FILE) -> str:
     """Whether the model flags a published out-of-memory configuration (published_oom)."""
-    failed, ev, run_gpus = published_oom(run_id, gpus, path)
+    failed, ev, run_gpus = published_oom(run_id, gpus, microbatch_size, path)
     verdict = "flagged" if not failed.fits else "NOT flagged"
-    return (f"published OOM {run_id} at {gpus} GPUs: predicted {failed.peak_bytes / 2**30:.1f} of "
+    return (f"published OOM {run_id} at {gpus} GPUs, micro-batch {microbatch_size}: "
+            f"predicted {failed.peak_bytes / 2**30:.1f} of "
             f"{failed.capacity_bytes / 2**30:.1f} GiB ({verdict}; the run itself at {run_gpus} GPUs: "
             f"{ev.peak_bytes / 2**30:.1f} GiB); {quote}")
 
@@ -453,14 +497,36 @@ def derive_fixed_point(path: Path, rounds: int = 4) -> dict:
     return run_all(path)
 
 
+def with_extras(result: dict, path: Path) -> dict:
+    """The run set without its largest source (everything re-derived without it), and the ablation table."""
+    sizes = defaultdict(int)
+    for r in result["rows"]:
+        sizes[r["source"]] += 1
+    largest = max(sizes, key=lambda s: (sizes[s], s))
+    result["without_largest"] = (largest, run_all(path, without_source=largest, baselines=False))
+    table = []
+    for label, field, value in V.ABLATIONS:
+        if field in P.READING_RULES:  # a conversion rule switched off
+            table.append((label, {"reading rule": {}}, V.headline(run_all(path, off=(field,), baselines=False)["rows"])))
+            continue
+        overrides = V.ablation_overrides(field, value)
+        other = run_all(path, overrides=overrides, baselines=False) if overrides else result
+        table.append((label, overrides, V.headline(other["rows"])))
+    result["ablations"] = table
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=RUNS_FILE)
     parser.add_argument("--only")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--derive", action="store_true", help="rewrite calibration.yaml's stack_ceilings from the runs")
+    parser.add_argument("--no-ablations", action="store_true", help="skip the ablation table and the without-largest run")
     args = parser.parse_args(argv)
     result = derive_fixed_point(args.runs) if args.derive else run_all(args.runs, args.only)
+    if not args.no_ablations:
+        result = with_extras(result, args.runs)
     print(render(result, quiet=args.quiet))
     return 0
 

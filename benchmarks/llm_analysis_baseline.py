@@ -5,7 +5,7 @@ rule chose), llm-analysis's training latency at 0.5 FLOP efficiency (the issue's
 Optional: llm-analysis pins transformers < 5 and huggingface-hub < 0.15, which the planner's `hf` extra does not
 allow, so it is not an extra; install it beside them without its pins (it imports neither at run time):
 
-    pip install --no-deps llm-analysis==0.2.2 "fire>=0.5,<0.6" termcolor
+    pip install --no-deps llm-analysis==0.2.2 "fire>=0.5,<0.6" termcolor six
 
 Absent, `available()` is False and accuracy.py prints no llm-analysis column. A configuration llm-analysis cannot
 express (it asserts on it) counts as not evaluated, as the issue counted "runs every estimator could express".

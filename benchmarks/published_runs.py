@@ -13,7 +13,17 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   megatron-core, torchtitan -> torchtitan, Composer/FairScale FSDP ->
   pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
   hai-llm;
-- precision: "fp8" in the text -> fp8, otherwise bf16 (`precision_of`);
+- precision (`precision_of`): "fp8" in the text -> fp8 unless negated ("not trained in FP8", "no FP8", "without
+  FP8", "non-FP8": NEGATED_FP8); a text naming no precision whose stated throughput exceeds the GPU's bf16 dense
+  peak (TFLOP/s per GPU, or 6 x active parameters x tokens/s per GPU) ran fp8 (no bf16 run can); otherwise bf16;
+- GPU variants (`device_of`): the preset's device with the source's stated memory (gpu_memory_gib) and bf16 peak
+  (peak_tflops_bf16_fp16_dense) where they differ from the preset's (H100 96 GB, H20 on the H100 node); a part
+  stated at a power below its preset's board power (H100 at 500 W) whose source states no peak is refused (its
+  sustained clock, hence its peak, is stated nowhere), as is an H20 without a stated peak;
+- sequence length (`seq_len_of`): the stated one, else the named model's own default (the shipped preset
+  planner/models/presets/<name>.yaml whose name the run's model text contains: its seq_len is the model's
+  max_position_embeddings), else the run is refused;
+- recompute unsaid: the planner's choice below (no stack's recipe default is recorded with a source yet);
 - dropout: no source states it. Gated activations imply none (the Llama convention, as for RMSNorm and RoPE:
   Llama, Mixtral, DeepSeek and Qwen configs set 0); otherwise the model spec leaves it unsaid (ModelSpec.dropout
   None) and the stack's default applies (frameworks/<stack>.yaml behaviour.defaults: 2021-22 Megatron-LM and
@@ -36,6 +46,7 @@ import re
 from dataclasses import dataclass, field
 
 from planner.frameworks import load_framework
+from planner.models import list_presets, load_preset
 from planner.schemas.model import MLASpec, MoESpec, ModelSpec
 from planner.schemas.topology import Topology
 from planner.topology import load_topology
@@ -73,6 +84,18 @@ def stack_of(run: dict) -> str:
         if found:
             return found
     return DEFAULT_STACK
+
+
+DEEPSPEED_COALESCED_GATHER_YEAR = 2022  # deepspeedai/DeepSpeed #1188 (2021-10-31, v0.5.6): coalesced ZeRO-3 all-gather
+LEGACY_PROFILES = {"deepspeed": ("legacy/deepspeed-2021", DEEPSPEED_COALESCED_GATHER_YEAR)}
+
+
+def profile_of(run: dict, stack: str) -> str:
+    """The profile a run's stack ran as: a source older than a stack's profiled release runs the legacy profile
+    of frameworks/legacy/ (DeepSpeed sources of 2021 predate v0.5.6: frameworks/legacy/deepspeed-2021.yaml),
+    else the stack's own. The stack name still names the calibration cell."""
+    legacy, year = LEGACY_PROFILES.get(stack, (None, 0))
+    return legacy if legacy and (source_year(run) or year) < year else stack
 
 
 def source_year(run: dict) -> int | None:
@@ -139,7 +162,7 @@ def model_spec(run: dict) -> ModelSpec:
     fields = dict(
         name=run["id"], num_layers=m["num_layers"], hidden_size=m["hidden"], num_attention_heads=m["num_heads"],
         ffn_hidden_size=ffn or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
-        vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=m["seq_len"], activation=activation,
+        vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=seq_len_of(run), activation=activation,
         norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
         dropout=False if gated else None,  # Llama convention: no dropout; GPT-3-style: the stack's default
     )
@@ -154,23 +177,66 @@ def model_spec(run: dict) -> ModelSpec:
 
 
 # The shipped node preset of a GPU, first match of the (lower-case) gpu_model text; None: no preset describes it.
+# H20: the Hopper die in an H100 node, at its own stated memory and peak (device_of), refused without them.
 TOPOLOGY_RULES = (("gb200", "gb200-nvl72"), ("b200", "dgx-b200"), ("h200", "hgx-h200"), ("h800", "hgx-h800"),
-                  ("h100", "dgx-h100"), ("a100", "dgx-a100-80g"), ("a800", "dgx-a100-80g"), ("mi300", "mi300x-8"))
+                  ("h100", "dgx-h100"), ("h20", "dgx-h100"), ("a100", "dgx-a100-80g"), ("a800", "dgx-a100-80g"),
+                  ("mi300", "mi300x-8"))
 
 
 def topology_preset(run: dict) -> str | None:
     hw = run["hardware"]
     gpu = hw["gpu_model"].lower()
-    preset = next((p for key, p in TOPOLOGY_RULES if key in gpu), None)
+    preset = next((p for key, p in TOPOLOGY_RULES if re.search(rf"\b{key}\b", gpu) or key in gpu and key != "h20"), None)
     if preset == "dgx-a100-80g" and (hw.get("gpu_memory_gib") == 40 or "40gb" in gpu.replace(" ", "")):
         preset = "dgx-a100-40g"
     return preset
+
+
+PRESET_BOARD_POWER_W = {"dgx-h100": 700, "hgx-h800": 700, "hgx-h200": 700, "dgx-a100-80g": 400, "dgx-a100-40g": 400}
+
+
+def stated_power_w(run: dict) -> int | None:
+    found = re.search(r"(\d{3,4})\s*w\b", run["hardware"]["gpu_model"].lower())
+    return int(found.group(1)) if found else None
+
+
+def variant_refusal(run: dict) -> str | None:
+    """Why a GPU variant cannot be expressed: a power cap below the preset's board power, or an H20, without a
+    stated peak (None: expressible)."""
+    hw, preset = run["hardware"], topology_preset(run)
+    if hw.get("peak_tflops_bf16_fp16_dense"):
+        return None
+    power = stated_power_w(run)
+    if power and power < PRESET_BOARD_POWER_W.get(preset, 0):
+        return f"GPU at {power} W (below the {PRESET_BOARD_POWER_W[preset]} W part): no source states its peak"
+    if re.search(r"\bh20\b", hw["gpu_model"].lower()):
+        return "H20: its peak differs from every preset's and the source states none"
+    return None
+
+
+def device_of(run: dict):
+    """The preset's device with the run's stated memory and bf16 peak where they differ (device_of rule)."""
+    hw = run["hardware"]
+    device = load_topology(topology_preset(run)).device
+    update = {}
+    gib = hw.get("gpu_memory_gib")
+    if gib and abs(gib * 2**30 - device.memory_bytes) > 2 * 2**30:
+        update["memory_bytes"] = int(gib * 2**30)
+    peak = hw.get("peak_tflops_bf16_fp16_dense")
+    if peak and abs(peak / device.peak_bf16_tflops - 1) > 0.02:
+        ratio = peak / device.peak_bf16_tflops
+        update.update(peak_bf16_tflops=float(peak), peak_fp16_tflops=float(peak),
+                      peak_fp8_tflops=float(hw.get("peak_tflops_fp8_dense") or (device.peak_fp8_tflops or 0) * ratio) or None)
+    if update:
+        update["name"] = f"{device.name} as {hw['gpu_model']}"[:80]
+    return device.model_copy(update=update) if update else device
 
 
 def topology(run: dict) -> Topology:
     hw = run["hardware"]
     gpus = run["parallel"]["num_gpus"]
     topo = load_topology(topology_preset(run), nodes=max(1, math.ceil(gpus / (hw.get("gpus_per_node") or 8))))
+    topo = topo.model_copy(update={"device": device_of(run)})
     inter = topo.inter_node.model_dump()
     if hw.get("inter_node_nics_per_node"):
         inter["nics_per_node"] = hw["inter_node_nics_per_node"]
@@ -179,12 +245,49 @@ def topology(run: dict) -> Topology:
     return topo.model_copy(update={"inter_node": type(topo.inter_node)(**inter)})
 
 
+NEGATED_FP8 = re.compile(r"\b(?:not|no|without|non)\b[\w\s-]{0,30}?fp8")
+NAMED_PRECISION = re.compile(r"fp8|bf16|bfloat16|fp16|float16|half|fp32|float32|tf32|mixed")
+
+
 def precision_of(run: dict) -> str:
-    """fp8 where the text says so, else bf16: every stack here runs its own 16-bit mixed precision (fp32 master
-    weights in the optimizer, 16-bit GEMMs and gathers); amp-bf16 is the planner's HuggingFace-eager recipe, whose
-    per-parameter cast cache FSDP's mixed precision does not keep (fp16 runs at the bf16 tensor-core rate)."""
+    """fp8 where the text says so (not negated), or where a text naming no precision states a throughput above
+    the bf16 peak; else bf16: every stack here runs its own 16-bit mixed precision (fp32 master weights in the
+    optimizer, 16-bit GEMMs and gathers); amp-bf16 is the planner's HuggingFace-eager recipe, whose per-parameter
+    cast cache FSDP's mixed precision does not keep (fp16 runs at the bf16 tensor-core rate)."""
     text = (run["training"].get("precision") or "").lower()
-    return "fp8" if "fp8" in text else "bf16"
+    if "fp8" in text:
+        return "bf16" if NEGATED_FP8.search(text) else "fp8"
+    if not NAMED_PRECISION.search(text) and implied_tflops(run) > device_of(run).peak_bf16_tflops:
+        return "fp8"
+    return "bf16"
+
+
+def implied_tflops(run: dict) -> float:
+    """The TFLOP/s per GPU a run's stated throughput implies: the stated TFLOP/s, else 6 x active parameters x
+    tokens/s per GPU (the least a training step computes per token); 0 when neither is stated."""
+    res, gpus = run["results"], run["parallel"].get("num_gpus") or 1
+    if res.get("tflops_per_gpu"):
+        return float(res["tflops_per_gpu"])
+    per_gpu = res.get("tokens_per_s_per_gpu") or (res["tokens_per_s"] / gpus if res.get("tokens_per_s") else 0)
+    if not per_gpu or seq_len_of(run) is None:
+        return 0.0
+    from planner.models import counting
+
+    return 6 * counting.active_params(model_spec(run)) * per_gpu / 1e12
+
+
+def seq_len_of(run: dict) -> int | None:
+    """The stated sequence length, else the named model's default (the shipped preset whose name the run's model
+    text contains: its seq_len is the model's max_position_embeddings), else None."""
+    m = run["model"]
+    if m.get("seq_len"):
+        return int(m["seq_len"])
+    text = re.sub(r"[^a-z0-9]", "", " ".join(str(m.get(k) or "") for k in ("name", "family")).lower()
+                  + (f"{m['params_b']:g}b" if m.get("params_b") else ""))
+    for name in list_presets():
+        if re.sub(r"[^a-z0-9]", "", name) in text:
+            return int(load_preset(name).seq_len)
+    return None
 
 
 def global_batch(run: dict) -> int:
@@ -194,8 +297,8 @@ def global_batch(run: dict) -> int:
     tokens, dp = train.get("global_batch_tokens"), run["parallel"].get("dp") or 1
     if isinstance(tokens, str):  # e.g. "2M tokens", a rounded figure: binary millions, to a multiple of dp
         tokens = float(re.findall(r"[\d.]+", tokens)[0]) * 2**20
-        return max(dp, round(tokens / run["model"]["seq_len"] / dp) * dp)
-    return max(1, round(tokens / run["model"]["seq_len"]))
+        return max(dp, round(tokens / seq_len_of(run) / dp) * dp)
+    return max(1, round(tokens / seq_len_of(run)))
 
 
 @dataclass(frozen=True)
@@ -215,12 +318,20 @@ def recompute_of(run: dict) -> str | None:
     return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
 
 
-def schedule_of(run: dict) -> tuple[str | None, int | None]:
+READING_RULES = ("interleaving_unstated_is_1f1b",)  # rules accuracy.py can switch off (its ablation table)
+
+
+def schedule_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str | None, int | None]:
+    """The published pipeline schedule. Interleaving a source calls "not stated" beside 1F1B is plain 1F1B: the
+    stack's default without --num-layers-per-virtual-pipeline-stage (Megatron-LM arguments.py: virtual pipeline
+    size None); with that rule `off`, unsaid (the planner's choice)."""
     train, pp = run["training"], run["parallel"].get("pp") or 1
     text = (train.get("pipeline_schedule") or "").lower()
     if pp == 1:
         return "1f1b", 1
     unstated = "not stated" in text or "no interleaving stated" in text  # interleaving unsaid: the rest of the text decides (1F1B)
+    if unstated and "interleaving_unstated_is_1f1b" in off:
+        return None, None
     if "interleav" in text and not unstated:
         vpp = train.get("virtual_pipeline_stages") or (int(m.group(1)) if (m := re.search(r"(\d+) interleaving", text)) else None)
         return "interleaved", vpp
@@ -231,11 +342,11 @@ def schedule_of(run: dict) -> tuple[str | None, int | None]:
     return None, None
 
 
-def settings(run: dict, stack: str) -> Settings:
+def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
     """Published settings and the choices for the unsaid ones (the stack's capabilities)."""
     par, train = run["parallel"], run["training"]
     caps = load_framework(stack).capabilities
-    schedule, vpp = schedule_of(run)
+    schedule, vpp = schedule_of(run, off)
     tp, pp, cp = par.get("tp") or 1, par.get("pp") or 1, par.get("cp") or 1
     dp = par.get("dp") or par["num_gpus"] // (tp * pp * cp)
     fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=par.get("ep") or 1,
@@ -262,7 +373,7 @@ def measured_step_s(run: dict, model_flops: float, hardware_flops: float, peak_t
     the source's convention (converted with this model's FLOP count of that convention), else MFU or HFU x peak.
     `model_flops`/`hardware_flops`: FLOPs of one step (all GPUs) without/with the recompute forward passes."""
     res, gpus = run["results"], run["parallel"]["num_gpus"]
-    tokens = global_batch(run) * run["model"]["seq_len"]
+    tokens = global_batch(run) * seq_len_of(run)
     if res.get("step_time_s"):
         return float(res["step_time_s"]), "step time"
     if res.get("tokens_per_s_per_gpu"):
@@ -286,6 +397,10 @@ def skip_reason(run: dict) -> str | None:
     or a throughput published only as an upper bound ("up to"), which no step time equals."""
     if topology_preset(run) is None:
         return "no topology preset for this GPU"
+    if variant_refusal(run):
+        return variant_refusal(run)
+    if seq_len_of(run) is None:
+        return "no sequence length published and no shipped preset names the model"
     par = run["parallel"]
     if par.get("num_gpus") is None or (par.get("dp") is None and None in (par.get("tp"), par.get("pp"))):
         return "no parallel configuration published"

@@ -36,7 +36,9 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
               selective_mode=model.options.selective_mode,
               moe_hierarchical=model.options.moe_hierarchical, executor=recipe,
               moe_loop=model.options.moe_expert_impl == "loop",
-              moe_dispatch_fp8=cand.compression.has("fp8-dispatch"))
+              moe_dispatch_fp8=cand.compression.has("fp8-dispatch"),
+              moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
+              cp_flavours=model.options.cp_flavours)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     if not (model.moe_mask.size and model.moe_mask.all()):
         kinds["decoder"] = decoder_cost(env, moe_layer=False)

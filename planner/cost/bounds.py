@@ -83,7 +83,9 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
                  stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
                  selective_mode=model.options.selective_mode,
                  moe_hierarchical=model.options.moe_hierarchical,
-                 moe_dispatch_fp8=cand.compression.has("fp8-dispatch"))
+                 moe_dispatch_fp8=cand.compression.has("fp8-dispatch"),
+                 moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
+                 cp_flavours=model.options.cp_flavours)
 
 
 def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:

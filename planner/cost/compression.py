@@ -163,13 +163,16 @@ def zero3_microbatch_s(options: CostOptions, cand: Candidate, params: float, gra
     """One micro-batch's ZeRO-3 collectives for `params` parameters (`grads`, `weights`: their bytes on the wire):
     the gathers (hpZ: only the forward one spans the dp group, the others gather the node-local secondary
     partition) and the gradient reduce-scatter (qgZ: the int4 hierarchical all-to-all above). Hierarchical, or flat
-    rings per rank where the stack runs them so (options.zero3_hierarchical)."""
+    rings per rank where the stack runs them so (options.zero3_hierarchical); a stack that gathers tensor by tensor
+    synchronously (options.zero3_sync_per_tensor, DeepSpeed 2021) pays its gathers in planner.cost.zero3_legacy."""
     comp, gathers = cand.compression, zero3_gathers(options, cand)
     ring = comm.all_gather_s if options.zero3_hierarchical else comm.flat_ring_s
     local = gathers - 1 if comp.has("hpz") else 0
     gather_s = (gathers - local) * ring(weights, group=link)
     if local:
         gather_s += local * comm.all_gather_s(weights, group=node_local(link, hpz_ranks(comp, link)))
+    if options.zero3_sync_per_tensor:  # the gathers are exposed on their own (planner.cost.zero3_legacy)
+        gather_s = 0.0
     if comp.has("qgz"):
         quantized = params * QGZ_BYTES
         reduce_s = (comm.all_to_all_s(quantized, group=node_local(link, link.ranks_per_node))

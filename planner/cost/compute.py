@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost import moe_comm
 from planner.cost.calibration import DeviceCalibration
 from planner.models.counting import MoEParams
 from planner.schemas.model import ModelSpec
@@ -155,7 +156,7 @@ def mlp_gemms(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None, full: boo
         return [Gemm("mlp", ffn_flops(spec, tokens, spec.ffn_hidden_size) / t, calls=2)]
     cfg = spec.moe
     assert cfg is not None
-    padding = (cfg.capacity_factor or 1.0) if hardware else 1.0
+    padding = moe_comm.load_factor(cfg) if hardware else 1.0  # the slowest EP rank's load
     local_experts = max(1, cfg.num_experts // (1 if full else shape.ep))
     gemms = [
         Gemm("router", 2 * tokens * spec.hidden_size * (cfg.num_experts + int(cfg.shared_expert_gate))),
@@ -226,7 +227,7 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
         rest += act_io * tokens * spec.ffn_hidden_size * ACT_BYTES / t
     else:
         cfg = spec.moe
-        routed = tokens * cfg.top_k * (cfg.capacity_factor or 1.0)
+        routed = tokens * cfg.top_k * moe_comm.load_factor(cfg)
         rest += act_io * (routed * cfg.expert_ffn_hidden_size + tokens * cfg.shared_ffn_hidden_size) * ACT_BYTES / t
         rest += 2 * 2 * routed * h * ACT_BYTES  # token permutation before the experts and un-permutation after
     core = 0.0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import autocast, comm, compression, contention, schedule
+from planner.cost import autocast, comm, compression, contention, schedule, zero3_legacy
 from planner.cost.arrays import ROWS
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
 from planner.errors import BadInputError
@@ -248,6 +248,21 @@ def dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) 
     return float((np.maximum(reduce - window, reduce * bucket) + np.maximum(gather - forward, gather * bucket)).max())
 
 
+def _zero3_sync_gathers_s(model: "CostModel", cand: "Candidate", detail, row: dict) -> float:
+    """The slowest rank's synchronous per-tensor ZeRO-3 gathers (options.zero3_sync_per_tensor; zero3_legacy)."""
+    opts = model.options
+    if cand.zero_stage != 3 or not opts.zero3_sync_per_tensor:
+        return 0.0
+    links = model.links(cand)
+    gathers = 3 if (opts.zero3_regather_for_recompute and cand.recompute == "full") else 2
+    layer = float(detail.dense_params[1]) if len(detail.dense_params) > 2 else float(detail.dense_params.max())
+    per_tensor = zero3_legacy.params_per_tensor(model.spec, layer)
+    return max(zero3_legacy.exposed_s(params=float(p), per_tensor=per_tensor, dp=links.dp.size, gathers=gathers,
+                                      num_microbatches=cand.num_microbatches, copy_s=model.cal.eager_kernel_s,
+                                      gather_s=comm.all_gather_s(float(p) * model.recipe.gather_bytes, group=links.dp))
+               for p in row["dense"])
+
+
 def _affine(fit: tuple[float, float], params: np.ndarray) -> np.ndarray:
     """An affine (slope, intercept) time of `params` per rank, 0 where a rank holds none."""
     return np.where(params > 0, fit[0] * params + fit[1], 0.0)
@@ -270,7 +285,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])
     bubble = schedule.bubble_s(cand.schedule, pp=pp, vpp=cand.vpp, rank_time_s=t_b)
-    dp = dp_exposed(model, cand, fixed, row)
+    dp = dp_exposed(model, cand, fixed, row) + _zero3_sync_gathers_s(model, cand, detail, row)
     opt = row["dense"] * fixed.optimizer_per_param_s[0] + row["expert"] * fixed.optimizer_per_param_s[1]
     optimizer = float(opt.max())
     tp_b, ep_b, cp_b, rec_b = (float(row[k][b]) for k in ("tp", "ep", "cp", "rec"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, eager, memory
+from planner.cost import autocast, comm, compute, context_parallel, eager, memory, moe_comm
 from planner.cost import executor as executor_cost
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compression import FP8_DISPATCH_BYTES
@@ -54,6 +54,9 @@ class Env:
     executor: executor_cost.Dtypes | None = None  # the planner's executor, priced from its code (planner.cost.executor)
     moe_loop: bool = False  # routed experts as a per-expert Python loop (behaviour.executor.moe_expert_impl)
     moe_dispatch_fp8: bool = False  # dispatch-direction all-to-alls in fp8 (compression fp8-dispatch)
+    moe_allgather: bool = False  # the stack's all-gather dispatcher is among its choices (moe_comm)
+    moe_shared_overlap: bool = False  # shared experts compute during the dispatch (moe_comm)
+    cp_flavours: tuple[str, ...] = ("p2p",)  # the stack's context-parallel flavours (context_parallel)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,17 +121,18 @@ def tp_times(env: Env, fwd_compute_s: float, bwd_compute_s: float, collectives: 
 
 
 def cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
-    """Ring attention (Liu et al. 2023): cp - 1 steps each passing this rank's K and V chunk (2*b*(s/cp)*kv*d/t
-    bf16) to the next rank, overlapped with the attention of the previous chunk; backward passes K, V and their
-    gradients (twice the bytes). Exposed = max(0, comm - attention core compute)."""
+    """Exposed context-parallel communication of one layer: this rank's K and V (2*b*(s/cp)*kv*d/t bf16) and Q
+    (b*(s/cp)*a*d/t) moved by the fastest flavour the stack runs (planner.cost.context_parallel: ring p2p beside
+    the blockwise attention, all-gather of K/V, all-to-all by heads)."""
     shape, spec = env.shape, env.spec
     if shape.cp <= 1:
         return 0.0, 0.0
     kv_bytes = 2 * shape.tokens * spec.kv_heads * spec.dim_per_head * compute.ACT_BYTES / shape.tp
-    fwd = (shape.cp - 1) * comm.p2p_s(kv_bytes, group=env.links.cp)
-    bwd = (shape.cp - 1) * comm.p2p_s(2 * kv_bytes, group=env.links.cp)
+    q_bytes = shape.tokens * spec.num_attention_heads * spec.dim_per_head * compute.ACT_BYTES / shape.tp
     core_bwd = core_fwd_s * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
-    return max(0.0, fwd - core_fwd_s), max(0.0, bwd - core_bwd)
+    return context_parallel.exposed_s(env.cp_flavours, q_bytes=q_bytes, kv_bytes=kv_bytes, cp=shape.cp,
+                                      heads=spec.num_attention_heads, kv_heads=spec.kv_heads, group=env.links.cp,
+                                      core_fwd_s=core_fwd_s, core_bwd_s=core_bwd)
 
 
 def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -> tuple[float, float]:
@@ -154,22 +158,17 @@ def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -
 
 
 def ep_times(env: Env) -> tuple[float, float]:
-    """Two all-to-alls each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2):
-    tokens * top_k * capacity_factor * h bf16 each; per node deduplicated where the stack dispatches hierarchically
-    (comm.hierarchical_all_to_all_s). With fp8 dispatch one of the two each way moves fp8 values and their
-    scales (planner.cost.compression.FP8_DISPATCH_BYTES per element: DeepSeek-V3 Sec. 3.3.2)."""
+    """Two collectives each way per MoE layer (dispatch and combine; Lepikhin et al. 2021, GShard Sec. 2.2), the
+    fastest dispatcher the stack runs for the slowest EP rank's load (moe_comm.dispatch_s). With fp8 dispatch one of
+    the two each way moves fp8 values and their scales (planner.cost.compression.FP8_DISPATCH_BYTES per element:
+    DeepSeek-V3 Sec. 3.3.2)."""
     cfg = env.spec.moe
     if env.shape.ep <= 1 or cfg is None:
         return 0.0, 0.0
-    elements = env.shape.tokens * cfg.top_k * (cfg.capacity_factor or 1.0) * env.spec.hidden_size
-
-    def one(size: float) -> float:
-        if env.moe_hierarchical:
-            return comm.hierarchical_all_to_all_s(size, top_k=cfg.top_k, group=env.links.ep)
-        return comm.all_to_all_s(size, group=env.links.ep)
-
-    bf16 = one(elements * compute.ACT_BYTES)
-    dispatch = one(elements * FP8_DISPATCH_BYTES) if env.moe_dispatch_fp8 else bf16
+    kwargs = dict(group=env.links.ep, hierarchical=env.moe_hierarchical, allgather=env.moe_allgather)
+    bf16 = moe_comm.dispatch_s(env.shape.tokens, cfg, env.spec.hidden_size, **kwargs)
+    dispatch = (moe_comm.dispatch_s(env.shape.tokens, cfg, env.spec.hidden_size, value_bytes=FP8_DISPATCH_BYTES, **kwargs)
+                if env.moe_dispatch_fp8 else bf16)
     return bf16 + dispatch, bf16 + dispatch
 
 
@@ -244,8 +243,12 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
     tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
     ep_fwd, ep_bwd = ep_times(env) if moe_layer else (0.0, 0.0)
-    if env.moe_overlap:  # the all-to-all of one micro-batch runs under another's layer compute (DualPipe, 1F1B A2A)
-        ep_fwd, ep_bwd = max(0.0, ep_fwd - fwd), max(0.0, ep_bwd - bwd)
+    if moe_layer:  # what the stack's overlap hides (moe_comm.exposed_s)
+        shared_fwd, shared_bwd, _ = gemm_times(env, [g for g in gemms if g.name == "shared_experts"])
+        ep_fwd = moe_comm.exposed_s(ep_fwd, layer_compute_s=fwd, shared_compute_s=shared_fwd,
+                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
+        ep_bwd = moe_comm.exposed_s(ep_bwd, layer_compute_s=bwd, shared_compute_s=shared_bwd,
+                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
     cp_fwd, cp_bwd = cp_times(env, core)
     if env.executor is not None:
         acts = executor_cost.decoder_activation_bytes(spec, shape, env.executor, moe_layer=moe_layer, moe_loop=env.moe_loop)

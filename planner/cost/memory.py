@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from planner.cost import moe_comm
 from planner.cost.compute import ACT_BYTES, Shape
 from planner.schemas.model import ModelSpec
 
@@ -111,7 +112,7 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     sharded = 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + g * s * b * a * v_d
     if moe_layer:
         cfg = spec.moe
-        routed = s * b * cfg.top_k * (cfg.capacity_factor or 1.0)
+        routed = s * b * cfg.top_k * moe_comm.load_factor(cfg)
         sharded += routed * (g * h + saved_ffn * cfg.expert_ffn_hidden_size) + s * b * saved_ffn * cfg.shared_ffn_hidden_size
         replicated += 4 * s * b * cfg.num_experts
     else:
@@ -142,7 +143,7 @@ def backward_transient_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     largest = s * b * pair * spec.ffn_hidden_size
     if moe_layer:
         cfg = spec.moe
-        routed = s * b * cfg.top_k * (cfg.capacity_factor or 1.0)
+        routed = s * b * cfg.top_k * moe_comm.load_factor(cfg)
         largest = max(s * b * pair * cfg.shared_ffn_hidden_size, routed * pair * cfg.expert_ffn_hidden_size)
     if not shape.flash_attention:  # an in-place softmax backward (Megatron's fused kernel) writes no second tensor
         largest = max(largest, (1 if shape.softmax_in_place else 2) * spec.num_attention_heads * s * (s * shape.cp) * b)

@@ -24,7 +24,8 @@ from planner.frameworks import load_framework
 @lru_cache(maxsize=32)
 def options_for(framework: str, precision: str):
     """CostOptions of a stack (by name or profile path) for a precision recipe."""
-    b = load_framework(framework).behaviour
+    profile = load_framework(framework)
+    b = profile.behaviour
     k, o, m, x = b.kernels, b.overlap, b.memory, b.executor
     return CostOptions(
         flash_attention=(k.fused_attention and precision != "fp32"), dropout=b.defaults.dropout,
@@ -33,10 +34,13 @@ def options_for(framework: str, precision: str):
         tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
         main_grads_fp32=b.memory.main_grads_fp32, pp_scatter_gather=o.pp_scatter_gather,
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
+        zero3_sync_per_tensor=o.zero3_sync_per_tensor,
         allocator_fraction=b.memory.allocator_allowance_fraction,
         grad_reduce_fp32=m.grad_reduce_fp32,
         selective_mode=m.selective_recompute, attention_kernel=k.attention_kernel,
-        moe_hierarchical=o.moe_hierarchical_dispatch, softmax_in_place=k.softmax_backward_in_place,
+        moe_hierarchical=o.moe_hierarchical_dispatch, moe_allgather=o.moe_allgather_dispatch,
+        moe_shared_overlap=o.moe_shared_expert_overlap,
+        cp_flavours=tuple(profile.capabilities.context_parallel.flavours) or ("p2p",), softmax_in_place=k.softmax_backward_in_place,
         logits_live_in_backward=m.logits_live_in_backward, zero3_gather_unit=m.zero3_gather_unit,
         zero3_max_live_params=m.zero3_max_live_params, zero3_reduce_bucket_params=m.zero3_reduce_bucket_params,
         zero3_grads_fp32=m.zero3_grads_fp32, zero3_step_fp32_grad_params=m.zero3_step_fp32_grad_params,

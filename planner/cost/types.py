@@ -59,6 +59,8 @@ class CostOptions:
         TP collectives, MoE all-to-all run beside compute (the stack's `behaviour.overlap`).
     pp_scatter_gather: pipeline sends split over the TP ranks and all-gathered on the receiver (2021 Megatron-LM).
     zero3_hierarchical, zero3_regather_for_recompute: how the stack's ZeRO-3 collectives run (evaluate.dp_comm_s).
+    zero3_sync_per_tensor: ZeRO-3 gathers one synchronous collective per parameter tensor, copied out per rank
+        (DeepSpeed before v0.5.6; planner.cost.zero3_legacy), exposed.
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
         (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and
@@ -69,6 +71,10 @@ class CostOptions:
         2022), "half_forward" (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes
         every other matmul and the pointwise ops), "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
+    moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher, and its shared experts computing during
+        the dispatch (planner.cost.moe_comm).
+    cp_flavours: the context-parallel flavours the stack runs (capabilities.context_parallel.flavours), the fastest
+        priced (planner.cost.context_parallel).
     attention_kernel: the stack's fused-attention kernel ("flash-attention-1", "flash-attention-2", "cudnn"),
         priced at the device family's measured rate for the model's head dim (calibration.attention_rate_for).
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
@@ -109,12 +115,16 @@ class CostOptions:
     selective_mode: str = "attention_core"
     attention_kernel: str = "flash-attention-2"
     moe_hierarchical: bool = False
+    moe_allgather: bool = False
+    moe_shared_overlap: bool = False
+    cp_flavours: tuple[str, ...] = ("p2p",)
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False
     executor_code: bool = False
     bf16_autocast: bool = False
     moe_expert_impl: str = "grouped"
     adamw_impl: str = "fused"
+    zero3_sync_per_tensor: bool = False
 
 
 @dataclass(frozen=True)

@@ -186,10 +186,16 @@ class Overlap(Schema):
                                                                "by the receiver (2021 Megatron-LM scatter/gather)")
     moe_hierarchical_dispatch: bool = Field(default=False, description="MoE tokens cross the NICs once per destination "
                                                                        "node and fan out over NVLink (DeepEP)")
+    moe_allgather_dispatch: bool = Field(default=False, description="the stack can dispatch MoE tokens by an all-gather "
+                                                                    "over the EP ranks (Megatron-Core's allgather dispatcher)")
+    moe_shared_expert_overlap: bool = Field(default=False, description="shared experts compute while the MoE dispatcher "
+                                                                       "communicates (Megatron-Core --moe-shared-expert-overlap)")
     zero3_hierarchical: bool = Field(default=True, description="ZeRO-3 gathers/reduce-scatters cross nodes once per "
                                                                "node (NCCL hierarchical); False: a flat ring per rank")
     zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "
                                                                           "weights again for the recompute forward")
+    zero3_sync_per_tensor: bool = Field(default=False, description="ZeRO-3 gathers each parameter tensor by its own "
+                                        "synchronous collective copied out rank by rank (DeepSpeed before v0.5.6)")
     source: str = Sourced
 
 

@@ -50,6 +50,8 @@ class MoESpec(InputSchema):
     )
     router_bias: bool = Field(default=False, description="the router linear has a bias (gpt-oss)")
     expert_bias: bool = Field(default=False, description="biases on the routed experts' linears (gpt-oss)")
+    routing_skew: float = Field(default=0.0, ge=0, le=100, description="the slowest expert-parallel rank receives (1 + routing_skew) x the mean routed "
+                                "tokens (0 = balanced); with a capacity factor the excess is dropped (planner.cost.moe_comm)")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":

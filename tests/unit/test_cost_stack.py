@@ -20,13 +20,13 @@ def _model(framework: str, **request) -> CostModel:
 def test_profiles_map_to_options():
     """frameworks/*.yaml behaviour -> CostOptions: megatron-core overlaps and fuses; 2021 Megatron-LM neither
     overlaps the gradient all-reduce nor has flash attention, and splits pipeline sends over TP ranks; DeepSpeed's
-    ZeRO-3 runs flat rings and re-gathers for the recompute forward."""
+    ZeRO-3 calls the same NCCL collectives as every stack (hierarchical cost) and re-gathers for the recompute forward."""
     core, lm, ds = (options_for(name, "bf16") for name in ("megatron-core", "megatron-lm", "deepspeed"))
     assert core.pp_overlap and core.flash_attention and core.tp_overlap and core.dp_overlap
     assert not lm.flash_attention and not lm.dp_overlap and not lm.pp_overlap and lm.pp_scatter_gather
-    assert not ds.zero3_hierarchical and ds.zero3_regather_for_recompute and core.zero3_hierarchical
+    assert ds.zero3_hierarchical and ds.zero3_regather_for_recompute and core.zero3_hierarchical
     assert options_for("megatron-core", "fp32").flash_attention is False
-    assert options_for("pytorch-fsdp", "bf16").allocator_fraction == pytest.approx(0.05)
+    assert options_for("pytorch-fsdp", "bf16").allocator_fraction == pytest.approx(0.094)  # the measured envelope
 
 
 def test_overlapped_p2p_leaves_only_the_fill_exposed():
@@ -67,21 +67,39 @@ def test_zero3_regathers_for_the_recompute_forward():
     full = Candidate(dp=64, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="full")
     none = Candidate(dp=64, tp=1, pp=1, zero_stage=3, microbatch_size=1, num_microbatches=1, recompute="none")
     link = m.links(full).dp
-    gather = comm.flat_ring_s(1e9 * m.recipe.gather_bytes, group=link)
+    gather = comm.all_gather_s(1e9 * m.recipe.gather_bytes, group=link)  # the NCCL collective every stack calls
     assert dp_comm_s(m, full, 1e9, 0.0) - dp_comm_s(m, none, 1e9, 0.0) == pytest.approx(gather, rel=1e-9)
 
 
-def test_zero3_step_flat_from_768_to_1536_gpus_as_published():
-    """Narayanan et al. 2021 Table 2 (GPT-3 175B, ZeRO-3, batch 1536): the step at 1536 GPUs equals the one at
-    768 (TFLOP/s per GPU halves). DeepSpeed's flat rings reproduce it; hierarchical collectives would not."""
-    def step(framework, gpus, mbs):
-        m = _model(framework, model="gpt3-175b", topology="dgx-a100-80g", gpus=gpus, global_batch_size=1536, seq_len=2048)
-        cand = Candidate(dp=gpus, tp=1, pp=1, zero_stage=3, microbatch_size=mbs, num_microbatches=1536 // (gpus * mbs),
-                         recompute="full")
-        return m.evaluate(cand).step_time_s
+def _zero3_step(framework, gpus, mbs):
+    m = _model(framework, model="gpt3-175b", topology="dgx-a100-80g", gpus=gpus, global_batch_size=1536, seq_len=2048)
+    cand = Candidate(dp=gpus, tp=1, pp=1, zero_stage=3, microbatch_size=mbs, num_microbatches=1536 // (gpus * mbs),
+                     recompute="full")
+    return m, cand, m.evaluate(cand)
 
-    assert step("deepspeed", 1536, 1) == pytest.approx(step("deepspeed", 768, 2), rel=0.15)
-    assert step("megatron-core", 1536, 1) < 0.7 * step("megatron-core", 768, 2)
+
+def test_zero3_collectives_cost_the_same_in_every_stack():
+    """DeepSpeed's ZeRO-3 calls torch.distributed.all_gather_into_tensor / reduce_scatter_tensor on the dp group
+    (partition_parameters.py _dist_allgather_fn, coalesced_collectives.py), the NCCL calls every stack makes: its
+    step shrinks with dp as megatron-core's does (no flat-ring reading)."""
+    for framework in ("deepspeed", "megatron-core"):
+        assert _zero3_step(framework, 1536, 1)[2].step_time_s < 0.7 * _zero3_step(framework, 768, 2)[2].step_time_s
+
+
+def test_deepspeed_2021_gathers_each_tensor_synchronously():
+    """DeepSpeed before v0.5.6 (partition_parameters.py _allgather_param at v0.4.0): per parameter tensor a
+    synchronous all_gather into world_size outputs, copied out one by one: exposed m * gathers * (collective +
+    tensors * dp copies), the copies at the measured per-kernel time."""
+    from planner.cost import zero3_legacy
+
+    old_m, cand, old = _zero3_step("legacy/deepspeed-2021", 1536, 1)
+    _, _, new = _zero3_step("deepspeed", 1536, 1)
+    layer = float(old_m.detail(cand).dense_params[1])
+    assert zero3_legacy.tensors_per_layer(old_m.spec) == (12 if old_m.spec.linear_bias else 8)
+    per_rank = float(old_m.detail(cand).dense_params.sum())
+    copies = 3 * per_rank / zero3_legacy.params_per_tensor(old_m.spec, layer) * 1536 * old_m.cal.eager_kernel_s
+    assert old.breakdown.dp_comm_exposed_s > copies > 0
+    assert old.step_time_s > new.step_time_s + copies * 0.99
 
 
 def test_explicit_options_keep_the_old_defaults():
@@ -149,7 +167,8 @@ def test_hierarchical_dispatch_crosses_each_node_once():
     assert flat == pytest.approx(size * 56 / 64 / 45e9, rel=1e-9)
     assert hier == pytest.approx(remote * size / 8 / 45e9, rel=1e-9)
     assert options_for("hai-llm", "fp8").moe_overlap and options_for("hai-llm", "fp8").moe_hierarchical
-    assert not options_for("megatron-core", "bf16").moe_overlap
+    assert options_for("megatron-core", "bf16").moe_overlap  # --overlap-moe-expert-parallel-comm, a setting the plan sets
+    assert not options_for("torchtitan", "bf16").moe_overlap and not options_for("deepspeed", "bf16").moe_overlap
 
 
 def test_fp8_saves_gemm_inputs_in_one_byte():
@@ -211,3 +230,18 @@ def test_overlapped_param_gather_hides_behind_the_first_forward():
     moved = b.breakdown.dp_comm_exposed_s - a.breakdown.dp_comm_exposed_s
     assert 0 < moved <= gather * 1.01
     assert a.breakdown.compute_s == pytest.approx(b.breakdown.compute_s)
+
+
+def test_zero3_legacy_tensor_count_follows_the_layer():
+    """Megatron's layer as ZeRO-3 partitions it: fused QKV, out-proj, fc1, fc2 and two norms; GPT-style biases on
+    every linear and LayerNorm double it (12), an RMSNorm model without biases has 6."""
+    from planner.cost import zero3_legacy
+
+    spec = _model("deepspeed", model="gpt3-175b", topology="dgx-a100-80g", gpus=8, global_batch_size=8, seq_len=2048).spec
+    gpt = spec.model_copy(update={"linear_bias": True, "norm": "layernorm"})
+    llama = spec.model_copy(update={"linear_bias": False, "norm": "rmsnorm"})
+    assert zero3_legacy.tensors_per_layer(gpt) == 12 and zero3_legacy.tensors_per_layer(llama) == 6
+    assert zero3_legacy.exposed_s(params=1.2e9, per_tensor=1e8, dp=100, gathers=3, num_microbatches=2,
+                                  gather_s=0.5, copy_s=1e-5) == pytest.approx(2 * 3 * (0.5 + 12 * 100 * 1e-5))
+    assert zero3_legacy.exposed_s(params=1e9, per_tensor=1e8, dp=1, gathers=3, num_microbatches=2, gather_s=0.5,
+                                  copy_s=1e-5) == 0.0

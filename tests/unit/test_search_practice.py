@@ -55,7 +55,9 @@ def test_choose_within_and_beyond_the_band():
 
 
 def test_plan_prefers_the_practice_within_the_band_and_matches_an_exhaustive_practice_search():
-    request = request_for()
+    # on 80 GB A100s megatron-core's practice (ZeRO-1, TP with SP) comes within the derived ranking band of the
+    # fastest plan (ZeRO-3); on 40 GB ones it is 3.4% slower, beyond ampere's band of 3.2%
+    request = request_for(topology="dgx-a100-80g")
     fastest = search(request).ranked[0]
     opts = Options.from_request(request)
     assert practice.deviations(fastest.cand, opts, 32)  # this request's fastest plan leaves megatron-core's practice

@@ -1,0 +1,176 @@
+"""The summaries benchmarks/accuracy.py prints beside the per-run table: the error with each source weighted once,
+ranking within a source, and the ablation table (each stack-specific mechanism switched off, full
+leave-one-source-out each).
+
+Weighting: a source with n evaluated runs gives each of them weight 1/n, so every source weighs the same (one
+MosaicML table of 77 runs counts as much as one DeepSeek-V3 report row); the weighted median is the smallest
+|error| whose cumulative weight reaches half the total.
+
+Ranking: within one source, the runs of one model (the same architecture, any sequence length or GPU count) on
+one device are configurations a planner chooses among. Their measured and predicted (leave-one-source-out)
+seconds per token per GPU are compared by Spearman's rank correlation, and the top-1 gap is how much slower (as
+measured) the configuration the model ranks first is than the measured best.
+
+Ablations: a mechanism is a CostOptions field a stack's profile sets (planner.cost.stack.options_for); switching it
+off replaces the profile's value by the generic reading (CostOptions' default) for every run of every stack that
+sets it, through accuracy.build_case(overrides=...), the same code path as the shipped model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections import defaultdict
+
+from planner.cost.stack import options_for
+from planner.cost.types import CostOptions
+
+STACKS = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "pytorch-fsdp", "hai-llm")
+LEGACY = {"deepspeed": ("legacy/deepspeed-2021",)}  # profiles a stack's older sources run (published_runs.profile_of)
+# (label, CostOptions field, the value it is switched to; None: CostOptions' default, applied to every stack whose
+# profile sets another value). Each row names where the mechanism's evidence lives (frameworks/<stack>.yaml).
+ABLATIONS = (
+    ("TP comm overlapped with GEMMs (megatron-core --tp-comm-overlap)", "tp_overlap", None),
+    ("pipeline sends overlapped (megatron-core --overlap-p2p-comm, DualPipe)", "pp_overlap", None),
+    ("gradient reduction after the last backward (2021 Megatron-LM)", "dp_overlap", None),
+    ("ZeRO-1 weight gather not overlapped", "dp_gather_overlap", None),
+    ("pipeline sends split over TP ranks (2021 Megatron-LM scatter/gather)", "pp_scatter_gather", None),
+    ("dropout by default (Megatron-LM / Megatron-DeepSpeed arguments.py)", "dropout", None),
+    ("in-place fused softmax backward (Megatron fused kernels)", "softmax_in_place", None),
+    ("attention kernel per stack (cuDNN on megatron-core, FlashAttention v1 in llm-foundry)", "attention_kernel", None),
+    ("selective recompute per stack (torchtitan SAC, DeepSeek-V3 norm/up-proj)", "selective_mode", None),
+    ("ZeRO-3 re-gathers for the recompute forward (DeepSpeed)", "zero3_regather_for_recompute", None),
+    ("ZeRO-3 prefetch depth per stack", "zero3_prefetch_layers", None),
+    ("16-bit gradient reduction (DeepSpeed communication_data_type)", "grad_reduce_fp32", None),
+    ("MoE all-to-all overlapped (DualPipe)", "moe_overlap", None),
+    ("MoE dispatch once per node (DeepEP / DeepSeek-V3)", "moe_hierarchical", None),
+    ("allocator allowance 0.05 (the removed hand-set value; 0.094 measured)", "allocator_fraction", 0.05),
+    ("ZeRO-3 gathers as flat rings (the removed DeepSpeed reading)", "zero3_hierarchical", False),
+    ("DeepSpeed 2021 per-tensor synchronous ZeRO-3 gathers (v0.4 code)", "zero3_sync_per_tensor", None),
+    ("'interleaving not stated' read as the stack default 1F1B (reading rule)", "interleaving_unstated_is_1f1b", None),
+    ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
+    ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
+)
+
+
+def ablation_overrides(field: str, value=None) -> dict[str, dict]:
+    """{stack: {field: value}}: the default (or `value`) for every stack whose profile sets another value."""
+    default = getattr(CostOptions(), field) if value is None else value
+    out = {}
+    for stack in STACKS:
+        if value is not None and field == "zero3_hierarchical" and stack != "deepspeed":
+            continue  # the removed reading applied to DeepSpeed only, as it was
+        profiles = (stack, *LEGACY.get(stack, ()))
+        if any(getattr(options_for(profile, "bf16"), field) != default for profile in profiles):
+            out[stack] = {field: default}
+            if field == "zero3_hierarchical":  # the removed reading had no per-tensor gathers either
+                out[stack]["zero3_sync_per_tensor"] = False
+    return out
+
+
+def weighted_median(values: list[float], weights: list[float]) -> float:
+    """The smallest value whose cumulative weight reaches half the total weight."""
+    pairs = sorted(zip(values, weights))
+    total, acc = sum(weights), 0.0
+    for value, weight in pairs:
+        acc += weight
+        if acc >= total / 2:
+            return value
+    return float("nan")
+
+
+def per_source_weighted(rows: list[dict], key: str = "loso_error") -> tuple[float, float]:
+    """(weighted median |error|, median of the sources' median |error|) with each source weighted once."""
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r[key] == r[key]:
+            by_source[r["source"]].append(abs(r[key]))
+    values = [v for errs in by_source.values() for v in errs]
+    weights = [1 / len(errs) for errs in by_source.values() for _ in errs]
+    return weighted_median(values, weights), statistics.median(statistics.median(e) for e in by_source.values())
+
+
+def headline(rows: list[dict], key: str = "loso_error") -> dict:
+    """Median and max |error| over runs, the per-source-weighted median, and the MoE runs' median."""
+    a = [abs(r[key]) for r in rows if r[key] == r[key]]
+    moe = [abs(r[key]) for r in rows if r[key] == r[key] and r.get("moe")]
+    weighted, of_medians = per_source_weighted(rows, key)
+    return dict(n=len(a), median=statistics.median(a) if a else float("nan"), max=max(a) if a else float("nan"),
+                weighted=weighted, of_medians=of_medians, moe=statistics.median(moe) if moe else float("nan"),
+                n_moe=len(moe), false_oom=sum(1 for r in rows if not r["fits"]))
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    rx, ry = _ranks(x), _ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def ranking_groups(rows: list[dict], key: str = "loso_error") -> list[dict]:
+    """Per (source, model architecture, device) with >= 3 runs: Spearman of predicted vs measured seconds per token
+    per GPU, and the top-1 gap (measured time of the predicted best over the measured best, minus 1)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r[key] == r[key]:
+            groups[(r["source"], r["arch"], r["device"])].append(r)
+    out = []
+    for (source, arch, device), runs in sorted(groups.items()):
+        if len(runs) < 3:
+            continue
+        measured = [r["measured_s"] * r["gpus"] / r["tokens"] for r in runs]
+        predicted = [m * (1 + r[key]) for m, r in zip(measured, runs)]
+        best = min(range(len(runs)), key=lambda i: predicted[i])
+        out.append(dict(source=source, model=json.loads(arch).get("hidden_size"), device=device, n=len(runs),
+                        spearman=spearman(predicted, measured), top1_gap=measured[best] / min(measured) - 1,
+                        name=runs[0]["run"]))
+    return out
+
+
+def render_ranking(rows: list[dict]) -> list[str]:
+    groups = ranking_groups(rows)
+    lines = ["ranking within a source (one model on one device, >= 3 configurations; seconds per token per GPU, "
+             "leave-one-source-out): Spearman, top-1 gap (measured time of the predicted best / measured best - 1)"]
+    for g in groups:
+        lines.append(f"  {g['source'][:40]:40} {g['device'][:14]:14} h={g['model']:<6} n={g['n']:3d} "
+                     f"Spearman {g['spearman']:+.2f} top-1 gap {g['top1_gap']:6.1%}")
+    if groups:
+        lines.append(f"  median over {len(groups)} groups: Spearman {statistics.median(g['spearman'] for g in groups):+.2f}, "
+                     f"top-1 gap {statistics.median(g['top1_gap'] for g in groups):.1%}")
+    return lines
+
+
+def fmt_headline(h: dict) -> str:
+    return (f"n={h['n']:3d} median {h['median']:6.1%} weighted {h['weighted']:6.1%} max {h['max']:6.1%} "
+            f"MoE {h['moe']:6.1%} (n={h['n_moe']}) false OOM {h['false_oom']}")
+
+
+def render_ablations(base: dict, table: list[tuple[str, dict, dict]]) -> list[str]:
+    """One line per ablation: the stacks it touches and the leave-one-source-out figures with it switched off."""
+    lines = ["ablations (each mechanism switched off for every run of the stacks whose profile sets it; full "
+             "leave-one-source-out each; 'weighted': each source weighted once):",
+             f"  {'shipped':72} {fmt_headline(base)}"]
+    for label, overrides, h in table:
+        stacks = ",".join(sorted(overrides)) or "no stack sets it"
+        lines.append(f"  {(label + ' [' + stacks + ']')[:72]:72} {fmt_headline(h)}")
+    return lines
+
+
+def field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(CostOptions)}

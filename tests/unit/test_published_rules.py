@@ -1,0 +1,82 @@
+"""The conversion rules of benchmarks/published_runs.py for what sources say badly, each on a run shaped as
+validation/published_runs.json rows are: negated precision, precision implied by throughput, GPU variants by stated
+memory, peak and power, and a sequence length from the named model's own default."""
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import published_runs as P  # noqa: E402
+
+from planner.topology import load_topology  # noqa: E402
+
+BASE = {
+    "id": "synthetic", "source": {"title": "A source (2024)", "url": ""},
+    "model": {"family": "Llama 3", "params_b": 8, "num_layers": 32, "hidden": 4096, "ffn_hidden": 14336,
+              "num_heads": 32, "num_kv_heads": 8, "vocab": 128256, "seq_len": 8192, "activation": "SwiGLU"},
+    "hardware": {"gpu_model": "NVIDIA H100 80GB", "gpu_memory_gib": 80, "gpus_per_node": 8},
+    "training": {"framework": "torchtitan", "precision": "bf16", "micro_batch": 1, "global_batch_seqs": 64},
+    "parallel": {"num_gpus": 64, "dp": 64, "tp": 1, "pp": 1},
+    "results": {"tokens_per_s_per_gpu": 5000},
+}
+
+
+def run(**changes) -> dict:
+    r = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        section, key = path.split("__")
+        r[section][key] = value
+    return r
+
+
+@pytest.mark.parametrize("text", ["BF16; not trained in FP8", "bf16 (no FP8)", "BF16 without FP8 GEMMs", "non-FP8 bf16"])
+def test_negated_fp8_is_not_fp8(text):
+    assert P.precision_of(run(training__precision=text)) == "bf16"
+
+
+def test_stated_fp8_is_fp8():
+    assert P.precision_of(run(training__precision="FP8 (E4M3) GEMMs")) == "fp8"
+
+
+def test_throughput_above_the_bf16_peak_implies_fp8_when_no_precision_is_named():
+    """6 x 8.0e9 active parameters x 25000 tokens/s = 1204 TFLOP/s per GPU > 989: no bf16 run computes that."""
+    fast = run(training__precision=None, results__tokens_per_s_per_gpu=25000)
+    assert P.implied_tflops(fast) > 989 and P.precision_of(fast) == "fp8"
+    assert P.precision_of(run(training__precision=None)) == "bf16"  # 241 TFLOP/s: bf16
+    assert P.precision_of(run(training__precision="BF16", results__tokens_per_s_per_gpu=25000)) == "bf16"  # named
+
+
+def test_gpu_variant_takes_its_stated_memory_and_peak():
+    device = P.device_of(run(hardware__gpu_model="NVIDIA H100 96GB", hardware__gpu_memory_gib=96))
+    assert device.memory_bytes == 96 * 2**30 and device.peak_bf16_tflops == 989.0
+    h20 = run(hardware__gpu_model="NVIDIA H20", hardware__gpu_memory_gib=96, hardware__peak_tflops_bf16_fp16_dense=148)
+    assert P.topology_preset(h20) == "dgx-h100" and P.skip_reason(h20) is None
+    assert P.device_of(h20).peak_bf16_tflops == 148.0 and P.device_of(h20).peak_fp8_tflops == pytest.approx(296, rel=0.01)
+    assert P.topology(h20).device.peak_bf16_tflops == 148.0
+    assert P.device_of(run()) == load_topology("dgx-h100").device  # as stated = the preset: unchanged
+
+
+def test_gpu_variants_without_a_peak_are_refused_with_a_reason():
+    capped = run(hardware__gpu_model="NVIDIA H100 SXM (500 W)")
+    assert "500 W" in P.skip_reason(capped)
+    assert "H20" in P.skip_reason(run(hardware__gpu_model="NVIDIA H20", hardware__gpu_memory_gib=96))
+    assert P.topology_preset(run(hardware__gpu_model="NVIDIA H200")) == "hgx-h200"  # 'h20' does not match H200
+
+
+def test_missing_sequence_length_is_the_named_models_default():
+    """Llama 3 8B names planner/models/presets/llama3-8b.yaml, whose seq_len is its max_position_embeddings."""
+    unsaid = run(model__seq_len=None)
+    assert P.seq_len_of(unsaid) == 8192 and P.model_spec(unsaid).seq_len == 8192
+    nobody = run(model__seq_len=None, model__family="Unknown LM", model__params_b=3)
+    assert P.seq_len_of(nobody) is None and "sequence length" in P.skip_reason(nobody)
+
+
+def test_deepspeed_sources_of_2021_run_the_legacy_profile():
+    old = run(training__framework="DeepSpeed ZeRO-3")
+    old["source"]["url"] = "https://arxiv.org/abs/2104.04473"
+    assert P.stack_of(old) == "deepspeed" and P.profile_of(old, "deepspeed") == "legacy/deepspeed-2021"
+    assert P.profile_of(run(training__framework="DeepSpeed"), "deepspeed") == "deepspeed"
