@@ -92,7 +92,7 @@ LEGACY_PROFILES = {"deepspeed": ("legacy/deepspeed-2021", DEEPSPEED_COALESCED_GA
 
 def profile_of(run: dict, stack: str) -> str:
     """The profile a run's stack ran as: a source older than a stack's profiled release runs the legacy profile
-    of frameworks/legacy/ (DeepSpeed sources of 2021 predate v0.5.6: frameworks/legacy/deepspeed-2021.yaml),
+    of planner/data/frameworks/legacy/ (DeepSpeed sources of 2021 predate v0.5.6: planner/data/frameworks/legacy/deepspeed-2021.yaml),
     else the stack's own. The stack name still names the calibration cell."""
     legacy, year = LEGACY_PROFILES.get(stack, (None, 0))
     return legacy if legacy and (source_year(run) or year) < year else stack
