@@ -1,0 +1,403 @@
+"""Peak memory of a plan counted from the code that runs: one rank's training step of the executor, traced under fake
+tensors and a fake process group (issue 20, item 2).
+
+`trace_rank(plan, rank)` initialises torch's "fake" process-group backend (FakeStore: collectives are no-ops) as
+`rank` of the plan's world, builds the rank's Job with the runtime's own functions (runtime.new_job, build_parts:
+meta model, stage cut, EP/TP/AC/DP, optimizer, schedule) with every tensor made under torch's FakeTensorMode
+(shapes, dtypes and storages, no memory), and runs runtime.optimizer_step twice (the first step creates the optimizer
+state, the second is the steady state) while `LiveBytes` counts the bytes of every live storage. Without a pipeline,
+micro-batches after the second one repeat its memory (the gradients are already held), so at most two are traced.
+
+Fake CUDA tensors cannot run autograd on a CPU-only torch, so the trace runs on fake CPU tensors with the GPU's
+contracts stood in, each stated here with its source:
+- attention: FlashAttention-2 as torch calls it (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp,
+  mha_fwd/mha_bwd): the forward saves q, k, v, the output and the fp32 log-sum-exp (batch, heads, seq), never the
+  seq x seq scores; the backward allocates dq, dk, dv, an fp32 dq accumulator the size of q and the fp32 softmax_d
+  (batch, heads, seq). `FlashContract` is that autograd function (its values are exact: the gradients come from the
+  reference attention, computed out of the count);
+- optimizer: torch's default for CUDA (torch/optim/optimizer.py, _default_to_fused_or_foreach): the foreach
+  implementation when every parameter is a plain tensor (its full-size sqrt temporary included), the per-tensor loop
+  for DTensors (FSDP2, TP); an explicitly fused optimizer stays fused;
+- allocator: the CUDA caching allocator rounds every block up to 512 bytes (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp;
+  torch.distributed._tools.mem_tracker uses the same constant) and max_memory_allocated counts the rounded blocks;
+  segments (reserved memory, not counted in max_memory_allocated) are rounded to 2 MiB for large allocations (kRoundLarge);
+- workspace: cuBLAS takes one workspace per (handle, stream) through the caching allocator (aten/src/ATen/cuda/
+  CublasHandlePool.cpp; ":4096:8" = 32 MiB on sm90 and later), counted once for the compute stream; the CUDA context
+  and NCCL's own buffers are allocated outside the caching allocator and are not in max_memory_allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from planner.schemas.plan import LaunchPlan
+
+CUDA_BLOCK_BYTES = 512             # kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp
+CUDA_LARGE_SEGMENT_BYTES = 2 << 20  # kRoundLarge (reserved segments; not in max_memory_allocated)
+CUBLAS_WORKSPACE_BYTES = 32 << 20  # CublasHandlePool.cpp default ":4096:8" (4096 KiB x 8) on sm90+
+PARTS = ("params", "grads", "optimizer", "activations", "transient", "other")
+
+
+def rounded(nbytes: int, block: int) -> int:
+    return -(-nbytes // block) * block if nbytes else 0
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages alive, counted at every op output (a storage once, when first seen; released when torch
+    frees it), rounded up to `block_bytes`; the peak, and the live storages at the peak with the phase that made them
+    (build, forward, backward, optimizer). DTensor ops are seen as their local ops (NotImplemented lets DTensor
+    desugar first, as torch's MemTracker does). UntypedStorage.resize_ (FSDP2 frees its unsharded parameters with it)
+    is not an op: it is wrapped while the counter is active."""
+
+    def __init__(self, block_bytes: int = 1):
+        super().__init__()
+        self.block_bytes = block_bytes
+        self.live: dict[int, tuple[int, str]] = {}  # serial -> (bytes, phase)
+        self.serial_of: dict[int, int] = {}         # id(storage) -> serial, while the storage lives
+        self.refs: dict[int, weakref.ref] = {}
+        self.serials = itertools.count()
+        self.total = self.peak = 0
+        self.at_peak: dict[int, tuple[int, str]] = {}
+        self.rising = False
+        self.phase = "build"
+        self.in_optimizer = False
+        self.paused = 0
+        self.orig_resize = None
+
+    def see(self, t: torch.Tensor) -> None:
+        """Count `t`'s storage if it is new (or its size changed)."""
+        st = t.untyped_storage()
+        nbytes = rounded(st.nbytes(), self.block_bytes)
+        serial = self.serial_of.get(id(st))
+        if serial is not None:
+            if nbytes != self.live[serial][0]:
+                self.resize(serial, nbytes)
+            return
+        serial = next(self.serials)
+        self.live[serial] = (nbytes, self.current_phase())
+        self.serial_of[id(st)] = serial
+        self.refs[serial] = weakref.ref(st, lambda _ref, key=id(st), s=serial: self.free(key, s))
+        self.grow(nbytes)
+
+    def current_phase(self) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        return "backward" if torch._C._current_graph_task_id() != -1 else self.phase
+
+    def grow(self, nbytes: int) -> None:
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak, self.rising = self.total, True
+
+    def mark_fall(self) -> None:
+        """The first fall after a new peak: the live storages now are those at the peak."""
+        if self.rising:
+            self.at_peak, self.rising = dict(self.live), False
+
+    def resize(self, serial: int, nbytes: int) -> None:
+        size, phase = self.live[serial]
+        if nbytes < size:
+            self.mark_fall()
+            self.total -= size - nbytes
+        self.live[serial] = (nbytes, phase)
+        if nbytes > size:
+            self.grow(nbytes - size)
+
+    def free(self, key: int, serial: int) -> None:
+        if serial not in self.live:
+            return
+        self.mark_fall()
+        self.total -= self.live.pop(serial)[0]
+        self.refs.pop(serial, None)
+        if self.serial_of.get(key) == serial:
+            del self.serial_of[key]
+
+    def reset_peak(self) -> None:
+        self.peak, self.at_peak, self.rising = self.total, dict(self.live), False
+
+    def peak_live(self) -> dict[int, tuple[int, str]]:
+        return dict(self.live) if self.rising else self.at_peak
+
+    def serial(self, t: torch.Tensor) -> int | None:
+        return self.serial_of.get(id(t.untyped_storage()))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+        from torch.utils._pytree import tree_map_only
+
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        if not self.paused:
+            tree_map_only(torch.Tensor, self.see, out)
+        return out
+
+    def __enter__(self):
+        if self.orig_resize is None:
+            self.orig_resize = original = torch.UntypedStorage.resize_
+
+            def resize_(st, size):
+                out = original(st, size)
+                serial = self.serial_of.get(id(st))
+                if serial is not None:
+                    self.resize(serial, rounded(st.nbytes(), self.block_bytes))
+                return out
+
+            torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self.orig_resize is not None:
+            torch.UntypedStorage.resize_ = self.orig_resize
+            self.orig_resize = None
+        return super().__exit__(*exc)
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Ops run here are not counted (the stand-ins' reference computations)."""
+        self.paused += 1
+        try:
+            yield
+        finally:
+            self.paused -= 1
+
+
+# ------------------------------------------------------------------------------------------------ stand-ins
+class FlashContract(torch.autograd.Function):
+    """Scaled-dot-product attention with FlashAttention-2's memory contract (module docstring): saves q, k, v, the
+    output and the fp32 log-sum-exp; the backward makes dq, dk, dv, the fp32 dq accumulator and softmax_d. The values
+    come from torch's reference attention, computed while `counter` is paused (its seq x seq scores are not counted)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, counter, is_causal):
+        import torch.nn.functional as F
+
+        batch, heads, seq_len = q.shape[0], q.shape[1], q.shape[2]
+        with counter.pause():
+            reference = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=is_causal)
+        out = torch.empty(batch, seq_len, heads, v.shape[-1], dtype=q.dtype, device=q.device).transpose(1, 2)
+        out.copy_(reference)
+        lse = torch.empty(batch, heads, seq_len, dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.counter, ctx.is_causal = counter, is_causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        import torch.nn.functional as F
+
+        q, k, v, out, lse = ctx.saved_tensors
+        with ctx.counter.pause(), torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            reference = torch.autograd.grad(
+                F.scaled_dot_product_attention(*leaves, is_causal=ctx.is_causal), leaves, grad_out)
+        dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        softmax_d = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        grads = [torch.empty_like(t) for t in (q, k, v)]
+        for grad, value in zip(grads, reference):
+            grad.copy_(value)
+        del dq_accum, softmax_d
+        return grads[0], grads[1], grads[2], None, None
+
+
+class RmsNormContract(torch.autograd.Function):
+    """RMSNorm as torch runs it on CUDA: the fused kernel (rms_norm -> _fused_rms_norm for CUDA inputs,
+    aten/src/ATen/native/layer_norm.cpp; backward in tools/autograd/derivatives.yaml) saves the input, the weight and
+    the fp32 rstd (one value per row) and makes grad_input and grad_weight; on CPU rms_norm is composite and saves the
+    normalised input as well. Values from the reference, computed while `counter` is paused."""
+
+    @staticmethod
+    def forward(ctx, x, shape, weight, eps, counter):
+        import torch.nn.functional as F
+
+        with counter.pause():
+            reference = F.rms_norm(x.detach(), shape, weight.detach() if weight is not None else None, eps)
+        out = torch.empty(reference.shape, dtype=reference.dtype, device=x.device)
+        out.copy_(reference)
+        rstd = torch.empty((*x.shape[:x.dim() - len(shape)], *(1,) * len(shape)), dtype=torch.float32, device=x.device)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.counter, ctx.shape, ctx.eps = counter, shape, eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        import torch.nn.functional as F
+
+        x, weight, _ = ctx.saved_tensors
+        with ctx.counter.pause(), torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (x, weight) if t is not None]
+            reference = torch.autograd.grad(F.rms_norm(leaves[0], ctx.shape, leaves[1] if weight is not None else None, ctx.eps),
+                                            leaves, grad_out)
+        grads = [torch.empty_like(t) for t in leaves]
+        for grad, value in zip(grads, reference):
+            grad.copy_(value)
+        return grads[0], None, grads[1] if weight is not None else None, None, None
+
+
+class GpuContracts(torch.overrides.TorchFunctionMode):
+    """Routes F.scaled_dot_product_attention to FlashContract (planner.nn.model.AttentionCore calls it) and F.rms_norm
+    (nn.RMSNorm's forward) to RmsNormContract while the trace runs."""
+
+    def __init__(self, counter: LiveBytes):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and set(kwargs) <= {"is_causal"} and len(args) == 3:
+            return FlashContract.apply(*args, self.counter, kwargs.get("is_causal", False))
+        if func is torch.nn.functional.rms_norm and torch.is_grad_enabled():
+            x, shape, weight, eps = (list(args) + [kwargs.get("weight"), kwargs.get("eps")])[:4]
+            eps = eps if eps is not None else torch.finfo(x.dtype).eps
+            return RmsNormContract.apply(x, tuple(shape), weight, eps, self.counter)
+        return func(*args, **kwargs)
+
+
+def cuda_optimizer_defaults(optimizers) -> None:
+    """foreach=True where torch would choose it on CUDA (every parameter a plain tensor, not fused), as
+    torch.optim.optimizer._default_to_fused_or_foreach does for CUDA tensors; on CPU torch would take the loop."""
+    from torch.distributed.tensor import DTensor
+
+    for opt in optimizers:
+        for inner in _inner_optimizers(opt):
+            for group in inner.param_groups:
+                if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                    group["foreach"] = not any(isinstance(p, DTensor) for p in group["params"])
+
+
+def _inner_optimizers(opt) -> list:
+    """The torch optimizers inside the executor's wrappers (CombinedOptimizer.optimizers, ZeRO-1's .optim)."""
+    if hasattr(opt, "optimizers"):
+        return [o for each in opt.optimizers for o in _inner_optimizers(each)]
+    inner = getattr(opt, "optim", None)
+    return [inner] if isinstance(inner, torch.optim.Optimizer) else [opt]
+
+
+# --------------------------------------------------------------------------------------------------- the trace
+@dataclass(frozen=True)
+class RankTrace:
+    """One rank's traced step: the peak (workspace included) and, at the peak, the bytes of each part (PARTS)."""
+
+    rank: int
+    coords: dict[str, int]
+    peak_bytes: int
+    parts: dict[str, int] = field(default_factory=dict)
+    workspace_bytes: int = 0
+    microbatches: int = 1
+
+
+def traced_plan(plan: LaunchPlan) -> LaunchPlan:
+    """The plan the trace runs: without a pipeline, at most two micro-batches (module docstring)."""
+    par, batch = plan.parallelism, plan.batch
+    if par.pp > 1 or batch.num_microbatches <= 2:
+        return plan
+    n = 2
+    return plan.model_copy(update={"batch": batch.model_copy(update={
+        "num_microbatches": n, "global_batch_size": batch.microbatch_size * n * par.dp})})
+
+
+def distinct_ranks(plan: LaunchPlan) -> list[int]:
+    """One rank per pipeline coordinate, at coordinate 0 of dp, cp and tp: the other ranks of a pipeline stage hold the
+    same shapes (FSDP2 and DTensor give coordinate 0 the largest shard of an uneven split: torch.chunk)."""
+    from planner.executor.runtime import rank_coords
+
+    par = plan.parallelism
+    chosen = {}
+    for rank in range(par.world_size):
+        coords = rank_coords(plan, rank)
+        if all(coords[axis] == 0 for axis in coords if axis != "pp"):
+            chosen.setdefault(coords["pp"], rank)
+    return [chosen[p] for p in sorted(chosen)]
+
+
+def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool = True, steps: int = 2) -> RankTrace:
+    """Trace `rank`'s optimizer steps of `plan` (module docstring). target "cuda": the GPU contracts and the CUDA
+    allocator's rounding and workspace; "cpu": none of them (what a CPU run of the same code allocates). fake=False
+    runs the same steps on real tensors (small plans: the CPU check of the trace)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from planner.executor import runtime
+    from planner.executor.options import RunOptions
+
+    if dist.is_initialized():
+        raise RuntimeError("trace_rank needs a process without a process group (it initialises the fake backend)")
+    run_plan = traced_plan(plan)
+    cuda = target == "cuda"
+    counter = LiveBytes(CUDA_BLOCK_BYTES if cuda else 1)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+
+    @contextlib.contextmanager
+    def materialize():
+        with contextlib.ExitStack() as stack:
+            if fake_mode is not None:
+                stack.enter_context(fake_mode)
+            stack.enter_context(counter)
+            if cuda:
+                stack.enter_context(GpuContracts(counter))
+            yield
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.parallelism.world_size)
+    hooks = []
+    try:
+        job = runtime.new_job(run_plan, RunOptions(device="cpu"), torch.device("cpu"), "fake")
+        runtime.build_parts(job, materialize)
+        if cuda:
+            cuda_optimizer_defaults(job.optimizers)
+        hooks = [register_optimizer_step_pre_hook(lambda *_: setattr(counter, "in_optimizer", True)),
+                 register_optimizer_step_post_hook(lambda *_: setattr(counter, "in_optimizer", False))]
+        rows, seq_len, vocab = run_plan.batch.microbatch_size * run_plan.batch.num_microbatches, run_plan.batch.seq_len, run_plan.request.model.vocab_size
+        for _ in range(steps):
+            with materialize():
+                counter.phase = "forward"
+                inputs, targets = torch.randint(0, vocab, (rows, seq_len)), torch.randint(0, vocab, (rows, seq_len))
+                runtime.optimizer_step(job, inputs, targets)
+                del inputs, targets
+        parts = peak_parts(counter, job)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        dist.destroy_process_group()
+    workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
+    return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
+                     parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
+                     microbatches=run_plan.batch.num_microbatches)
+
+
+def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
+    """The live bytes at the peak by part: the parameters', gradients' and optimizer state's storages as the job holds
+    them at the end, the rest by the phase that made it (forward: activations; backward, optimizer: transient;
+    build: other, e.g. buffers)."""
+    def serials(tensors) -> set[int]:
+        found = set()
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                local = t.to_local() if hasattr(t, "to_local") else t
+                serial = counter.serial(local)
+                if serial is not None:
+                    found.add(serial)
+        return found
+
+    params = [p for part in job.parts for p in part.parameters()]
+    owners = {"params": serials(params), "grads": serials(p.grad for p in params if p.grad is not None),
+              "optimizer": serials(t for opt in job.optimizers for inner in _inner_optimizers(opt)
+                                   for state in inner.state.values() for t in state.values())}
+    by_phase = {"forward": "activations", "backward": "transient", "optimizer": "transient", "build": "other"}
+    parts = dict.fromkeys(PARTS, 0)
+    for serial, (nbytes, phase) in counter.peak_live().items():
+        part = next((name for name, found in owners.items() if serial in found), by_phase[phase])
+        parts[part] += nbytes
+    return parts
+
+
+def trace_plan(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
+    """Every distinct rank's trace (distinct_ranks)."""
+    return [trace_rank(plan, rank, target=target) for rank in distinct_ranks(plan)]
