@@ -177,11 +177,9 @@ class FlashContract(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, counter, is_causal):
-        import torch.nn.functional as F
-
         batch, heads, seq_len = q.shape[0], q.shape[1], q.shape[2]
         with counter.pause():
-            reference = F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=is_causal)
+            reference = torch._C._nn.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=is_causal)
         out = torch.empty(batch, seq_len, heads, v.shape[-1], dtype=q.dtype, device=q.device).transpose(1, 2)
         out.copy_(reference)
         lse = torch.empty(batch, heads, seq_len, dtype=torch.float32, device=q.device)
@@ -191,13 +189,11 @@ class FlashContract(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        import torch.nn.functional as F
-
         q, k, v, out, lse = ctx.saved_tensors
         with ctx.counter.pause(), torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
             reference = torch.autograd.grad(
-                F.scaled_dot_product_attention(*leaves, is_causal=ctx.is_causal), leaves, grad_out)
+                torch._C._nn.scaled_dot_product_attention(*leaves, is_causal=ctx.is_causal), leaves, grad_out)
         dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         softmax_d = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
         grads = [torch.empty_like(t) for t in (q, k, v)]
@@ -215,10 +211,8 @@ class RmsNormContract(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, shape, weight, eps, counter):
-        import torch.nn.functional as F
-
         with counter.pause():
-            reference = F.rms_norm(x.detach(), shape, weight.detach() if weight is not None else None, eps)
+            reference = torch.rms_norm(x.detach(), shape, weight.detach() if weight is not None else None, eps)
         out = torch.empty(reference.shape, dtype=reference.dtype, device=x.device)
         out.copy_(reference)
         rstd = torch.empty((*x.shape[:x.dim() - len(shape)], *(1,) * len(shape)), dtype=torch.float32, device=x.device)
@@ -228,12 +222,10 @@ class RmsNormContract(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        import torch.nn.functional as F
-
         x, weight, _ = ctx.saved_tensors
         with ctx.counter.pause(), torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in (x, weight) if t is not None]
-            reference = torch.autograd.grad(F.rms_norm(leaves[0], ctx.shape, leaves[1] if weight is not None else None, ctx.eps),
+            reference = torch.autograd.grad(torch.rms_norm(leaves[0], ctx.shape, leaves[1] if weight is not None else None, ctx.eps),
                                             leaves, grad_out)
         grads = [torch.empty_like(t) for t in leaves]
         for grad, value in zip(grads, reference):
@@ -241,23 +233,32 @@ class RmsNormContract(torch.autograd.Function):
         return grads[0], None, grads[1] if weight is not None else None, None, None
 
 
-class GpuContracts(torch.overrides.TorchFunctionMode):
-    """Routes F.scaled_dot_product_attention to FlashContract (planner.nn.model.AttentionCore calls it) and F.rms_norm
-    (nn.RMSNorm's forward) to RmsNormContract while the trace runs."""
+@contextlib.contextmanager
+def gpu_contracts(counter: LiveBytes):
+    """While the trace runs, F.scaled_dot_product_attention (planner.nn.model.AttentionCore calls it) is FlashContract
+    and F.rms_norm (nn.RMSNorm's forward calls it) is RmsNormContract. The functions are swapped on
+    torch.nn.functional itself, not through a TorchFunctionMode: activation checkpointing recomputes a block in the
+    backward, where such a mode is not active, and the recomputed saved tensors must match the forward's."""
+    import torch.nn.functional as F
 
-    def __init__(self, counter: LiveBytes):
-        super().__init__()
-        self.counter = counter
+    sdpa, rms_norm = F.scaled_dot_product_attention, F.rms_norm
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and set(kwargs) <= {"is_causal"} and len(args) == 3:
-            return FlashContract.apply(*args, self.counter, kwargs.get("is_causal", False))
-        if func is torch.nn.functional.rms_norm and torch.is_grad_enabled():
-            x, shape, weight, eps = (list(args) + [kwargs.get("weight"), kwargs.get("eps")])[:4]
-            eps = eps if eps is not None else torch.finfo(x.dtype).eps
-            return RmsNormContract.apply(x, tuple(shape), weight, eps, self.counter)
-        return func(*args, **kwargs)
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        if attn_mask is not None or dropout_p or kwargs:
+            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+        return FlashContract.apply(q, k, v, counter, is_causal)
+
+    def norm(x, normalized_shape, weight=None, eps=None):
+        if not torch.is_grad_enabled():
+            return rms_norm(x, normalized_shape, weight, eps)
+        eps = eps if eps is not None else torch.finfo(x.dtype).eps
+        return RmsNormContract.apply(x, tuple(normalized_shape), weight, eps, counter)
+
+    F.scaled_dot_product_attention, F.rms_norm = attention, norm
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, F.rms_norm = sdpa, rms_norm
 
 
 def cuda_optimizer_defaults(optimizers) -> None:
@@ -342,7 +343,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
                 stack.enter_context(fake_mode)
             stack.enter_context(counter)
             if cuda:
-                stack.enter_context(GpuContracts(counter))
+                stack.enter_context(gpu_contracts(counter))
             yield
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.parallelism.world_size)
