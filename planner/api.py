@@ -102,18 +102,31 @@ def _check_precision(precision: str, topology: Topology) -> None:
                             f"{topology.name!r}): use --precision bf16, or a device with fp8 (H100, H200, B200)")
 
 
-def estimate(request: PlanRequest, config: Configuration) -> LaunchPlan:
-    """Evaluate one fully given configuration; an infeasible one comes back with feasible=False and reasons."""
+def estimate(request: PlanRequest, config: Configuration, *, trace_memory: bool = False) -> LaunchPlan:
+    """Evaluate one fully given configuration; an infeasible one comes back with feasible=False and reasons.
+    `trace_memory`: also trace the executor's step for its memory (planner.memory_trace; memory.traced)."""
     from planner.estimate import estimate as _estimate
 
-    return _estimate(request, config)
+    result = _estimate(request, config)
+    if trace_memory:
+        from planner.memory_trace import trace_memory as _trace, with_trace
+
+        result = with_trace(result, _trace(result))
+    return result
 
 
-def plan(request: PlanRequest, *, progress: ProgressFn | None = None) -> LaunchPlan:
-    """Search the whole plan space for the fastest configuration that fits."""
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memory: bool = False) -> LaunchPlan:
+    """Search the whole plan space for the fastest configuration that fits. `trace_memory`: verify the chosen plan
+    and its alternatives by tracing the executor's step, replacing a plan that does not fit by trace
+    (planner.memory_trace)."""
     from planner.search.driver import plan as _plan
 
-    return _plan(request, progress=progress)
+    result = _plan(request, progress=progress)
+    if trace_memory:
+        from planner.memory_trace import verify_plan
+
+        result = verify_plan(result)
+    return result
 
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:

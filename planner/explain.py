@@ -149,6 +149,15 @@ def _alternative_row(plan: LaunchPlan, alt: Alternative) -> AlternativeRow:
     )
 
 
+def _traced_summary(plan: LaunchPlan) -> dict[str, str]:
+    """The traced peak (planner.memory_trace) where the plan was traced, with its note."""
+    traced = plan.memory.traced
+    if traced is None:
+        return {}
+    peak = f"{traced.peak_bytes / GiB:.2f} GiB: " if traced.peak_bytes is not None else ""
+    return {"traced peak": peak + traced.note}
+
+
 def _memory_rows(plan: LaunchPlan) -> tuple[StageMemoryRow, ...]:
     cap = max(plan.memory.capacity_bytes, 1)
     return tuple(
@@ -191,6 +200,7 @@ def explain(plan: LaunchPlan, *, frameworks: list[str] | None = None) -> Explana
                                          if pred.error_band else ""),
         "tokens/s": f"{pred.tokens_per_s:,.0f}", "MFU / HFU": f"{pred.mfu:.1%} / {pred.hfu:.1%}",
         "peak memory": f"{plan.memory.peak_bytes / GiB:.2f} GiB of {plan.memory.capacity_bytes / GiB:.2f} GiB",
+        **_traced_summary(plan),
     }
     notes = list(plan.notes) + [f"infeasible: {reason}" for reason in plan.infeasible_reasons]
     if not plan.alternatives:

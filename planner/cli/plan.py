@@ -62,6 +62,9 @@ def plan_command(
     tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
+    trace_memory: bool = typer.Option(False, "--trace-memory", help="Verify the chosen plan and its alternatives by tracing "
+                                      "the executor's step (needs torch; --framework planner): a plan that does not fit by "
+                                      "trace is replaced by the next one."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of the summary."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
@@ -78,6 +81,10 @@ def plan_command(
         framework=_framework(framework, runnable),
     )
     plan = _search_with_progress(api, request, quiet=json_output and output is None)
+    if trace_memory:
+        from planner.memory_trace import verify_plan
+
+        plan = verify_plan(plan)
     text = canonical_json(plan)
     if output is not None:
         emit_text(text, output)
