@@ -109,3 +109,55 @@ def test_multi_rank_plans_trace_each_distinct_rank():
     assert [t.rank for t in traces] == [0]
     single = trace_plan(small_plan())[0]
     assert traces[0].parts["optimizer"] < single.parts["optimizer"]  # ZeRO-3 over dp 2 shards the optimizer state
+
+
+# ---------------------------------------------------------------------------- verification (planner.memory_trace)
+def test_estimate_records_the_traced_peak_and_explain_shows_it():
+    from planner.cli.estimate import plan_tables
+    from planner.explain import explain
+
+    request = api.build_request(model=SPEC, topology="dgx-h100", gpus=1, global_batch_size=4, seq_len=128, precision="amp-bf16")
+    config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=2)
+    plan = api.estimate(request, config, trace_memory=True)
+    traced = plan.memory.traced
+    assert traced is not None and traced.peak_bytes == traced.ranks[0].peak_bytes > 0 and traced.fits
+    assert any(t.title == "Memory traced vs formula (GiB)" for t in plan_tables(plan))
+    assert "traced peak" in explain(plan).summary
+    assert "traced" not in api.estimate(request, config).model_dump_json()  # not asked: not written
+
+
+def test_without_torch_or_off_the_planner_stack_the_plan_says_not_verified(monkeypatch):
+    import importlib.util
+
+    from planner import memory_trace
+
+    request = api.build_request(model=SPEC, topology="dgx-h100", gpus=1, global_batch_size=4, seq_len=128)
+    plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=2))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert memory_trace.trace_memory(plan).note.startswith("not verified by trace: torch is not installed")
+    other = plan.model_copy(update={"request": plan.request.model_copy(update={"framework": "megatron-core"})})
+    assert "not the executor's" in memory_trace.trace_memory(other).note
+
+
+def test_a_plan_that_does_not_fit_by_trace_is_replaced_by_the_next_that_does(monkeypatch):
+    from planner import memory_trace
+    from planner.schemas.plan import SearchLimits, TracedMemory
+
+    limits = SearchLimits(top_k=2, fixed={"dp": 1, "tp": 1, "pp": 1})
+    plan = api.plan(api.build_request(model=SPEC, topology="dgx-h100", gpus=1, global_batch_size=8, seq_len=128, search=limits))
+    assert plan.alternatives
+    def key(p):
+        return p.parallelism, p.batch, p.schedule, p.stages[0].recompute.mode
+
+    first = key(plan)
+
+    def fake_trace(p):  # the search's choice over capacity by trace, every other plan under it
+        over = key(p) == first
+        peak = p.memory.capacity_bytes + 1 if over else 1
+        return TracedMemory(peak_bytes=peak, fits=not over, note="test")
+
+    monkeypatch.setattr(memory_trace, "trace_memory", fake_trace)
+    checked = memory_trace.verify_plan(plan)
+    assert key(checked) != first
+    assert checked.memory.traced.fits and checked.kind == "plan" and "replaced by the next plan" in checked.notes[-1]
