@@ -125,8 +125,16 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memo
     if trace_memory:
         from planner.memory_trace import verify_plan
 
-        result = verify_plan(result)
+        result = verify_plan(result, wider=lambda: _plan(_wider(request)))
     return result
+
+
+def _wider(request: PlanRequest) -> PlanRequest:
+    """The same request keeping the most alternatives (the ranking a plan that does not fit by trace falls back on)."""
+    from planner.schemas import limits
+
+    search = (request.search or SearchLimits()).model_copy(update={"top_k": limits.MAX_TOP_K})
+    return request.model_copy(update={"search": search})
 
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:

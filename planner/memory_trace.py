@@ -12,6 +12,7 @@ shapes) is said the same way, with the reason.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 
 from planner.schemas.plan import Configuration, LaunchPlan, TracedMemory, TracedRank
 
@@ -45,47 +46,93 @@ def with_trace(plan: LaunchPlan, traced: TracedMemory) -> LaunchPlan:
     return plan.model_copy(update={"memory": plan.memory.model_copy(update={"traced": traced})})
 
 
-def verify_plan(plan: LaunchPlan) -> LaunchPlan:
-    """`plan` with its traced memory (and its alternatives'); a chosen plan that does not fit by trace is replaced
-    by the first alternative that does, with a note; when none does, the plan is marked infeasible with the reason."""
-    from planner.estimate import estimate
+MAX_TRACED_PLANS = 8  # plans traced at most while looking for one that fits (each trace takes seconds)
 
+
+def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = None) -> LaunchPlan:
+    """`plan` with its traced memory and its alternatives'. A chosen plan that does not fit by trace is replaced by
+    the first plan in the search's ranking that does: its listed alternatives, then (when none fits) the ranking of
+    `wider()` (the same search keeping more alternatives), up to MAX_TRACED_PLANS traces. InfeasibleError when none
+    fits. A plan that could not be traced keeps the formula's verdict, with the note saying so."""
     traced = trace_memory(plan)
-    alternatives, candidates = [], []
-    for alt in plan.alternatives:
-        config = Configuration(parallelism=alt.parallelism, microbatch_size=alt.batch.microbatch_size,
-                               schedule=alt.schedule, recompute=alt.recompute)
-        try:
-            alt_plan = estimate(plan.request, config)
-        except Exception:  # an alternative the estimate refuses stays as the search listed it
-            alternatives.append(alt)
-            continue
-        alt_traced = trace_memory(alt_plan) if traced.peak_bytes is not None else TracedMemory()
-        alternatives.append(alt.model_copy(update={"traced_peak_bytes": alt_traced.peak_bytes}))
-        candidates.append((alt_plan, alt_traced))
-    checked = with_trace(plan, traced).model_copy(update={"alternatives": tuple(alternatives)})
+    seen = {_key(plan): traced}
+    alternatives = tuple(_traced_alternative(plan, alt, seen) if traced.peak_bytes is not None else alt
+                         for alt in plan.alternatives)
+    checked = with_trace(plan, traced).model_copy(update={"alternatives": alternatives})
     if traced.fits is not False:
         return checked
-    for alt_plan, alt_traced in candidates:
-        if alt_traced.fits:
-            note = (f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB, over the "
-                    f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity: replaced by the next plan that fits by trace")
-            rest = tuple(a for a in alternatives if not _same(a, alt_plan))
-            return with_trace(alt_plan, alt_traced).model_copy(update={
-                "kind": plan.kind, "alternatives": rest, "pruned": plan.pruned, "solver": plan.solver,
-                "notes": (*plan.notes, note)})
-    reason = (f"traced peak {traced.peak_bytes / 2**30:.2f} GiB exceeds the capacity {plan.memory.capacity_bytes / 2**30:.2f} GiB "
-              "(planner.executor.memtrace), and no listed alternative fits by trace: use a smaller micro-batch, more "
-              "recompute or more GPUs")
-    return checked.model_copy(update={"feasible": False, "infeasible_reasons": (*plan.infeasible_reasons, reason)})
+    ranking = list(plan.alternatives)
+    replacement = _first_fitting(plan, ranking, seen)
+    if replacement is None and wider is not None:
+        broader = wider()
+        replacement = _first_fitting(plan, [_as_alternative(broader), *broader.alternatives], seen)
+    if replacement is None:
+        from planner.errors import InfeasibleError
+
+        raise InfeasibleError(
+            f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB over the "
+            f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity, and none of the next {len(seen) - 1} plans of its ranking "
+            "fits by trace (planner.executor.memtrace): use a smaller --microbatch-size, --recompute full or more GPUs",
+            closest=_describe(plan), shortfall_bytes=traced.peak_bytes - plan.memory.capacity_bytes)
+    alt_plan, alt_traced = replacement
+    note = (f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB, over the "
+            f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity: replaced by the next plan of its ranking that fits by "
+            f"trace ({_describe(alt_plan)}, {alt_traced.peak_bytes / 2**30:.2f} GiB)")
+    rest = tuple(a for a in alternatives if _key(a) != _key(alt_plan))
+    return with_trace(alt_plan, alt_traced).model_copy(update={
+        "kind": plan.kind, "alternatives": rest, "pruned": plan.pruned, "solver": plan.solver, "notes": (*plan.notes, note)})
+
+
+def _key(item) -> tuple:
+    """A plan's or an alternative's configuration."""
+    recompute = item.recompute if hasattr(item, "recompute") else item.stages[0].recompute.mode
+    return item.parallelism, item.batch, item.schedule, recompute
+
+
+def _estimate_of(plan: LaunchPlan, alt) -> LaunchPlan | None:
+    from planner.estimate import estimate
+
+    config = Configuration(parallelism=alt.parallelism, microbatch_size=alt.batch.microbatch_size, schedule=alt.schedule,
+                           recompute=alt.recompute)
+    try:
+        return estimate(plan.request, config)
+    except Exception:  # an alternative the estimate refuses cannot replace the plan
+        return None
+
+
+def _traced_alternative(plan: LaunchPlan, alt, seen: dict):
+    alt_plan = _estimate_of(plan, alt)
+    if alt_plan is None:
+        return alt
+    if _key(alt) not in seen:
+        seen[_key(alt)] = trace_memory(alt_plan)
+    return alt.model_copy(update={"traced_peak_bytes": seen[_key(alt)].peak_bytes})
+
+
+def _first_fitting(plan: LaunchPlan, ranking: list, seen: dict):
+    """(plan, traced) of the first configuration of `ranking` that fits by trace, or None."""
+    for alt in ranking:
+        alt_plan = _estimate_of(plan, alt)
+        if alt_plan is None or not alt_plan.feasible:
+            continue
+        if _key(alt) not in seen:
+            if len(seen) >= MAX_TRACED_PLANS:
+                return None
+            seen[_key(alt)] = trace_memory(alt_plan)
+        if seen[_key(alt)].fits:
+            return alt_plan, seen[_key(alt)]
+    return None
+
+
+def _as_alternative(plan: LaunchPlan):
+    from planner.schemas.plan import Alternative
+
+    return Alternative(parallelism=plan.parallelism, batch=plan.batch, schedule=plan.schedule,
+                       recompute=plan.stages[0].recompute.mode, step_time_s=plan.prediction.step_time_s,
+                       peak_bytes=plan.memory.peak_bytes, why_not="")
 
 
 def _describe(plan: LaunchPlan) -> str:
     par, batch = plan.parallelism, plan.batch
     return (f"dp={par.dp} tp={par.tp} pp={par.pp} zero={par.zero_stage} micro-batch {batch.microbatch_size} "
             f"recompute {plan.stages[0].recompute.mode}")
-
-
-def _same(alt, plan: LaunchPlan) -> bool:
-    return (alt.parallelism == plan.parallelism and alt.batch == plan.batch and alt.schedule == plan.schedule
-            and alt.recompute == plan.stages[0].recompute.mode)

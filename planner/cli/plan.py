@@ -80,11 +80,7 @@ def plan_command(
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
         framework=_framework(framework, runnable),
     )
-    plan = _search_with_progress(api, request, quiet=json_output and output is None)
-    if trace_memory:
-        from planner.memory_trace import verify_plan
-
-        plan = verify_plan(plan)
+    plan = _search_with_progress(api, request, quiet=json_output and output is None, trace_memory=trace_memory)
     text = canonical_json(plan)
     if output is not None:
         emit_text(text, output)
@@ -137,14 +133,14 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     return SearchLimits(**fields)
 
 
-def _search_with_progress(api, request, *, quiet: bool):
+def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool = False):
     """Run api.plan with a progress bar on stderr (factorisations visited of those worth visiting)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from planner.report import console
 
     if quiet:
-        return api.plan(request)
+        return api.plan(request, trace_memory=trace_memory)
     with Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console(stderr=True), transient=True) as bar:
         task = bar.add_task("search", total=None)
@@ -152,7 +148,7 @@ def _search_with_progress(api, request, *, quiet: bool):
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return api.plan(request, progress=progress)
+        return api.plan(request, progress=progress, trace_memory=trace_memory)
 
 
 def _render(plan, output: Optional[Path]) -> None:

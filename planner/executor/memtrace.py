@@ -6,7 +6,8 @@ tensors and a fake process group (issue 20, item 2).
 meta model, stage cut, EP/TP/AC/DP, optimizer, schedule) with every tensor made under torch's FakeTensorMode
 (shapes, dtypes and storages, no memory), and runs runtime.optimizer_step twice (the first step creates the optimizer
 state, the second is the steady state) while `LiveBytes` counts the bytes of every live storage. Without a pipeline,
-micro-batches after the second one repeat its memory (the gradients are already held), so at most two are traced.
+micro-batches after the second one repeat its memory (the gradients are already held), so at most two are traced in
+the second step and one in the first.
 
 Fake CUDA tensors cannot run autograd on a CPU-only torch, so the trace runs on fake CPU tensors with the GPU's
 contracts stood in, each stated here with its source:
@@ -294,14 +295,13 @@ class RankTrace:
     microbatches: int = 1
 
 
-def traced_plan(plan: LaunchPlan) -> LaunchPlan:
-    """The plan the trace runs: without a pipeline, at most two micro-batches (module docstring)."""
+def traced_plan(plan: LaunchPlan, microbatches: int = 2) -> LaunchPlan:
+    """The plan the trace runs: without a pipeline, at most `microbatches` micro-batches (module docstring)."""
     par, batch = plan.parallelism, plan.batch
-    if par.pp > 1 or batch.num_microbatches <= 2:
+    if par.pp > 1 or batch.num_microbatches <= microbatches:
         return plan
-    n = 2
     return plan.model_copy(update={"batch": batch.model_copy(update={
-        "num_microbatches": n, "global_batch_size": batch.microbatch_size * n * par.dp})})
+        "num_microbatches": microbatches, "global_batch_size": batch.microbatch_size * microbatches * par.dp})})
 
 
 def distinct_ranks(plan: LaunchPlan) -> list[int]:
@@ -355,10 +355,13 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
             cuda_optimizer_defaults(job.optimizers)
         hooks = [register_optimizer_step_pre_hook(lambda *_: setattr(counter, "in_optimizer", True)),
                  register_optimizer_step_post_hook(lambda *_: setattr(counter, "in_optimizer", False))]
-        rows, seq_len, vocab = run_plan.batch.microbatch_size * run_plan.batch.num_microbatches, run_plan.batch.seq_len, run_plan.request.model.vocab_size
-        for _ in range(steps):
+        # the first step needs one micro-batch only: it makes the optimizer state; the last one holds it throughout
+        plans = [traced_plan(run_plan, 1)] * (steps - 1) + [run_plan]
+        for job.plan in plans:
+            rows, seq_len = job.plan.batch.microbatch_size * job.plan.batch.num_microbatches, job.plan.batch.seq_len
             with materialize():
                 counter.phase = "forward"
+                vocab = plan.request.model.vocab_size
                 inputs, targets = torch.randint(0, vocab, (rows, seq_len)), torch.randint(0, vocab, (rows, seq_len))
                 runtime.optimizer_step(job, inputs, targets)
                 del inputs, targets
