@@ -55,14 +55,13 @@ def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = No
     `wider()` (the same search keeping more alternatives), up to MAX_TRACED_PLANS traces. InfeasibleError when none
     fits. A plan that could not be traced keeps the formula's verdict, with the note saying so."""
     traced = trace_memory(plan)
-    seen = {_key(plan): traced}
+    seen = {_key(plan): (plan.memory.peak_bytes, traced)}  # configuration -> (formula peak, traced)
     alternatives = tuple(_traced_alternative(plan, alt, seen) if traced.peak_bytes is not None else alt
                          for alt in plan.alternatives)
     checked = with_trace(plan, traced).model_copy(update={"alternatives": alternatives})
     if traced.fits is not False:
         return checked
-    ranking = list(plan.alternatives)
-    replacement = _first_fitting(plan, ranking, seen)
+    replacement = _first_fitting(plan, list(plan.alternatives), seen)
     if replacement is None and wider is not None:
         broader = wider()
         replacement = _first_fitting(plan, [_as_alternative(broader), *broader.alternatives], seen)
@@ -71,8 +70,8 @@ def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = No
 
         raise InfeasibleError(
             f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB over the "
-            f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity, and none of the next {len(seen) - 1} plans of its ranking "
-            "fits by trace (planner.executor.memtrace): use a smaller --microbatch-size, --recompute full or more GPUs",
+            f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity, and no plan of its ranking fits by trace "
+            f"({len(seen)} traced, planner.executor.memtrace): use a smaller --microbatch-size, --recompute full or more GPUs",
             closest=_describe(plan), shortfall_bytes=traced.peak_bytes - plan.memory.capacity_bytes)
     alt_plan, alt_traced = replacement
     note = (f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB, over the "
@@ -105,22 +104,29 @@ def _traced_alternative(plan: LaunchPlan, alt, seen: dict):
     if alt_plan is None:
         return alt
     if _key(alt) not in seen:
-        seen[_key(alt)] = trace_memory(alt_plan)
-    return alt.model_copy(update={"traced_peak_bytes": seen[_key(alt)].peak_bytes})
+        seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan))
+    return alt.model_copy(update={"traced_peak_bytes": seen[_key(alt)][1].peak_bytes})
 
 
 def _first_fitting(plan: LaunchPlan, ranking: list, seen: dict):
-    """(plan, traced) of the first configuration of `ranking` that fits by trace, or None."""
+    """(plan, traced) of the first configuration of `ranking` that fits by trace, or None. A configuration whose
+    formula peak, scaled by the least traced/formula ratio of the plans traced over capacity so far, exceeds the
+    capacity is passed over untraced (even the most favourable correction of the formula by the trace says it would
+    not fit either)."""
+    capacity = plan.memory.capacity_bytes
     for alt in ranking:
+        ratios = [t.peak_bytes / f for f, t in seen.values() if t.fits is False and f > 0]
+        if _key(alt) not in seen and ratios and alt.peak_bytes * min(ratios) > capacity:
+            continue
         alt_plan = _estimate_of(plan, alt)
         if alt_plan is None or not alt_plan.feasible:
             continue
         if _key(alt) not in seen:
             if len(seen) >= MAX_TRACED_PLANS:
                 return None
-            seen[_key(alt)] = trace_memory(alt_plan)
-        if seen[_key(alt)].fits:
-            return alt_plan, seen[_key(alt)]
+            seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan))
+        if seen[_key(alt)][1].fits:
+            return alt_plan, seen[_key(alt)][1]
     return None
 
 

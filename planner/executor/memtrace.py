@@ -262,6 +262,55 @@ def gpu_contracts(counter: LiveBytes):
         F.scaled_dot_product_attention, F.rms_norm = sdpa, rms_norm
 
 
+DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25), torch/nn/parallel/distributed.py
+
+
+class DdpContract(torch.nn.Module):
+    """DistributedDataParallel's memory as torch's Reducer holds it (torch/csrc/distributed/c10d/reducer.cpp,
+    initialize_buckets): one flat gradient buffer per bucket of ~25 MiB, in the parameters' dtype, allocated at
+    construction and kept (gradient_as_bucket_view=False: the gradients are separate tensors, copied into the
+    buckets, all-reduced in place and copied back, so the step allocates nothing more). The C++ reducer cannot run on
+    fake tensors, so the trace stands this in for torch.nn.parallel.DistributedDataParallel (stand_in_ddp)."""
+
+    def __init__(self, module: torch.nn.Module, process_group=None, **_kwargs):
+        super().__init__()
+        self.module = module
+        self.process_group = process_group
+        buckets, size = [], 0
+        for param in reversed([p for p in module.parameters() if p.requires_grad]):
+            if size and (size + param.numel()) * param.element_size() > DDP_BUCKET_BYTES:
+                buckets.append(torch.empty(size, dtype=param.dtype, device=param.device))
+                size = 0
+            size += param.numel()
+        if size:
+            buckets.append(torch.empty(size, dtype=torch.float32, device=next(module.parameters()).device))
+        self.buckets = buckets
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        yield
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module, names) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def stand_in_ddp():
+    """torch.nn.parallel.DistributedDataParallel is DdpContract while the job is built (apply_dp imports it then)."""
+    import torch.nn.parallel as parallel
+
+    real = parallel.DistributedDataParallel
+    parallel.DistributedDataParallel = DdpContract
+    try:
+        yield
+    finally:
+        parallel.DistributedDataParallel = real
+
+
 def cuda_optimizer_defaults(optimizers) -> None:
     """foreach=True where torch would choose it on CUDA (every parameter a plain tensor, not fused), as
     torch.optim.optimizer._default_to_fused_or_foreach does for CUDA tensors; on CPU torch would take the loop."""
@@ -342,6 +391,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
             if fake_mode is not None:
                 stack.enter_context(fake_mode)
             stack.enter_context(counter)
+            stack.enter_context(stand_in_ddp())
             if cuda:
                 stack.enter_context(gpu_contracts(counter))
             yield
