@@ -41,6 +41,8 @@ CASES = {
     "fp32-full-recompute": dict(precision="fp32", recompute="full"),
     "selective": dict(recompute="selective", mb=1),
     "dp2-fsdp": dict(gpus=2, dp=2, zero=3),
+    "dp2-ddp": dict(gpus=2, dp=2, mb=1),
+    "dp2-zero1": dict(gpus=2, dp=2, zero=1, mb=1),
     "tp2": dict(gpus=2, tp=2, gbs=2),
 }
 
