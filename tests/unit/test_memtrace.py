@@ -163,3 +163,18 @@ def test_a_plan_that_does_not_fit_by_trace_is_replaced_by_the_next_that_does(mon
     checked = memory_trace.verify_plan(plan)
     assert key(checked) != first
     assert checked.memory.traced.fits and checked.kind == "plan" and "replaced by the next plan" in checked.notes[-1]
+
+
+def test_a_step_the_fake_tensors_cannot_follow_keeps_the_formula_verdict_and_says_so():
+    """torch.distributed.pipelining's warm-up vote reads a tensor on the host (result.item()): a pipeline plan is not
+    traced, its note says why, and a later trace in the same process still works (the fake process group is gone)."""
+    request = api.build_request(model=SPEC, topology="dgx-h100", gpus=2, global_batch_size=4, seq_len=128)
+    config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=2), microbatch_size=1)
+    plan = api.estimate(request, config, trace_memory=True)
+    traced = plan.memory.traced
+    assert traced.peak_bytes is None and traced.fits is None and traced.note.startswith("not verified by trace")
+    assert plan.feasible == api.estimate(request, config).feasible
+    assert not dist.is_initialized()
+    assert small_plan().memory.traced is None and api.estimate(
+        small_plan().request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=2),
+        trace_memory=True).memory.traced.peak_bytes > 0
