@@ -10,7 +10,7 @@ micro-batches after the second one repeat its memory (the gradients are already 
 the second step and one in the first.
 
 Fake CUDA tensors cannot run autograd on a CPU-only torch, so the trace runs on fake CPU tensors with the GPU's
-contracts stood in, each stated here with its source:
+contracts stood in (planner.executor.gpu_contracts), each stated here with its source:
 - attention: FlashAttention-2 as torch calls it (aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp,
   mha_fwd/mha_bwd): the forward saves q, k, v, the output and the fp32 log-sum-exp (batch, heads, seq), never the
   seq x seq scores; the backward allocates dq, dk, dv, an fp32 dq accumulator the size of q and the fp32 softmax_d
@@ -19,12 +19,18 @@ contracts stood in, each stated here with its source:
 - optimizer: torch's default for CUDA (torch/optim/optimizer.py, _default_to_fused_or_foreach): the foreach
   implementation when every parameter is a plain tensor (its full-size sqrt temporary included), the per-tensor loop
   for DTensors (FSDP2, TP); an explicitly fused optimizer stays fused;
+- DDP: torch's C++ Reducer cannot run on fake tensors; DdpContract holds what it holds (one flat gradient buffer per
+  25 MiB bucket, torch/csrc/distributed/c10d/reducer.cpp initialize_buckets, kept for the whole run);
 - allocator: the CUDA caching allocator rounds every block up to 512 bytes (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp;
   torch.distributed._tools.mem_tracker uses the same constant) and max_memory_allocated counts the rounded blocks;
   segments (reserved memory, not counted in max_memory_allocated) are rounded to 2 MiB for large allocations (kRoundLarge);
 - workspace: cuBLAS takes one workspace per (handle, stream) through the caching allocator (aten/src/ATen/cuda/
   CublasHandlePool.cpp; ":4096:8" = 32 MiB on sm90 and later), counted once for the compute stream; the CUDA context
   and NCCL's own buffers are allocated outside the caching allocator and are not in max_memory_allocated.
+
+Not traced (trace_rank raises; planner.memory_trace then says "not verified by trace" and keeps the formula's verdict):
+pipeline plans (torch.distributed.pipelining's warm-up vote and metadata exchange read tensors on the host) and MoE
+layers (the routing's token counts give data-dependent shapes).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from planner.executor.gpu_contracts import cuda_optimizer_defaults, gpu_contracts, inner_optimizers, stand_in_ddp
 from planner.schemas.plan import LaunchPlan
 
 CUDA_BLOCK_BYTES = 512             # kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp
@@ -170,167 +177,6 @@ class LiveBytes(TorchDispatchMode):
             self.paused -= 1
 
 
-# ------------------------------------------------------------------------------------------------ stand-ins
-class FlashContract(torch.autograd.Function):
-    """Scaled-dot-product attention with FlashAttention-2's memory contract (module docstring): saves q, k, v, the
-    output and the fp32 log-sum-exp; the backward makes dq, dk, dv, the fp32 dq accumulator and softmax_d. The values
-    come from torch's reference attention, computed while `counter` is paused (its seq x seq scores are not counted)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, counter, is_causal):
-        batch, heads, seq_len = q.shape[0], q.shape[1], q.shape[2]
-        with counter.pause():
-            reference = torch._C._nn.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=is_causal)
-        out = torch.empty(batch, seq_len, heads, v.shape[-1], dtype=q.dtype, device=q.device).transpose(1, 2)
-        out.copy_(reference)
-        lse = torch.empty(batch, heads, seq_len, dtype=torch.float32, device=q.device)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.counter, ctx.is_causal = counter, is_causal
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        with ctx.counter.pause(), torch.enable_grad():
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            reference = torch.autograd.grad(
-                torch._C._nn.scaled_dot_product_attention(*leaves, is_causal=ctx.is_causal), leaves, grad_out)
-        dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        softmax_d = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-        grads = [torch.empty_like(t) for t in (q, k, v)]
-        for grad, value in zip(grads, reference):
-            grad.copy_(value)
-        del dq_accum, softmax_d
-        return grads[0], grads[1], grads[2], None, None
-
-
-class RmsNormContract(torch.autograd.Function):
-    """RMSNorm as torch runs it on CUDA: the fused kernel (rms_norm -> _fused_rms_norm for CUDA inputs,
-    aten/src/ATen/native/layer_norm.cpp; backward in tools/autograd/derivatives.yaml) saves the input, the weight and
-    the fp32 rstd (one value per row) and makes grad_input and grad_weight; on CPU rms_norm is composite and saves the
-    normalised input as well. Values from the reference, computed while `counter` is paused."""
-
-    @staticmethod
-    def forward(ctx, x, shape, weight, eps, counter):
-        with counter.pause():
-            reference = torch.rms_norm(x.detach(), shape, weight.detach() if weight is not None else None, eps)
-        out = torch.empty(reference.shape, dtype=reference.dtype, device=x.device)
-        out.copy_(reference)
-        rstd = torch.empty((*x.shape[:x.dim() - len(shape)], *(1,) * len(shape)), dtype=torch.float32, device=x.device)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.counter, ctx.shape, ctx.eps = counter, shape, eps
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight, _ = ctx.saved_tensors
-        with ctx.counter.pause(), torch.enable_grad():
-            leaves = [t.detach().requires_grad_() for t in (x, weight) if t is not None]
-            reference = torch.autograd.grad(torch.rms_norm(leaves[0], ctx.shape, leaves[1] if weight is not None else None, ctx.eps),
-                                            leaves, grad_out)
-        grads = [torch.empty_like(t) for t in leaves]
-        for grad, value in zip(grads, reference):
-            grad.copy_(value)
-        return grads[0], None, grads[1] if weight is not None else None, None, None
-
-
-@contextlib.contextmanager
-def gpu_contracts(counter: LiveBytes):
-    """While the trace runs, F.scaled_dot_product_attention (planner.nn.model.AttentionCore calls it) is FlashContract
-    and F.rms_norm (nn.RMSNorm's forward calls it) is RmsNormContract. The functions are swapped on
-    torch.nn.functional itself, not through a TorchFunctionMode: activation checkpointing recomputes a block in the
-    backward, where such a mode is not active, and the recomputed saved tensors must match the forward's."""
-    import torch.nn.functional as F
-
-    sdpa, rms_norm = F.scaled_dot_product_attention, F.rms_norm
-
-    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
-        if attn_mask is not None or dropout_p or kwargs:
-            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
-        return FlashContract.apply(q, k, v, counter, is_causal)
-
-    def norm(x, normalized_shape, weight=None, eps=None):
-        if not torch.is_grad_enabled():
-            return rms_norm(x, normalized_shape, weight, eps)
-        eps = eps if eps is not None else torch.finfo(x.dtype).eps
-        return RmsNormContract.apply(x, tuple(normalized_shape), weight, eps, counter)
-
-    F.scaled_dot_product_attention, F.rms_norm = attention, norm
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention, F.rms_norm = sdpa, rms_norm
-
-
-DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel(bucket_cap_mb=25), torch/nn/parallel/distributed.py
-
-
-class DdpContract(torch.nn.Module):
-    """DistributedDataParallel's memory as torch's Reducer holds it (torch/csrc/distributed/c10d/reducer.cpp,
-    initialize_buckets): one flat gradient buffer per bucket of ~25 MiB, in the parameters' dtype, allocated at
-    construction and kept (gradient_as_bucket_view=False: the gradients are separate tensors, copied into the
-    buckets, all-reduced in place and copied back, so the step allocates nothing more). The C++ reducer cannot run on
-    fake tensors, so the trace stands this in for torch.nn.parallel.DistributedDataParallel (stand_in_ddp)."""
-
-    def __init__(self, module: torch.nn.Module, process_group=None, **_kwargs):
-        super().__init__()
-        self.module = module
-        self.process_group = process_group
-        buckets, size = [], 0
-        for param in reversed([p for p in module.parameters() if p.requires_grad]):
-            if size and (size + param.numel()) * param.element_size() > DDP_BUCKET_BYTES:
-                buckets.append(torch.empty(size, dtype=param.dtype, device=param.device))
-                size = 0
-            size += param.numel()
-        if size:
-            buckets.append(torch.empty(size, dtype=torch.float32, device=next(module.parameters()).device))
-        self.buckets = buckets
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        yield
-
-    @staticmethod
-    def _set_params_and_buffers_to_ignore_for_model(module, names) -> None:
-        return None
-
-
-@contextlib.contextmanager
-def stand_in_ddp():
-    """torch.nn.parallel.DistributedDataParallel is DdpContract while the job is built (apply_dp imports it then)."""
-    import torch.nn.parallel as parallel
-
-    real = parallel.DistributedDataParallel
-    parallel.DistributedDataParallel = DdpContract
-    try:
-        yield
-    finally:
-        parallel.DistributedDataParallel = real
-
-
-def cuda_optimizer_defaults(optimizers) -> None:
-    """foreach=True where torch would choose it on CUDA (every parameter a plain tensor, not fused), as
-    torch.optim.optimizer._default_to_fused_or_foreach does for CUDA tensors; on CPU torch would take the loop."""
-    from torch.distributed.tensor import DTensor
-
-    for opt in optimizers:
-        for inner in _inner_optimizers(opt):
-            for group in inner.param_groups:
-                if "foreach" in group and group["foreach"] is None and not group.get("fused"):
-                    group["foreach"] = not any(isinstance(p, DTensor) for p in group["params"])
-
-
-def _inner_optimizers(opt) -> list:
-    """The torch optimizers inside the executor's wrappers (CombinedOptimizer.optimizers, ZeRO-1's .optim)."""
-    if hasattr(opt, "optimizers"):
-        return [o for each in opt.optimizers for o in _inner_optimizers(each)]
-    inner = getattr(opt, "optim", None)
-    return [inner] if isinstance(inner, torch.optim.Optimizer) else [opt]
-
-
 # --------------------------------------------------------------------------------------------------- the trace
 @dataclass(frozen=True)
 class RankTrace:
@@ -442,7 +288,7 @@ def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
 
     params = [p for part in job.parts for p in part.parameters()]
     owners = {"params": serials(params), "grads": serials(p.grad for p in params if p.grad is not None),
-              "optimizer": serials(t for opt in job.optimizers for inner in _inner_optimizers(opt)
+              "optimizer": serials(t for opt in job.optimizers for inner in inner_optimizers(opt)
                                    for state in inner.state.values() for t in state.values())}
     by_phase = {"forward": "activations", "backward": "transient", "optimizer": "transient", "build": "other"}
     parts = dict.fromkeys(PARTS, 0)

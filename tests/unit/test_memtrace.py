@@ -86,7 +86,8 @@ def test_block_rounding_and_workspace_are_counted():
 
 def test_flash_contract_saves_no_scores():
     """The attention stand-in keeps q, k, v, out and the log-sum-exp, not the seq x seq scores; gradients exact."""
-    from planner.executor.memtrace import LiveBytes, gpu_contracts
+    from planner.executor.gpu_contracts import gpu_contracts
+    from planner.executor.memtrace import LiveBytes
 
     q, k, v = (torch.randn(1, 2, 256, 8, requires_grad=True) for _ in range(3))
     counter = LiveBytes()
