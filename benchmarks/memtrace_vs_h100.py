@@ -8,7 +8,8 @@ zero 0 on dgx-h100 x 1) and its step traced on fake CPU tensors with the CUDA co
 Reading rule: every row was measured at commit c162dfb, where the executor ran `bf16` as it runs `amp-bf16` (fp32
 parameters + bf16 autocast: runtime.py set autocast_dtype for any non-fp32 precision, parallelize.py mapped both to one
 FSDP2 policy; `git show c162dfb:planner/executor/runtime.py`), so each row is traced as amp-bf16. Prints traced,
-measured (CUDA max allocated) and the formula's peak in GiB; for the OOM row, whether the trace exceeds the capacity.
+measured (CUDA max allocated) and the formula's peak in GiB; for the OOM row, whether the trace exceeds the capacity,
+and for the row the search chose, what `planner plan --trace-memory` picks for that request instead.
 """
 
 from __future__ import annotations
@@ -62,7 +63,24 @@ def main() -> int:
         print(f"{row['name']:<12} {row['status']:<6} {traced.peak_bytes / GiB:8.2f} "
               f"{(measured or 0) / GiB:9.2f} {error:>7} {plan.memory.peak_bytes / GiB:8.2f} {capacity / GiB:8.2f}  {seconds:.1f}")
         print("  traced parts (GiB): " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in traced.parts.items()))
+        if row.get("chosen_by_plan"):
+            replan(plan, row["precision"])
     return 0
+
+
+def replan(plan, precision: str) -> None:
+    """`planner plan --trace-memory` for the request of a row the search chose, as the row asked it (its precision: the
+    trace follows what today's executor runs for it): the plan it picks and its traced peak."""
+    from planner import api
+
+    started = time.perf_counter()
+    request = plan.request.model_copy(update={"search": None, "precision": precision})
+    chosen = api.plan(request, trace_memory=True)
+    par, batch, traced = chosen.parallelism, chosen.batch, chosen.memory.traced
+    print(f"  planner plan --trace-memory ({time.perf_counter() - started:.0f} s): dp={par.dp} tp={par.tp} pp={par.pp} "
+          f"zero={par.zero_stage} micro-batch {batch.microbatch_size} recompute {chosen.stages[0].recompute.mode}: "
+          f"traced {traced.peak_bytes / GiB:.2f} GiB, fits={traced.fits}")
+    print("  " + next((n for n in chosen.notes if "replaced by the next plan" in n), "the search's first choice fits by trace"))
 
 
 if __name__ == "__main__":

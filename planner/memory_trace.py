@@ -1,11 +1,12 @@
 """A plan's memory verified by the executor's own step (issue 20, item 2): the search prices candidates by the
 formulas; this traces the chosen plan (and each alternative it lists) with planner.executor.memtrace, records the
 traced peak in the LaunchPlan (`memory.traced`, `alternatives[].traced_peak_bytes`), and replaces a chosen plan whose
-traced peak does not fit by the first alternative whose traced peak does.
+traced peak does not fit by the next plan of the search's ranking whose traced peak does (verify_plan). Asked for with
+`planner plan/estimate --trace-memory` (api.plan/estimate(trace_memory=True)); plans made without it are unchanged.
 
 Only the `planner` stack runs our executor, so only its plans are traced. torch is imported here only when a trace
 is asked for (the planner core stays torch-free); without torch the plan says it was not verified by trace. A step the
-fake tensors cannot follow (the pipeline schedules' and DDP's data-dependent host reads, MoE routing's data-dependent
+fake tensors cannot follow (torch.distributed.pipelining's host reads of tensors, MoE routing's data-dependent
 shapes) is said the same way, with the reason.
 """
 
