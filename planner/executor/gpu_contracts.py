@@ -84,13 +84,17 @@ def gpu_contracts(counter):
     sdpa, rms_norm = F.scaled_dot_product_attention, F.rms_norm
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
-        if attn_mask is not None or dropout_p or kwargs:
+        from torch.distributed.tensor import DTensor
+
+        if attn_mask is not None or dropout_p or kwargs or any(isinstance(t, DTensor) for t in (q, k, v)):
             return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
         return FlashContract.apply(q, k, v, counter, is_causal)
 
     def norm(x, normalized_shape, weight=None, eps=None):
-        if not torch.is_grad_enabled():
-            return rms_norm(x, normalized_shape, weight, eps)
+        from torch.distributed.tensor import DTensor
+
+        if not torch.is_grad_enabled() or isinstance(x, DTensor) or isinstance(weight, DTensor):
+            return rms_norm(x, normalized_shape, weight, eps)  # sequence-parallel norms: torch's own (CPU) contract
         eps = eps if eps is not None else torch.finfo(x.dtype).eps
         return RmsNormContract.apply(x, tuple(normalized_shape), weight, eps, counter)
 
@@ -168,3 +172,42 @@ def inner_optimizers(opt) -> list:
         return [o for each in opt.optimizers for o in inner_optimizers(each)]
     inner = getattr(opt, "optim", None)
     return [inner] if isinstance(inner, torch.optim.Optimizer) else [opt]
+
+
+@contextlib.contextmanager
+def pipeline_metadata(sent: dict):
+    """torch.distributed.pipelining on a fake process group: the schedule's warm-up vote reads a received tensor on
+    the host (result.item()) and the stages exchange their shapes as pickled objects (send/recv_object_list), neither
+    of which a fake backend carries. While the trace runs, the vote is skipped (every stage infers its shapes at run
+    time, torch's DYNAMIC mode) and the metadata a stage sends is kept in `sent`, keyed (from stage, to stage), for the
+    ranks traced after it (memtrace traces them in pipeline order). A stage whose sender is traced later gets the
+    metadata its own shapes imply: a gradient like its output (backward), the hidden states another stage of this
+    rank already sent (forward, interleaved stages). torch internals (2.13): a different torch fails the trace, which
+    then says it was not verified."""
+    from torch.distributed.pipelining import schedules, stage
+    from torch.distributed.pipelining._utils import InferenceMode, _derive_grad_metas, _StageBackwardMeta
+
+    def warmup(self, stages, has_backward, p2p_done):
+        for each in stages:
+            each._inference_mode = InferenceMode.DYNAMIC
+
+    def send(self, meta, dst_stage):
+        sent[(self.stage_index, dst_stage)] = meta
+
+    def recv(self, src_stage):
+        if (src_stage, self.stage_index) in sent:
+            return sent[(src_stage, self.stage_index)]
+        if src_stage > self.stage_index:  # a gradient of this stage's outputs
+            return _StageBackwardMeta(backward_metas=_derive_grad_metas(self._stage_meta.outputs))
+        forward = [meta for (src, dst), meta in sent.items() if dst > src]
+        if not forward:
+            raise RuntimeError(f"stage {self.stage_index}: no forward metadata from stage {src_stage} yet")
+        return forward[-1]
+
+    saved = (schedules._PipelineSchedule._warmup_p2p, stage.PipelineStage._send_meta, stage.PipelineStage._recv_meta)
+    schedules._PipelineSchedule._warmup_p2p = warmup
+    stage.PipelineStage._send_meta, stage.PipelineStage._recv_meta = send, recv
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p, stage.PipelineStage._send_meta, stage.PipelineStage._recv_meta = saved

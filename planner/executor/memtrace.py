@@ -28,9 +28,11 @@ contracts stood in (planner.executor.gpu_contracts), each stated here with its s
   CublasHandlePool.cpp; ":4096:8" = 32 MiB on sm90 and later), counted once for the compute stream; the CUDA context
   and NCCL's own buffers are allocated outside the caching allocator and are not in max_memory_allocated.
 
-Not traced (trace_rank raises; planner.memory_trace then says "not verified by trace" and keeps the formula's verdict):
-pipeline plans (torch.distributed.pipelining's warm-up vote and metadata exchange read tensors on the host) and MoE
-layers (the routing's token counts give data-dependent shapes).
+Pipeline plans: torch.distributed.pipelining's warm-up vote and shape exchange do not cross a fake process group;
+gpu_contracts.pipeline_metadata stands them in, and trace_plan traces the ranks in pipeline order so a stage receives
+the shapes the one before it sent. Not traced (trace_rank raises; planner.memory_trace then says "not verified by
+trace" and keeps the formula's verdict): MoE layers (the routing's token counts give data-dependent shapes) and
+pipelines with TP (the second rank's DTensor collectives still name the first rank's destroyed process groups).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from planner.executor.gpu_contracts import cuda_optimizer_defaults, gpu_contracts, inner_optimizers, stand_in_ddp
+from planner.executor.gpu_contracts import (
+    cuda_optimizer_defaults, gpu_contracts, inner_optimizers, pipeline_metadata, stand_in_ddp,
+)
 from planner.schemas.plan import LaunchPlan
 
 CUDA_BLOCK_BYTES = 512             # kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp
@@ -81,6 +85,8 @@ class LiveBytes(TorchDispatchMode):
 
     def see(self, t: torch.Tensor) -> None:
         """Count `t`'s storage if it is new (or its size changed)."""
+        if t.device.type == "meta":  # shapes only (torch.distributed.pipelining's metadata inference)
+            return
         st = t.untyped_storage()
         nbytes = rounded(st.nbytes(), self.block_bytes)
         serial = self.serial_of.get(id(st))
@@ -213,7 +219,8 @@ def distinct_ranks(plan: LaunchPlan) -> list[int]:
     return [chosen[p] for p in sorted(chosen)]
 
 
-def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool = True, steps: int = 2) -> RankTrace:
+def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool = True, steps: int = 2,
+               sent: dict | None = None) -> RankTrace:
     """Trace `rank`'s optimizer steps of `plan` (module docstring). target "cuda": the GPU contracts and the CUDA
     allocator's rounding and workspace; "cpu": none of them (what a CPU run of the same code allocates). fake=False
     runs the same steps on real tensors (small plans: the CPU check of the trace)."""
@@ -238,6 +245,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
                 stack.enter_context(fake_mode)
             stack.enter_context(counter)
             stack.enter_context(stand_in_ddp())
+            stack.enter_context(pipeline_metadata(sent if sent is not None else {}))
             if cuda:
                 stack.enter_context(gpu_contracts(counter))
             yield
@@ -266,10 +274,22 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
         for hook in hooks:
             hook.remove()
         dist.destroy_process_group()
+        forget_meshes()
     workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
     return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
                      parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
                      microbatches=run_plan.batch.num_microbatches)
+
+
+def forget_meshes() -> None:
+    """DTensor caches its sharding decisions by op and input specs, meshes compared by layout: a later trace (another
+    rank, a fresh process group) would get output specs holding the destroyed group's mesh. Cleared after each trace."""
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (propagator.propagate_op_sharding, getattr(propagator, "_propagate_tensor_meta_cached", None)):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
 
 
 def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
@@ -300,4 +320,5 @@ def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
 
 def trace_plan(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
     """Every distinct rank's trace (distinct_ranks)."""
-    return [trace_rank(plan, rank, target=target) for rank in distinct_ranks(plan)]
+    sent: dict = {}  # pipeline metadata a stage sent, for the stages traced after it (gpu_contracts.pipeline_metadata)
+    return [trace_rank(plan, rank, target=target, sent=sent) for rank in distinct_ranks(plan)]

@@ -28,11 +28,12 @@ def no_process_group():
         pytest.skip("a process group is already initialised in this process")
 
 
-def small_plan(*, gpus=1, dp=1, tp=1, zero=0, recompute="none", precision="amp-bf16", mb=2, gbs=4):
+def small_plan(*, gpus=1, dp=1, tp=1, pp=1, zero=0, recompute="none", precision="amp-bf16", mb=2, gbs=4,
+               schedule="1f1b"):
     request = api.build_request(model=SPEC, topology="dgx-h100", gpus=gpus, global_batch_size=gbs, seq_len=128,
                                 precision=precision)
-    config = Configuration(parallelism=Parallelism(dp=dp, tp=tp, pp=1, zero_stage=zero), microbatch_size=mb,
-                           recompute=recompute)
+    config = Configuration(parallelism=Parallelism(dp=dp, tp=tp, pp=pp, zero_stage=zero), microbatch_size=mb,
+                           recompute=recompute, schedule=schedule)
     return api.estimate(request, config)
 
 
@@ -103,6 +104,29 @@ def test_flash_contract_saves_no_scores():
     assert all(torch.allclose(a, t.grad, atol=1e-5) for a, t in zip(grads, (q, k, v)))
 
 
+PIPELINES = {
+    "pp2-1f1b": dict(gpus=2, pp=2, mb=1, gbs=4),
+    "pp2-gpipe": dict(gpus=2, pp=2, mb=1, gbs=4, schedule="gpipe"),
+    "pp2-dp2-fsdp": dict(gpus=4, pp=2, dp=2, zero=3, mb=1, gbs=4),
+}
+
+
+@pytest.mark.parametrize("case", list(PIPELINES))
+def test_pipeline_ranks_traced_equal_their_real_cpu_step(case):
+    """Every pipeline rank (traced in pipeline order, the metadata a stage sends kept for the next) against the same
+    ranks run on real tensors over the fake process group."""
+    from planner.executor.memtrace import distinct_ranks, trace_rank
+
+    plan = small_plan(**PIPELINES[case])
+    ranks = distinct_ranks(plan)
+    assert len(ranks) == 2
+    fake_sent, real_sent = {}, {}
+    for rank in ranks:
+        fake = trace_rank(plan, rank, target="cpu", sent=fake_sent)
+        real = trace_rank(plan, rank, target="cpu", fake=False, sent=real_sent)
+        assert abs(fake.peak_bytes / real.peak_bytes - 1) <= 0.02, (rank, fake, real)
+
+
 def test_multi_rank_plans_trace_each_distinct_rank():
     from planner.executor.memtrace import distinct_ranks, trace_plan
 
@@ -110,6 +134,8 @@ def test_multi_rank_plans_trace_each_distinct_rank():
     assert distinct_ranks(plan) == [0]
     traces = trace_plan(plan)
     assert [t.rank for t in traces] == [0]
+    pipeline = trace_plan(small_plan(gpus=4, pp=2, dp=2, mb=1))
+    assert [t.coords["pp"] for t in pipeline] == [0, 1] and all(t.coords["dp"] == 0 for t in pipeline)
     single = trace_plan(small_plan())[0]
     assert traces[0].parts["optimizer"] < single.parts["optimizer"]  # ZeRO-3 over dp 2 shards the optimizer state
 
@@ -167,10 +193,13 @@ def test_a_plan_that_does_not_fit_by_trace_is_replaced_by_the_next_that_does(mon
 
 
 def test_a_step_the_fake_tensors_cannot_follow_keeps_the_formula_verdict_and_says_so():
-    """torch.distributed.pipelining's warm-up vote reads a tensor on the host (result.item()): a pipeline plan is not
-    traced, its note says why, and a later trace in the same process still works (the fake process group is gone)."""
-    request = api.build_request(model=SPEC, topology="dgx-h100", gpus=2, global_batch_size=4, seq_len=128)
-    config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=2), microbatch_size=1)
+    """MoE routing's token counts give data-dependent shapes: the plan is not traced, its note says why, and a later
+    trace in the same process still works (the fake process group is gone)."""
+    from planner.schemas.model import MoESpec
+
+    moe = SPEC.model_copy(update={"name": "small-moe", "moe": MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32)})
+    request = api.build_request(model=moe, topology="dgx-h100", gpus=1, global_batch_size=4, seq_len=128)
+    config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=1)
     plan = api.estimate(request, config, trace_memory=True)
     traced = plan.memory.traced
     assert traced.peak_bytes is None and traced.fits is None and traced.note.startswith("not verified by trace")
