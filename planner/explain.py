@@ -120,6 +120,7 @@ def _reasons(plan: LaunchPlan) -> list[str]:
         big = max(parts, key=parts.get)
         out.append(f"memory: peak {worst.peak_bytes / GiB:.1f} GiB of {plan.memory.capacity_bytes / GiB:.1f} GiB on pipeline rank "
                    f"{worst.stage} ({worst.peak_bytes / max(plan.memory.capacity_bytes, 1):.0%}); the largest part is {big} ({parts[big] / GiB:.1f} GiB)")
+    out.extend(f"memory by trace: {text}" for text in _traced_summary(plan).values())
     return out
 
 
