@@ -32,7 +32,9 @@ Pipeline plans: torch.distributed.pipelining's warm-up vote and shape exchange d
 gpu_contracts.pipeline_metadata stands them in, and trace_plan traces the ranks in pipeline order so a stage receives
 the shapes the one before it sent. Not traced (trace_rank raises; planner.memory_trace then says "not verified by
 trace" and keeps the formula's verdict): MoE layers (the routing's token counts give data-dependent shapes) and
-pipelines with TP (the second rank's DTensor collectives still name the first rank's destroyed process groups).
+pipelines with TP (the second rank's TP weights get a DeviceMesh equal, by torch's DeviceMesh.__eq__ on layout and
+rank map, to the first rank's, whose process groups are destroyed: a torch-side cache returns that mesh; tracing each
+rank in its own process would avoid it).
 """
 
 from __future__ import annotations
@@ -274,22 +276,10 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
         for hook in hooks:
             hook.remove()
         dist.destroy_process_group()
-        forget_meshes()
     workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
     return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
                      parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
                      microbatches=run_plan.batch.num_microbatches)
-
-
-def forget_meshes() -> None:
-    """DTensor caches its sharding decisions by op and input specs, meshes compared by layout: a later trace (another
-    rank, a fresh process group) would get output specs holding the destroyed group's mesh. Cleared after each trace."""
-    from torch.distributed.tensor import DTensor
-
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    for cached in (propagator.propagate_op_sharding, getattr(propagator, "_propagate_tensor_meta_cached", None)):
-        if hasattr(cached, "cache_clear"):
-            cached.cache_clear()
 
 
 def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
