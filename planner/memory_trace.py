@@ -6,8 +6,8 @@ traced peak does not fit by the next plan of the search's ranking whose traced p
 
 Only the `planner` stack runs our executor, so only its plans are traced. torch is imported here only when a trace
 is asked for (the planner core stays torch-free); without torch the plan says it was not verified by trace. A step the
-fake tensors cannot follow (MoE routing's data-dependent shapes, pipelines with TP: planner.executor.memtrace) is
-said the same way, with the reason.
+fake tensors cannot follow (MoE routing's data-dependent shapes: planner.executor.memtrace) is said the same way,
+with the reason.
 """
 
 from __future__ import annotations

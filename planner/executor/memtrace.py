@@ -29,12 +29,11 @@ contracts stood in (planner.executor.gpu_contracts), each stated here with its s
   and NCCL's own buffers are allocated outside the caching allocator and are not in max_memory_allocated.
 
 Pipeline plans: torch.distributed.pipelining's warm-up vote and shape exchange do not cross a fake process group;
-gpu_contracts.pipeline_metadata stands them in, and trace_plan traces the ranks in pipeline order so a stage receives
-the shapes the one before it sent. Not traced (trace_rank raises; planner.memory_trace then says "not verified by
-trace" and keeps the formula's verdict): MoE layers (the routing's token counts give data-dependent shapes) and
-pipelines with TP (the second rank's TP weights get a DeviceMesh equal, by torch's DeviceMesh.__eq__ on layout and
-rank map, to the first rank's, whose process groups are destroyed: a torch-side cache returns that mesh; tracing each
-rank in its own process would avoid it).
+gpu_contracts.pipeline_metadata stands them in, and trace_plan traces the ranks in pipeline order, each in a forked
+child process (a fresh torch per rank: DeviceMesh compares equal by layout, so a torch-side cache would otherwise hand
+the second rank the first one's mesh and its destroyed groups), so a stage receives the shapes the one before it sent.
+Not traced (trace_rank raises; planner.memory_trace then says "not verified by trace" and keeps the formula's
+verdict): MoE layers (the routing's token counts give data-dependent shapes).
 """
 
 from __future__ import annotations
@@ -57,6 +56,7 @@ CUDA_BLOCK_BYTES = 512             # kMinBlockSize, c10/cuda/CUDACachingAllocato
 CUDA_LARGE_SEGMENT_BYTES = 2 << 20  # kRoundLarge (reserved segments; not in max_memory_allocated)
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # CublasHandlePool.cpp default ":4096:8" (4096 KiB x 8) on sm90+
 PARTS = ("params", "grads", "optimizer", "activations", "transient", "other")
+TRACE_TIMEOUT_S = 600.0  # one rank's trace in a child process (seconds at the real sizes; this bounds a hang)
 
 
 def rounded(nbytes: int, block: int) -> int:
@@ -309,6 +309,49 @@ def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
 
 
 def trace_plan(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
-    """Every distinct rank's trace (distinct_ranks)."""
+    """Every distinct rank's trace (distinct_ranks), in pipeline order, each in a forked child process where fork is
+    available: each rank gets a fresh torch (no DTensor or DeviceMesh state left by the rank before, the stand-ins'
+    patches of torch never in the caller's process); the pipeline metadata a stage sent goes on to the next child."""
+    import multiprocessing
+
     sent: dict = {}  # pipeline metadata a stage sent, for the stages traced after it (gpu_contracts.pipeline_metadata)
-    return [trace_rank(plan, rank, target=target, sent=sent) for rank in distinct_ranks(plan)]
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return [trace_rank(plan, rank, target=target, sent=sent) for rank in distinct_ranks(plan)]
+    traces = []
+    for rank in distinct_ranks(plan):
+        trace, news = _in_child(plan, rank, target, sent)
+        sent.update(news)
+        traces.append(trace)
+    return traces
+
+
+def _in_child(plan: LaunchPlan, rank: int, target: str, sent: dict) -> tuple[RankTrace, dict]:
+    """trace_rank in a forked child; its result (or its error, raised here as RuntimeError) comes back by a pipe."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            mine = dict(sent)
+            trace = trace_rank(plan, rank, target=target, sent=mine)
+            sender.send(("ok", trace, {k: v for k, v in mine.items() if k not in sent}))
+        except BaseException as exc:  # every failure goes back as one line
+            sender.send(("error", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", None))
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    sender.close()
+    try:
+        if not receiver.poll(TRACE_TIMEOUT_S):
+            process.kill()
+            raise RuntimeError(f"the trace of rank {rank} took over {TRACE_TIMEOUT_S:.0f} s: stopped")
+        status, value, news = receiver.recv()
+    except EOFError:
+        process.join()
+        status, value, news = "error", f"the trace of rank {rank} died (exit code {process.exitcode})", None
+    process.join()
+    if status != "ok":
+        raise RuntimeError(value)
+    return value, news

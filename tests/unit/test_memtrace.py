@@ -136,6 +136,22 @@ def test_multi_rank_plans_trace_each_distinct_rank():
     assert [t.rank for t in traces] == [0]
     pipeline = trace_plan(small_plan(gpus=4, pp=2, dp=2, mb=1))
     assert [t.coords["pp"] for t in pipeline] == [0, 1] and all(t.coords["dp"] == 0 for t in pipeline)
+
+
+def test_dp2_tp2_pp2_traces_each_pipeline_rank_in_its_own_process():
+    """8 ranks, two distinct (one per pipeline rank); each traced in a forked child, so the caller's torch is untouched
+    (no process group, torch.nn.functional as it was)."""
+    import torch.nn.functional as F
+
+    from planner.executor.memtrace import trace_plan
+
+    sdpa = F.scaled_dot_product_attention
+    request = api.build_request(model=SPEC, topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=128)
+    config = Configuration(parallelism=Parallelism(dp=2, tp=2, pp=2, sp=True), microbatch_size=1)
+    traces = trace_plan(api.estimate(request, config))
+    assert [t.rank for t in traces] == [0, 4] and [t.coords["pp"] for t in traces] == [0, 1]
+    assert all(t.peak_bytes > t.parts["params"] > 0 for t in traces)
+    assert not dist.is_initialized() and F.scaled_dot_product_attention is sdpa
     single = trace_plan(small_plan())[0]
     assert traces[0].parts["optimizer"] < single.parts["optimizer"]  # ZeRO-3 over dp 2 shards the optimizer state
 
