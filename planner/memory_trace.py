@@ -29,7 +29,7 @@ def trace_memory(plan: LaunchPlan) -> TracedMemory:
     from planner.executor.memtrace import trace_plan
 
     try:
-        traces = trace_plan(plan)
+        traces = trace_plan(plan, target=target_of(plan))
     except Exception as exc:  # the fake tensors could not follow this step: say so, keep the formula's verdict
         first = (str(exc).splitlines() or [""])[0][:160]
         return TracedMemory(note=f"not verified by trace: the fake-tensor trace cannot follow this step ({type(exc).__name__}: {first})")
@@ -37,10 +37,17 @@ def trace_memory(plan: LaunchPlan) -> TracedMemory:
                              **{f"{part}_bytes": t.parts[part] for part in t.parts}) for t in traces)
     peak = max(r.peak_bytes for r in ranks)
     fits = peak <= plan.memory.capacity_bytes
+    how = ("CUDA contracts, allocator rounding and cuBLAS workspace included" if target_of(plan) == "cuda"
+           else "CPU tensors as allocated")
     return TracedMemory(peak_bytes=peak, fits=fits, ranks=ranks, note=(
         f"traced by planner.executor.memtrace: the executor's step on fake tensors, {len(ranks)} distinct rank(s), "
-        f"CUDA allocator rounding and cuBLAS workspace included; {'fits' if fits else 'does NOT fit'} in "
-        f"{plan.memory.capacity_bytes / 2**30:.2f} GiB"))
+        f"{how}; {'fits' if fits else 'does NOT fit'} in {plan.memory.capacity_bytes / 2**30:.2f} GiB"))
+
+
+def target_of(plan: LaunchPlan) -> str:
+    """"cpu" for a CPU topology (loopback fabric: the executor runs gloo on CPU processes), else "cuda" (the CUDA
+    contracts, rounding and workspace of planner.executor.memtrace)."""
+    return "cpu" if plan.request.topology.intra_node.kind == "loopback" else "cuda"
 
 
 def with_trace(plan: LaunchPlan, traced: TracedMemory) -> LaunchPlan:
