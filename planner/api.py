@@ -138,18 +138,39 @@ def compression(text: str, topology: Topology, *, auto: bool = False):
         raise BadInputError(f"--compression={text!r}: {str(exc).splitlines()[0]}") from None
 
 
-def estimate(request: PlanRequest, config: Configuration) -> LaunchPlan:
-    """Evaluate one fully given configuration; an infeasible one comes back with feasible=False and reasons."""
+def estimate(request: PlanRequest, config: Configuration, *, trace_memory: bool = False) -> LaunchPlan:
+    """Evaluate one fully given configuration; an infeasible one comes back with feasible=False and reasons.
+    `trace_memory`: also trace the executor's step for its memory (planner.memory_trace; memory.traced)."""
     from planner.estimate import estimate as _estimate
 
-    return _estimate(request, config)
+    result = _estimate(request, config)
+    if trace_memory:
+        from planner.memory_trace import trace_memory as _trace, with_trace
+
+        result = with_trace(result, _trace(result))
+    return result
 
 
-def plan(request: PlanRequest, *, progress: ProgressFn | None = None) -> LaunchPlan:
-    """Search the whole plan space for the fastest configuration that fits."""
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memory: bool = False) -> LaunchPlan:
+    """Search the whole plan space for the fastest configuration that fits. `trace_memory`: verify the chosen plan
+    and its alternatives by tracing the executor's step, replacing a plan that does not fit by trace
+    (planner.memory_trace)."""
     from planner.search.driver import plan as _plan
 
-    return _plan(request, progress=progress)
+    result = _plan(request, progress=progress)
+    if trace_memory:
+        from planner.memory_trace import verify_plan
+
+        result = verify_plan(result, wider=lambda: _plan(_wider(request)))
+    return result
+
+
+def _wider(request: PlanRequest) -> PlanRequest:
+    """The same request keeping the most alternatives (the ranking a plan that does not fit by trace falls back on)."""
+    from planner.schemas import limits
+
+    search = (request.search or SearchLimits()).model_copy(update={"top_k": limits.MAX_TOP_K})
+    return request.model_copy(update={"search": search})
 
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:

@@ -122,6 +122,7 @@ def _reasons(plan: LaunchPlan) -> list[str]:
         big = max(parts, key=parts.get)
         out.append(f"memory: peak {worst.peak_bytes / GiB:.1f} GiB of {plan.memory.capacity_bytes / GiB:.1f} GiB on pipeline rank "
                    f"{worst.stage} ({worst.peak_bytes / max(plan.memory.capacity_bytes, 1):.0%}); the largest part is {big} ({parts[big] / GiB:.1f} GiB)")
+    out.extend(f"memory by trace: {text}" for text in _traced_summary(plan).values())
     return out
 
 
@@ -149,6 +150,15 @@ def _alternative_row(plan: LaunchPlan, alt: Alternative) -> AlternativeRow:
         slower_by=alt.step_time_s / step - 1.0 if step > 0 else 0.0, peak_gib=alt.peak_bytes / GiB, why_not=alt.why_not,
         differs=_differences(plan, alt),
     )
+
+
+def _traced_summary(plan: LaunchPlan) -> dict[str, str]:
+    """The traced peak (planner.memory_trace) where the plan was traced, with its note."""
+    traced = plan.memory.traced
+    if traced is None:
+        return {}
+    peak = f"{traced.peak_bytes / GiB:.2f} GiB: " if traced.peak_bytes is not None else ""
+    return {"traced peak": peak + traced.note}
 
 
 def _memory_rows(plan: LaunchPlan) -> tuple[StageMemoryRow, ...]:
@@ -193,6 +203,7 @@ def explain(plan: LaunchPlan, *, frameworks: list[str] | None = None) -> Explana
                                          if pred.error_band else ""),
         "tokens/s": f"{pred.tokens_per_s:,.0f}", "MFU / HFU": f"{pred.mfu:.1%} / {pred.hfu:.1%}",
         "peak memory": f"{plan.memory.peak_bytes / GiB:.2f} GiB of {plan.memory.capacity_bytes / GiB:.2f} GiB",
+        **_traced_summary(plan),
     }
     notes = list(plan.notes) + [f"infeasible: {reason}" for reason in plan.infeasible_reasons]
     if not plan.alternatives:

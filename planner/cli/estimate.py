@@ -38,6 +38,8 @@ def _summary_table(plan: LaunchPlan) -> Table:
     table.add_row("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}")
     fits = "[green]fits[/green]" if plan.feasible else "[red]does not fit[/red]"
     table.add_row("memory", f"peak {plan.memory.peak_bytes / GiB:.2f} GiB of {plan.memory.capacity_bytes / GiB:.2f} GiB: {fits}")
+    if plan.memory.traced is not None:
+        table.add_row("memory by trace", plan.memory.traced.note)
     return table
 
 
@@ -67,9 +69,29 @@ def _memory_table(plan: LaunchPlan) -> Table:
     return table
 
 
+def _traced_table(plan: LaunchPlan) -> Table | None:
+    """Traced (the executor's step on fake tensors) vs formula, per part, for each traced rank."""
+    traced = plan.memory.traced
+    if traced is None or not traced.ranks:
+        return None
+    table = Table(title="Memory traced vs formula (GiB)", title_justify="left", box=box.SIMPLE_HEAD)
+    for header in ("pp rank", "", "params", "grads", "optimizer", "activations", "transient+other", "peak"):
+        table.add_column(header, justify="right")
+    formula = {m.stage: m for m in plan.memory.per_stage}
+    for rank in traced.ranks:
+        cells = [rank.params_bytes, rank.grads_bytes, rank.optimizer_bytes, rank.activations_bytes,
+                 rank.transient_bytes + rank.other_bytes, rank.peak_bytes]
+        table.add_row(str(rank.pp_rank), "traced", *(f"{c / GiB:.2f}" for c in cells))
+        if (mem := formula.get(rank.pp_rank)) is not None:
+            cells = [mem.params_bytes, mem.grads_bytes, mem.optimizer_bytes, mem.activations_bytes, mem.other_bytes, mem.peak_bytes]
+            table.add_row("", "formula", *(f"{c / GiB:.2f}" for c in cells))
+    return table
+
+
 def plan_tables(plan: LaunchPlan) -> list[Table]:
     """The tables `planner estimate` prints (reusable by other commands)."""
-    return [_summary_table(plan), _breakdown_table(plan), _memory_table(plan)]
+    traced = _traced_table(plan)
+    return [_summary_table(plan), _breakdown_table(plan), _memory_table(plan), *([traced] if traced is not None else [])]
 
 
 CHOICES = {
@@ -188,6 +210,8 @@ def estimate(
                                   "deepspeed | a profile file; a configuration the stack cannot run is refused (exit 2)."),
     calibration: str | None = typer.Option(None, "--calibration", help="Calibration overlay from `planner calibrate` "
                                               "(constants re-derived from your own runs of this GPU family and stack)."),
+    trace_memory: bool = typer.Option(False, "--trace-memory", help="Also trace the executor's step on fake tensors (needs "
+                                      "torch; --framework planner) and show traced vs formula per part."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of tables."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
@@ -208,7 +232,7 @@ def estimate(
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
                            microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                            compression=api.compression(compression, request.topology), stage_layers=split)
-    plan = api.estimate(request, config)
+    plan = api.estimate(request, config, trace_memory=trace_memory)
     _emit(plan, json_output=json_output, output=output)
     if not plan.feasible:
         raise typer.Exit(code=1)

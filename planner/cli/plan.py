@@ -67,6 +67,9 @@ def plan_command(
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
         "lossy, so opt-in) | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch.")),
+    trace_memory: bool = typer.Option(False, "--trace-memory", help="Verify the chosen plan and its alternatives by tracing "
+                                      "the executor's step (needs torch; --framework planner): a plan that does not fit by "
+                                      "trace is replaced by the next one."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of the summary."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
@@ -85,7 +88,7 @@ def plan_command(
     if compression.strip().lower() != "none":
         chosen = api.compression(compression, request.topology, auto=True)
         request = request.model_copy(update={"search": limits.model_copy(update={"compression": chosen})})
-    plan = _search_with_progress(api, request, quiet=json_output and output is None)
+    plan = _search_with_progress(api, request, quiet=json_output and output is None, trace_memory=trace_memory)
     text = canonical_json(plan)
     if output is not None:
         emit_text(text, output)
@@ -138,14 +141,14 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     return SearchLimits(**fields)
 
 
-def _search_with_progress(api, request, *, quiet: bool):
+def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool = False):
     """Run api.plan with a progress bar on stderr (factorisations visited of those worth visiting)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from planner.report import console
 
     if quiet:
-        return api.plan(request)
+        return api.plan(request, trace_memory=trace_memory)
     with Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console(stderr=True), transient=True) as bar:
         task = bar.add_task("search", total=None)
@@ -153,7 +156,7 @@ def _search_with_progress(api, request, *, quiet: bool):
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return api.plan(request, progress=progress)
+        return api.plan(request, progress=progress, trace_memory=trace_memory)
 
 
 def _render(plan, output: Optional[Path]) -> None:

@@ -22,6 +22,8 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -137,8 +139,10 @@ def ep_groups(plan: LaunchPlan, mesh) -> tuple[object, object]:
 
 
 # ------------------------------------------------------------------------------------------ model parts
-def build_parts(job: Job) -> None:
-    """Materialise this rank's stage modules, parallelise them, build their optimizers and the schedule."""
+def build_parts(job: Job, materialize: Callable[[], AbstractContextManager] = nullcontext) -> None:
+    """Materialise this rank's stage modules, parallelise them, build their optimizers and the schedule. The meta
+    model, its stage cuts and the process groups are built outside `materialize`, everything that makes tensors
+    inside it (planner.executor.memtrace passes torch's FakeTensorMode: the same code, no memory)."""
     from planner.executor import parallelize as par_fns
     from planner.executor.pipeline import build_schedule, cut_stage, init_tied_head, local_stages, tied_embedding_group
     from planner.executor.train import cross_entropy
@@ -152,26 +156,28 @@ def build_parts(job: Job) -> None:
     job.dp_group = job.mesh["dp"].get_group()
     job.tied_group = tied_embedding_group(plan, job.mesh)
     copies = 2 if is_2bw(plan) else 1  # PipeDream-2BW: two weight versions of the stage
+    pp_group = job.mesh["pp"].get_group() if par.pp > 1 else None
     for stage in [s for s in job.local_stages for _ in range(copies)]:
         module = cut_stage(full, stage.layers) if par.pp > 1 else full
-        module.to_empty(device=job.device)
-        module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
-        module.init_weights(job.options.seed)
-        init_tied_head(module, job.options.seed)
-        train_module = parallelize_part(job, module, stage, groups, par_fns)
-        job.parts.append(module)
-        job.train_parts.append(train_module)
-        job.optimizers.append(par_fns.build_optimizer(
-            train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr
-        ))
-    if is_2bw(plan):
-        from planner.executor.twobw_run import make_2bw_stage
+        with materialize():
+            module.to_empty(device=job.device)
+            module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
+            module.init_weights(job.options.seed)
+            init_tied_head(module, job.options.seed)
+            train_module = parallelize_part(job, module, stage, groups, par_fns)
+            job.parts.append(module)
+            job.train_parts.append(train_module)
+            job.optimizers.append(par_fns.build_optimizer(
+                train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr
+            ))
+    with materialize():
+        if is_2bw(plan):
+            from planner.executor.twobw_run import make_2bw_stage
 
-        job.schedule = make_2bw_stage(job)
-    elif par.pp > 1:
-        job.schedule = build_schedule(
-            plan, job.train_parts, job.local_stages, pp_group=job.mesh["pp"].get_group(), device=job.device, loss_fn=cross_entropy
-        )
+            job.schedule = make_2bw_stage(job)
+        elif par.pp > 1:
+            job.schedule = build_schedule(plan, job.train_parts, job.local_stages, pp_group=pp_group, device=job.device,
+                                          loss_fn=cross_entropy)
 
 
 def is_2bw(plan: LaunchPlan) -> bool:
@@ -209,8 +215,6 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
 # ----------------------------------------------------------------------------------------------- training
 def accumulate(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """No pipeline: gradient accumulation over num_microbatches, with DP gradient sync on the last only."""
-    from contextlib import nullcontext
-
     from torch.distributed.tensor.parallel import loss_parallel
 
     from planner.executor.parallelize import sync_gradients
@@ -260,6 +264,18 @@ def train_step(job: Job, step: int, batches: Batches) -> tuple[float | None, flo
     inputs, targets = inputs.to(job.device), targets.to(job.device)
     _maybe_fail(step, "step")
     start = time.perf_counter()
+    loss = optimizer_step(job, inputs, targets)
+    value = float(loss) if loss is not None else None
+    if job.device.type == "cuda":
+        torch.cuda.synchronize(job.device)
+    return value, time.perf_counter() - start
+
+
+def optimizer_step(job: Job, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+    """One optimizer step on this rank's batch: gradients cleared, forward and backward (pipelined or accumulated,
+    gradient sync included), the optimizers' step, the loss averaged over dp (a tensor; None off the last stage).
+    No clock and no host read: planner.executor.memtrace traces exactly this under fake tensors."""
+    par = job.plan.parallelism
     for opt in job.optimizers:
         opt.zero_grad(set_to_none=True)
     loss = pipelined(job, inputs, targets) if par.pp > 1 else accumulate(job, inputs, targets)
@@ -268,10 +284,7 @@ def train_step(job: Job, step: int, batches: Batches) -> tuple[float | None, flo
     if loss is not None and par.dp > 1:
         dist.all_reduce(loss, group=job.dp_group)
         loss /= par.dp
-    value = float(loss) if loss is not None else None
-    if job.device.type == "cuda":
-        torch.cuda.synchronize(job.device)
-    return value, time.perf_counter() - start
+    return loss
 
 
 def _maybe_fail(step: int, where: str) -> None:
@@ -364,18 +377,23 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def make_job(plan: LaunchPlan, options: RunOptions) -> Job:
+    device, backend = init_distributed(options)
+    job = new_job(plan, options, device, backend)
+    build_parts(job)
+    return job
+
+
+def new_job(plan: LaunchPlan, options: RunOptions, device: torch.device, backend: str) -> Job:
+    """This rank's Job on an initialised process group (mesh, coordinates, shard keys), before its parts are built."""
     from planner.executor.parallelize import hsdp_mesh
 
-    device, backend = init_distributed(options)
     mesh = build_mesh(plan, device.type)
     par = plan.parallelism
     coords = rank_coords(plan, dist.get_rank())
     keys = ckpt.ShardKeys(ep_rank=coords["dp"] % par.ep, ep=par.ep, tp_rank=coords["tp"], tp=par.tp,
                           manual_tp=par.tp_overlap == "domino")
-    job = Job(plan=plan, options=options, device=device, backend=backend, mesh=mesh, coords=coords, keys=keys,
-              dp_mesh=hsdp_mesh(plan, mesh, device.type) if par.dp_replicate > 1 else None)
-    build_parts(job)
-    return job
+    return Job(plan=plan, options=options, device=device, backend=backend, mesh=mesh, coords=coords, keys=keys,
+               dp_mesh=hsdp_mesh(plan, mesh, device.type) if par.dp_replicate > 1 else None)
 
 
 def main(argv: list[str] | None = None) -> int:

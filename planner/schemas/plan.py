@@ -204,11 +204,45 @@ class Prediction(Schema):
         "error_band); null where the family has no published runs"))
 
 
+class TracedRank(Schema):
+    """One rank's training step traced under fake tensors (planner.executor.memtrace): its peak and, at the peak,
+    the bytes of each part (workspace in other_bytes)."""
+
+    rank: int = Field(ge=0)
+    pp_rank: int = Field(ge=0)
+    peak_bytes: int = Field(ge=0)
+    params_bytes: int = Field(ge=0)
+    grads_bytes: int = Field(ge=0)
+    optimizer_bytes: int = Field(ge=0)
+    activations_bytes: int = Field(ge=0)
+    transient_bytes: int = Field(ge=0)
+    other_bytes: int = Field(ge=0)
+
+
+class TracedMemory(Schema):
+    """The plan's memory counted from the executor's own step (the `planner` stack), or why it was not."""
+
+    peak_bytes: int | None = Field(default=None, ge=0, description="the largest traced rank peak; null: not traced")
+    fits: bool | None = None
+    ranks: tuple[TracedRank, ...] = ()
+    note: str = ""
+
+
 class MemoryReport(Schema):
     peak_bytes: int = Field(ge=0)
     capacity_bytes: int = Field(ge=0)
     fits: bool
     per_stage: tuple[StageMemory, ...]
+    traced: TracedMemory | None = Field(default=None, description=(
+        "the peak traced from the executor's step (planner.executor.memtrace); written only when asked for"))
+
+    @model_serializer(mode="wrap")
+    def _omit_untraced(self, handler):
+        """Leave `traced` out when absent, so plans made without the trace serialise byte-identically to before."""
+        data = handler(self)
+        if self.traced is None and isinstance(data, dict):
+            data.pop("traced", None)
+        return data
 
 
 class Alternative(Schema):
@@ -219,6 +253,14 @@ class Alternative(Schema):
     step_time_s: float
     peak_bytes: int
     why_not: str
+    traced_peak_bytes: int | None = Field(default=None, description="its traced peak (planner.executor.memtrace); written only when traced")
+
+    @model_serializer(mode="wrap")
+    def _omit_untraced(self, handler):
+        data = handler(self)
+        if self.traced_peak_bytes is None and isinstance(data, dict):
+            data.pop("traced_peak_bytes", None)
+        return data
 
 
 class SolverStats(Schema):

@@ -1,0 +1,152 @@
+"""A plan's memory verified by the executor's own step (issue 20, item 2): the search prices candidates by the
+formulas; this traces the chosen plan (and each alternative it lists) with planner.executor.memtrace, records the
+traced peak in the LaunchPlan (`memory.traced`, `alternatives[].traced_peak_bytes`), and replaces a chosen plan whose
+traced peak does not fit by the next plan of the search's ranking whose traced peak does (verify_plan). Asked for with
+`planner plan/estimate --trace-memory` (api.plan/estimate(trace_memory=True)); plans made without it are unchanged.
+
+Only the `planner` stack runs our executor, so only its plans are traced. torch is imported here only when a trace
+is asked for (the planner core stays torch-free); without torch the plan says it was not verified by trace. A step the
+fake tensors cannot follow (MoE routing's data-dependent shapes: planner.executor.memtrace) is said the same way,
+with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+from planner.schemas.plan import Configuration, LaunchPlan, TracedMemory, TracedRank
+
+EXECUTOR_FRAMEWORK = "planner"
+
+
+def trace_memory(plan: LaunchPlan) -> TracedMemory:
+    """The traced peak of every distinct rank of `plan`, or a note saying why there is none."""
+    if plan.request.framework != EXECUTOR_FRAMEWORK:
+        return TracedMemory(note=f"not verified by trace: framework {plan.request.framework!r} is not the executor's (planner)")
+    if importlib.util.find_spec("torch") is None:
+        return TracedMemory(note="not verified by trace: torch is not installed (pip install 'llm-planner[torch]')")
+    from planner.executor.memtrace import trace_plan
+
+    try:
+        traces = trace_plan(plan, target=target_of(plan))
+    except Exception as exc:  # the fake tensors could not follow this step: say so, keep the formula's verdict
+        first = (str(exc).splitlines() or [""])[0][:160]
+        return TracedMemory(note=f"not verified by trace: the fake-tensor trace cannot follow this step ({type(exc).__name__}: {first})")
+    ranks = tuple(TracedRank(rank=t.rank, pp_rank=t.coords.get("pp", 0), peak_bytes=t.peak_bytes,
+                             **{f"{part}_bytes": t.parts[part] for part in t.parts}) for t in traces)
+    peak = max(r.peak_bytes for r in ranks)
+    fits = peak <= plan.memory.capacity_bytes
+    how = ("CUDA contracts, allocator rounding and cuBLAS workspace included" if target_of(plan) == "cuda"
+           else "CPU tensors as allocated")
+    return TracedMemory(peak_bytes=peak, fits=fits, ranks=ranks, note=(
+        f"traced by planner.executor.memtrace: the executor's step on fake tensors, {len(ranks)} distinct rank(s), "
+        f"{how}; {'fits' if fits else 'does NOT fit'} in {plan.memory.capacity_bytes / 2**30:.2f} GiB"))
+
+
+def target_of(plan: LaunchPlan) -> str:
+    """"cpu" for a CPU topology (loopback fabric: the executor runs gloo on CPU processes), else "cuda" (the CUDA
+    contracts, rounding and workspace of planner.executor.memtrace)."""
+    return "cpu" if plan.request.topology.intra_node.kind == "loopback" else "cuda"
+
+
+def with_trace(plan: LaunchPlan, traced: TracedMemory) -> LaunchPlan:
+    return plan.model_copy(update={"memory": plan.memory.model_copy(update={"traced": traced})})
+
+
+MAX_TRACED_PLANS = 8  # plans traced at most while looking for one that fits (each trace takes seconds)
+
+
+def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = None) -> LaunchPlan:
+    """`plan` with its traced memory and its alternatives'. A chosen plan that does not fit by trace is replaced by
+    the first plan in the search's ranking that does: its listed alternatives, then (when none fits) the ranking of
+    `wider()` (the same search keeping more alternatives), up to MAX_TRACED_PLANS traces. InfeasibleError when none
+    fits. A plan that could not be traced keeps the formula's verdict, with the note saying so."""
+    traced = trace_memory(plan)
+    seen = {_key(plan): (plan.memory.peak_bytes, traced)}  # configuration -> (formula peak, traced)
+    alternatives = tuple(_traced_alternative(plan, alt, seen) if traced.peak_bytes is not None else alt
+                         for alt in plan.alternatives)
+    checked = with_trace(plan, traced).model_copy(update={"alternatives": alternatives})
+    if traced.fits is not False:
+        return checked
+    replacement = _first_fitting(plan, list(plan.alternatives), seen)
+    if replacement is None and wider is not None:
+        broader = wider()
+        replacement = _first_fitting(plan, [_as_alternative(broader), *broader.alternatives], seen)
+    if replacement is None:
+        from planner.errors import InfeasibleError
+
+        raise InfeasibleError(
+            f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB over the "
+            f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity, and no plan of its ranking fits by trace "
+            f"({len(seen)} traced, planner.executor.memtrace): use a smaller --microbatch-size, --recompute full or more GPUs",
+            closest=_describe(plan), shortfall_bytes=traced.peak_bytes - plan.memory.capacity_bytes)
+    alt_plan, alt_traced = replacement
+    note = (f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB, over the "
+            f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity: replaced by the next plan of its ranking that fits by "
+            f"trace ({_describe(alt_plan)}, {alt_traced.peak_bytes / 2**30:.2f} GiB)")
+    rest = tuple(a for a in alternatives if _key(a) != _key(alt_plan))
+    return with_trace(alt_plan, alt_traced).model_copy(update={
+        "kind": plan.kind, "alternatives": rest, "pruned": plan.pruned, "solver": plan.solver, "notes": (*plan.notes, note)})
+
+
+def _key(item) -> tuple:
+    """A plan's or an alternative's configuration."""
+    recompute = item.recompute if hasattr(item, "recompute") else item.stages[0].recompute.mode
+    return item.parallelism, item.batch, item.schedule, recompute
+
+
+def _estimate_of(plan: LaunchPlan, alt) -> LaunchPlan | None:
+    from planner.estimate import estimate
+
+    config = Configuration(parallelism=alt.parallelism, microbatch_size=alt.batch.microbatch_size, schedule=alt.schedule,
+                           recompute=alt.recompute)
+    try:
+        return estimate(plan.request, config)
+    except Exception:  # an alternative the estimate refuses cannot replace the plan
+        return None
+
+
+def _traced_alternative(plan: LaunchPlan, alt, seen: dict):
+    alt_plan = _estimate_of(plan, alt)
+    if alt_plan is None:
+        return alt
+    if _key(alt) not in seen:
+        seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan))
+    return alt.model_copy(update={"traced_peak_bytes": seen[_key(alt)][1].peak_bytes})
+
+
+def _first_fitting(plan: LaunchPlan, ranking: list, seen: dict):
+    """(plan, traced) of the first configuration of `ranking` that fits by trace, or None. A configuration whose
+    formula peak, scaled by the least traced/formula ratio of the plans traced over capacity so far, exceeds the
+    capacity is passed over untraced (even the most favourable correction of the formula by the trace says it would
+    not fit either)."""
+    capacity = plan.memory.capacity_bytes
+    for alt in ranking:
+        ratios = [t.peak_bytes / f for f, t in seen.values() if t.fits is False and f > 0]
+        if _key(alt) not in seen and ratios and alt.peak_bytes * min(ratios) > capacity:
+            continue
+        alt_plan = _estimate_of(plan, alt)
+        if alt_plan is None or not alt_plan.feasible:
+            continue
+        if _key(alt) not in seen:
+            if len(seen) >= MAX_TRACED_PLANS:
+                return None
+            seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan))
+        if seen[_key(alt)][1].fits:
+            return alt_plan, seen[_key(alt)][1]
+    return None
+
+
+def _as_alternative(plan: LaunchPlan):
+    from planner.schemas.plan import Alternative
+
+    return Alternative(parallelism=plan.parallelism, batch=plan.batch, schedule=plan.schedule,
+                       recompute=plan.stages[0].recompute.mode, step_time_s=plan.prediction.step_time_s,
+                       peak_bytes=plan.memory.peak_bytes, why_not="")
+
+
+def _describe(plan: LaunchPlan) -> str:
+    par, batch = plan.parallelism, plan.batch
+    return (f"dp={par.dp} tp={par.tp} pp={par.pp} zero={par.zero_stage} micro-batch {batch.microbatch_size} "
+            f"recompute {plan.stages[0].recompute.mode}")
