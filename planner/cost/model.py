@@ -54,6 +54,10 @@ class CostModel:
         self.cal = dataclasses.replace(self.cal, attention_fraction=fraction, attention_seq_half=seq_half)
         if request.precision == "bf16" and not options.main_grads_fp32:
             self.recipe = memory.FP32_MASTER_PARAMS_BF16
+        if options.recipe_bytes is not None:  # the stack's own recipe (behaviour.memory.recipes)
+            w, g, o, reduce, gather = options.recipe_bytes
+            self.recipe = memory.Recipe(weight_bytes=w, grad_bytes=g, optimizer_bytes=o, grad_reduce_bytes=reduce,
+                                        gather_bytes=gather)
         # the training loop's per-step work outside the micro-batches (calibration.yaml `loop`)
         self.step_overhead_s = step_overhead_s(request.framework) if step_overhead is None else step_overhead
         self.mem_cal = memory_calibration()

@@ -140,6 +140,7 @@ def build_parts(job: Job) -> None:
     """Materialise this rank's stage modules, parallelise them, build their optimizers and the schedule."""
     from planner.executor import parallelize as par_fns
     from planner.executor.pipeline import build_schedule, cut_stage, init_tied_head, local_stages, tied_embedding_group
+    from planner.executor.precision import cast_parameters
     from planner.executor.train import cross_entropy
     from planner.nn.model import Transformer
 
@@ -157,14 +158,19 @@ def build_parts(job: Job) -> None:
         module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
         module.init_weights(job.options.seed)
         init_tied_head(module, job.options.seed)
+        cast_parameters(module, plan.request.precision)  # bf16: bf16 parameters, fp32 masters in the optimizer
         train_module = parallelize_part(job, module, stage, groups, par_fns)
         job.parts.append(module)
         job.train_parts.append(train_module)
         job.optimizers.append(par_fns.build_optimizer(
-            train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr
+            train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr,
+            precision=plan.request.precision,
         ))
     if is_2bw(plan):
+        from planner.executor.precision import share_master_weights
         from planner.executor.twobw_run import make_2bw_stage
+
+        share_master_weights(job.optimizers[0], job.optimizers[1])
 
         job.schedule = make_2bw_stage(job)
     elif par.pp > 1:
@@ -180,6 +186,7 @@ def is_2bw(plan: LaunchPlan) -> bool:
 def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Module:
     """EP, then TP/SP or Domino, then activation checkpointing, then DP (the order that works)."""
     from planner.executor.domino import apply_domino_tp
+    from planner.executor.precision import autocast_dtype
 
     plan, par, mesh = job.plan, job.plan.parallelism, job.mesh
     ep_group, replica_group = groups
@@ -196,8 +203,7 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
     fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
     precision = plan.request.precision
     zero = 2 if (par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3) else par.zero_stage
-    if zero in (0, 1) and precision != "fp32":
-        job.autocast_dtype = torch.bfloat16  # FSDP2 carries the recipe itself (MixedPrecisionPolicy)
+    job.autocast_dtype = autocast_dtype(precision)  # amp-bf16 only, on every path (planner.executor.precision)
     if par.dp == 1 and ep_group is None:
         return module
     # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards
