@@ -145,7 +145,8 @@ class CostModel:
     def shape(self, cand: Candidate) -> Shape:
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
                      ep=L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp), sp=cand.sp, flash_attention=self.flash_attention,
-                     dropout=self.options.dropout, fused_kernels=self.fused_kernels, fp8_inputs=self.request.precision == "fp8",
+                     dropout=self.options.dropout, fused_kernels=self.fused_kernels,
+                     fp8_inputs=self.request.precision == "fp8" and self.options.fp8_saves_fp8_inputs,
                      softmax_in_place=self.options.softmax_in_place)
 
     # --- schedule-dependent terms -----------------------------------------------------------------------

@@ -32,7 +32,7 @@ def options_for(framework: str, precision: str):
         dp_overlap=o.dp_grad_reduce, dp_gather_overlap=o.dp_param_gather, pp_overlap=o.pp_send_recv,
         tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
         main_grads_fp32=b.memory.main_grads_fp32, pp_scatter_gather=o.pp_scatter_gather,
-        recipe_bytes=_recipe_bytes(m.recipes.get(precision)),
+        recipe_bytes=_recipe_bytes(m.recipes.get(precision)), fp8_saves_fp8_inputs=m.fp8_saves_fp8_inputs,
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
         allocator_fraction=b.memory.allocator_allowance_fraction,
         grad_reduce_fp32=m.grad_reduce_fp32,

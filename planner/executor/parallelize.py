@@ -139,10 +139,10 @@ def mp_policy(precision: str):
     reduction for bf16 (a no-op on the executor's bf16 parameters; on fp32 parameters it computes in bf16)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from planner.executor.precision import check_precision
+    from planner.executor.precision import MASTER_RECIPES, check_precision
 
     check_precision(precision)
-    if precision == "bf16":
+    if precision in MASTER_RECIPES:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     return None
 
@@ -265,8 +265,8 @@ def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.Process
     gradient, so tests catch gradient-scale errors that Adam's normalisation hides). ZeRO-1 shards the
     optimizer state over `dp_group` with ZeroRedundancyOptimizer, or with planner.executor.zero1 when TP made the
     parameters DTensors or the recipe keeps fp32 masters (EP experts, different on each rank, keep a local
-    optimizer). precision "bf16": the optimizer steps fp32 master copies (planner.executor.precision)."""
-    from planner.executor.precision import check_precision, master_weight_class
+    optimizer). precision "bf16" (and "fp8"): the optimizer steps fp32 master copies (planner.executor.precision)."""
+    from planner.executor.precision import MASTER_RECIPES, check_precision, master_weight_class
 
     check_precision(precision)
     if optimizer == "adamw":
@@ -277,7 +277,7 @@ def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.Process
         cls, kwargs = torch.optim.SGD, {"lr": lr, "weight_decay": weight_decay}
     else:
         raise BadInputError(f"optimizer={optimizer!r} is unknown: choose adamw or sgd")
-    masters = precision == "bf16"
+    masters = precision in MASTER_RECIPES
     if masters:
         cls = master_weight_class(cls)
     params = _unique_params(model)

@@ -28,19 +28,20 @@ from torch import nn
 
 from planner.errors import BadInputError
 
-PRECISIONS = ("fp32", "amp-bf16", "bf16")
+PRECISIONS = ("fp32", "amp-bf16", "bf16", "fp8")  # fp8: the bf16 recipe with torchao Float8Linear (planner.executor.fp8)
+MASTER_RECIPES = ("bf16", "fp8")
 MASTER_STEP_CHUNK_NUMEL = 2**26  # 256 MiB of fp32 gradient copies at a time in the bf16 step
 
 
 def check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
-        raise BadInputError(f"precision={precision!r} is not runnable by the executor: choose fp32, bf16 or amp-bf16")
+        raise BadInputError(f"precision={precision!r} is not runnable by the executor: choose fp32, bf16, amp-bf16 or fp8")
 
 
 def param_dtype(precision: str) -> torch.dtype:
     """The dtype the model's parameters (and gradients) are held in."""
     check_precision(precision)
-    return torch.bfloat16 if precision == "bf16" else torch.float32
+    return torch.bfloat16 if precision in MASTER_RECIPES else torch.float32
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

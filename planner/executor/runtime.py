@@ -190,6 +190,11 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
 
     plan, par, mesh = job.plan, job.plan.parallelism, job.mesh
     ep_group, replica_group = groups
+    if plan.request.precision == "fp8":  # torchao Float8Linear on the bf16 recipe, where the GPU has fp8
+        from planner.executor.fp8 import apply_fp8, check_fp8
+
+        check_fp8(job.device)
+        apply_fp8(module)
     if ep_group is not None:
         fns.apply_ep(module, ep_group)
     if par.tp > 1 and par.tp_overlap == "domino":

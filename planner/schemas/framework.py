@@ -177,6 +177,9 @@ class MemoryHabits(Schema):
         default="attention_core", description="what `selective` recompute reruns: the attention core (Megatron, "
                                               "Korthikanti et al. 2022), half of each layer's forward (torchtitan), "
                                               "or the norms and MLA up-projections (DeepSeek-V3)")
+    fp8_saves_fp8_inputs: bool = Field(default=True, description="under fp8 the GEMMs save their fp8-cast inputs "
+                                       "for backward (Transformer Engine); False: the high-precision inputs (torchao "
+                                       "Float8Linear saves input_hp and weight_hp)")
     grad_reduce_fp32: bool = Field(default=True, description="gradients reduced across data-parallel ranks in fp32 "
                                                              "(else in the 16-bit training dtype)")
     logits_live_in_backward: bool = Field(default=False, description="the loop keeps the loss's fp32 logits alive "

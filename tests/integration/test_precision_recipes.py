@@ -115,3 +115,101 @@ def test_bf16_step_updates_the_fp32_master_and_writes_the_bf16_parameters_back()
     assert opt.masters[0].dtype == torch.float32 and weight.grad is None
     assert opt.masters[0][0].item() == pytest.approx(1 - 4e-3)
     assert weight[0].item() == torch.tensor(1 - 4e-3).to(torch.bfloat16).item() != 1.0
+
+
+# bf16 keeps 8 significand bits: unit roundoff 2**-8. Parameters are bf16 roundings of fp32 masters and every op
+# computes in bf16, so a loss drifts from the fp32 run's by about one unit (measured <= 3.2e-3 on these layouts);
+# 2 units (0.78%) bound it, as for amp-bf16 (test_executor_capabilities.BF16_REL_TOL).
+BF16_REL_TOL = 2 * 2.0**-8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "layout"), [
+    ("dense", dict(dp=2, zero_stage=1)),
+    ("dense", dict(pp=2, schedule="2bw")),
+    ("moe", dict(dp=2, ep=2)),
+    ("dense", dict(tp=2, sp=True, zero_stage=0)),
+], ids=["dp2-zero1", "pp2-2bw", "ep2-moe", "tp2-sp"])
+def test_bf16_runs_track_fp32_and_hold_bf16_weights(spec, layout, tmp_path):
+    """`planner run` of a bf16 plan: losses within BF16_REL_TOL of the fp32 single-process reference (2BW: of its
+    delayed update), and every rank's parameter storage is 2 bytes per local parameter (2BW: two versions)."""
+    from executor_plans import TINY_MOE
+    from executor_reference import LR, SEED, reference_2bw_losses, reference_losses
+
+    from planner.executor.options import RunOptions
+    from planner.executor.run import run_plan
+
+    plan = make_plan(TINY if spec == "dense" else TINY_MOE, **layout)
+    plan = plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "bf16"})})
+    report = run_plan(plan, options=RunOptions(lr=LR, seed=SEED, timeout_s=90, steps=4), report_path=tmp_path / "run.json")
+    fp32 = make_plan(TINY if spec == "dense" else TINY_MOE, **layout)
+    reference = reference_2bw_losses(fp32, 4) if layout.get("schedule") == "2bw" else reference_losses(fp32, 4)
+    worst = max(abs(g - r) / abs(r) for g, r in zip(report.losses, reference))
+    print(f"bf16 vs fp32 ({layout}): largest relative difference {worst:.2e}")
+    assert len(report.losses) == 4 and worst <= BF16_REL_TOL
+    fp32_report = run_plan(fp32, options=RunOptions(lr=LR, seed=SEED, timeout_s=90, steps=1), report_path=tmp_path / "fp32.json")
+    for bf16_rank, fp32_rank in zip(report.memory, fp32_report.memory):
+        assert bf16_rank.weights_bytes * 2 == fp32_rank.weights_bytes > 0
+
+
+def test_fp8_is_refused_on_cpu_and_on_gpus_without_fp8_with_the_reason(tmp_path):
+    """One line naming the reason: `planner run` before launch (CPU), the rank on a GPU under compute capability 8.9,
+    the plan check for what the executor cannot convert (MoE experts, TP)."""
+    from executor_plans import TINY_MOE
+
+    from planner.errors import BadInputError
+    from planner.executor.fp8 import fp8_refusal
+    from planner.executor.options import RunOptions
+    from planner.executor.run import run_plan
+    from planner.executor.runnable import check_runnable
+
+    plan = make_plan(TINY, num_microbatches=1)
+    plan = plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "fp8"})})
+    check_runnable(plan)  # the profile lists fp8: the device decides
+    with pytest.raises(BadInputError, match=r"^precision='fp8' needs fp8 tensor cores .* this run is on cpu, which has no fp8 matmul"):
+        run_plan(plan, options=RunOptions(device="cpu", steps=1), report_path=tmp_path / "run.json")
+    assert "compute capability 8.0" in fp8_refusal("cuda", (8, 0), torchao_installed=True)  # A100
+    assert fp8_refusal("cuda", (9, 0), torchao_installed=True) is None  # H100
+    assert "pip install 'llm-planner[fp8]'" in fp8_refusal("cuda", (8, 9), torchao_installed=False)
+    for spec, update in ((TINY_MOE, {}), (TINY, {"tp": 2})):
+        other = make_plan(spec, num_microbatches=1, **update)
+        other = other.model_copy(update={"request": other.request.model_copy(update={"precision": "fp8"})})
+        with pytest.raises(BadInputError, match=r"precision=fp8 (is not runnable on an MoE model|with tp=2 is not runnable)"):
+            check_runnable(other)
+
+
+def _fp8_gpu() -> bool:
+    import importlib.util
+
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 9)
+            and importlib.util.find_spec("torchao") is not None)
+
+
+@pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with fp8 tensor cores (compute capability >= 8.9) and torchao")
+def test_fp8_trains_with_float8_linears_on_an_fp8_gpu():
+    """On an fp8 GPU: every decoder nn.Linear (not the LM head) becomes a torchao Float8Linear, the parameters stay
+    bf16 with fp32 masters, and 4 AdamW steps track the bf16 recipe's losses within 5% (e4m3 keeps 3 mantissa bits)."""
+    from planner.executor.fp8 import apply_fp8, check_fp8
+    from planner.executor.parallelize import build_optimizer
+    from planner.executor.precision import cast_parameters
+    from planner.executor.train import synthetic_batches, train_steps
+    from planner.nn import Transformer
+
+    device = torch.device("cuda", 0)
+    check_fp8(device)
+    losses = {}
+    for precision in ("bf16", "fp8"):
+        model = Transformer(TINY)
+        model.init_weights(0)
+        cast_parameters(model, precision)
+        if precision == "fp8":
+            assert apply_fp8(model) == 7 * TINY.num_layers  # wq wk wv wo w1 w2 w3
+            assert type(model.output).__name__ == "Linear"
+            assert sum(type(m).__name__ == "Float8Linear" for m in model.modules()) == 7 * TINY.num_layers
+        model = model.to(device)
+        opt = build_optimizer(model, zero_stage=0, lr=1e-2, precision=precision)
+        batches = [(x.to(device), y.to(device)) for x, y in synthetic_batches(
+            vocab_size=TINY.vocab_size, batch_size=4, seq_len=16, steps=4, seed=0)]
+        losses[precision] = train_steps(model, opt, batches)
+        assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert max(abs(a - b) / b for a, b in zip(losses["fp8"], losses["bf16"])) < 0.05
