@@ -7,16 +7,17 @@
   fp32 parameters (no MixedPrecisionPolicy).
 - "bf16": bf16 parameters and bf16 gradients, an fp32 master copy of every parameter and fp32 Adam moments held by
   the optimizer (`MasterWeightOptimizer`); no autocast. 2 + 2 + (4 + 8) = 16 bytes per parameter, the 12 of the
-  optimizer sharded by ZeRO-1 like the states. This is the structure of Megatron-Core's
-  Float16OptimizerWithFloat16Params (megatron/core/optimizer/optimizer.py, core_r0.9.0: `fp32_from_float16_groups`
-  are fp32 clones of the bf16 model parameters; `_copy_model_grads_to_main_grads` sets main_param.grad =
-  model_param.grad.float(); after the inner optimizer steps, `_copy_main_params_to_model_params` writes the bf16
-  parameters back). Unlike Megatron-LM's `--bf16` default (arguments.py forces accumulate_allreduce_grads_in_fp32,
-  an fp32 main_grad buffer of 4 bytes per parameter) the gradients stay bf16 and are reduced in bf16 (DDP buckets,
-  FSDP2 reduce-scatter and the explicit all-reduces run in the gradient's dtype). torchtitan's FSDP2 recipe
-  (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), torchtitan/models/llama3/infra/parallelize.py
-  apply_fsdp) keeps fp32 sharded parameters as the master instead; here FSDP2 shards the bf16 parameters and the
-  master lives in the optimizer, so every path (plain, DDP, ZeRO-1/2/3, TP, PP, 2BW, EP) holds the same bytes.
+  optimizer sharded by ZeRO-1 like the states. This is Megatron-LM's `--bf16 --grad-reduce-in-bf16`: its
+  Float16OptimizerWithFloat16Params (NVIDIA/Megatron-LM megatron/core/optimizer/optimizer.py at 71371b4) keeps
+  `fp32_from_float16_groups`, fp32 clones of the bf16 model parameters; `_copy_model_grads_to_main_grads` sets
+  main_param.grad = model_param.grad.float(); after the inner step `_copy_main_params_to_model_params` writes the
+  bf16 parameters back. Megatron's plain `--bf16` instead accumulates and reduces gradients in an fp32 main_grad
+  buffer (megatron/training/arguments.py sets accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16: 4
+  bytes per parameter, 18 in all); here gradients stay bf16 and every reduction (DDP buckets, FSDP2 reduce-scatter,
+  the explicit all-reduces) runs in bf16. torchtitan's FSDP2 recipe (MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32), torchtitan/models/llama3/infra/parallelize.py apply_fsdp) keeps fp32 sharded parameters as
+  the master instead; here FSDP2 shards the bf16 parameters and the master lives in the optimizer, so every path
+  (plain, DDP, ZeRO-1/2/3, TP, PP, 2BW, EP) holds the same bytes.
   The step converts the bf16 gradients to fp32 in chunks of at most MASTER_STEP_CHUNK_NUMEL elements (or one
   parameter, if larger), each freed after its update: the step's transient is bounded, not 4 bytes per parameter.
 """
@@ -58,6 +59,18 @@ def cast_parameters(module: nn.Module, precision: str) -> None:
     for param in {id(p): p for p in module.parameters()}.values():
         if param.dtype != dtype:
             param.data = param.data.to(dtype)
+
+
+def prepare_module(module: nn.Module, precision: str, device: torch.device) -> None:
+    """Before EP/TP/DP: the parameters in the recipe's dtype; for fp8 also torchao's Float8Linear where this rank's
+    GPU has fp8 tensor cores (planner.executor.fp8; BadInputError naming the reason elsewhere)."""
+    if precision == "fp8":
+        from planner.executor.fp8 import apply_fp8, check_fp8
+
+        check_fp8(device)
+    cast_parameters(module, precision)
+    if precision == "fp8":
+        apply_fp8(module)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -140,7 +140,7 @@ def build_parts(job: Job) -> None:
     """Materialise this rank's stage modules, parallelise them, build their optimizers and the schedule."""
     from planner.executor import parallelize as par_fns
     from planner.executor.pipeline import build_schedule, cut_stage, init_tied_head, local_stages, tied_embedding_group
-    from planner.executor.precision import cast_parameters
+    from planner.executor.precision import autocast_dtype, prepare_module, share_master_weights
     from planner.executor.train import cross_entropy
     from planner.nn.model import Transformer
 
@@ -152,26 +152,23 @@ def build_parts(job: Job) -> None:
     job.dp_group = job.mesh["dp"].get_group()
     job.tied_group = tied_embedding_group(plan, job.mesh)
     copies = 2 if is_2bw(plan) else 1  # PipeDream-2BW: two weight versions of the stage
+    job.autocast_dtype = autocast_dtype(plan.request.precision)  # amp-bf16 only, on every path
     for stage in [s for s in job.local_stages for _ in range(copies)]:
         module = cut_stage(full, stage.layers) if par.pp > 1 else full
         module.to_empty(device=job.device)
         module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
         module.init_weights(job.options.seed)
         init_tied_head(module, job.options.seed)
-        cast_parameters(module, plan.request.precision)  # bf16: bf16 parameters, fp32 masters in the optimizer
+        prepare_module(module, plan.request.precision, job.device)  # bf16 parameters; fp8: torchao Float8Linear
         train_module = parallelize_part(job, module, stage, groups, par_fns)
         job.parts.append(module)
         job.train_parts.append(train_module)
-        job.optimizers.append(par_fns.build_optimizer(
-            train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr,
-            precision=plan.request.precision,
-        ))
+        job.optimizers.append(par_fns.build_optimizer(train_module, zero_stage=par.zero_stage, lr=job.options.lr,
+                                                      dp_group=job.dp_group if par.dp > 1 else None, precision=plan.request.precision))
     if is_2bw(plan):
-        from planner.executor.precision import share_master_weights
         from planner.executor.twobw_run import make_2bw_stage
 
-        share_master_weights(job.optimizers[0], job.optimizers[1])
-
+        share_master_weights(job.optimizers[0], job.optimizers[1])  # one fp32 master for the two bf16 versions
         job.schedule = make_2bw_stage(job)
     elif par.pp > 1:
         job.schedule = build_schedule(
@@ -186,15 +183,9 @@ def is_2bw(plan: LaunchPlan) -> bool:
 def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Module:
     """EP, then TP/SP or Domino, then activation checkpointing, then DP (the order that works)."""
     from planner.executor.domino import apply_domino_tp
-    from planner.executor.precision import autocast_dtype
 
     plan, par, mesh = job.plan, job.plan.parallelism, job.mesh
     ep_group, replica_group = groups
-    if plan.request.precision == "fp8":  # torchao Float8Linear on the bf16 recipe, where the GPU has fp8
-        from planner.executor.fp8 import apply_fp8, check_fp8
-
-        check_fp8(job.device)
-        apply_fp8(module)
     if ep_group is not None:
         fns.apply_ep(module, ep_group)
     if par.tp > 1 and par.tp_overlap == "domino":
@@ -208,7 +199,6 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
     fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
     precision = plan.request.precision
     zero = 2 if (par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3) else par.zero_stage
-    job.autocast_dtype = autocast_dtype(precision)  # amp-bf16 only, on every path (planner.executor.precision)
     if par.dp == 1 and ep_group is None:
         return module
     # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards
