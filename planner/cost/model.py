@@ -69,7 +69,11 @@ class CostModel:
         if self.executor_recipe is not None and self.executor_recipe.autocast:  # bf16 run as fp32 params + autocast
             from planner.cost import executor
 
-            self.recipe = executor.AUTOCAST_BYTES
+            self.recipe = executor.AUTOCAST_BYTES  # (the executor of c162dfb: frameworks' behaviour.executor)
+        elif options.recipe_bytes is not None:  # the stack's own recipe (behaviour.memory.recipes)
+            w, g, o, reduce, gather = options.recipe_bytes
+            self.recipe = memory.Recipe(weight_bytes=w, grad_bytes=g, optimizer_bytes=o, grad_reduce_bytes=reduce,
+                                        gather_bytes=gather)
         # the training loop's per-step work outside the micro-batches (calibration.yaml `loop`)
         self.step_overhead_s = step_overhead_s(request.framework) if step_overhead is None else step_overhead
         self.mem_cal = memory_calibration()
@@ -179,7 +183,8 @@ class CostModel:
     def shape(self, cand: Candidate) -> Shape:
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
                      ep=L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp), sp=cand.sp, flash_attention=self.flash_attention,
-                     dropout=self.options.dropout, fused_kernels=self.fused_kernels, fp8_inputs=self.request.precision == "fp8",
+                     dropout=self.options.dropout, fused_kernels=self.fused_kernels,
+                     fp8_inputs=self.request.precision == "fp8" and self.options.fp8_saves_fp8_inputs,
                      softmax_in_place=self.options.softmax_in_place)
 
     # --- schedule-dependent terms -----------------------------------------------------------------------

@@ -33,6 +33,7 @@ def options_for(framework: str, precision: str):
         dp_overlap=o.dp_grad_reduce, dp_gather_overlap=o.dp_param_gather, pp_overlap=o.pp_send_recv,
         tp_overlap=o.tp_comm, moe_overlap=o.moe_all_to_all, zero3_prefetch_layers=o.zero3_prefetch_layers,
         main_grads_fp32=b.memory.main_grads_fp32, pp_scatter_gather=o.pp_scatter_gather,
+        recipe_bytes=_recipe_bytes(m.recipes.get(precision)), fp8_saves_fp8_inputs=m.fp8_saves_fp8_inputs,
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
         zero3_sync_per_tensor=o.zero3_sync_per_tensor,
         allocator_fraction=b.memory.allocator_allowance_fraction,
@@ -58,3 +59,10 @@ def hf_eager_options(precision: str):
 
     return dataclasses.replace(options_for("planner", precision), executor_code=False, bf16_autocast=False,
                                moe_expert_impl="grouped", adamw_impl="fused")
+
+
+def _recipe_bytes(recipe):
+    """(weights, grads, optimizer, grad_reduce, gather) of a profile's RecipeBytes, or None."""
+    if recipe is None:
+        return None
+    return (recipe.weights, recipe.grads, recipe.optimizer, recipe.grad_reduce, recipe.gather)

@@ -65,6 +65,10 @@ class CostOptions:
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
         (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and
         bf16 exists only as the gathered/cast compute copy (FSDP mixed precision: 4 + 4 + 8, memory.FP32_MASTER_PARAMS_BF16).
+    recipe_bytes: the stack's own bytes per parameter of the request's precision (weights, grads, optimizer, grad
+        reduction, gather; behaviour.memory.recipes), replacing memory.RECIPES and main_grads_fp32; None = those.
+    fp8_saves_fp8_inputs: under fp8 the GEMMs save 1-byte inputs for backward (Transformer Engine); False: 2-byte
+        (torchao Float8Linear saves its high-precision input; behaviour.memory.fp8_saves_fp8_inputs).
     grad_reduce_fp32: gradients reduced in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, FSDP reduce_dtype
         fp32), else in the 16-bit dtype (DeepSpeed ZeRO's communication_data_type default).
     selective_mode: what the stack's "selective" recompute reruns: "attention_core" (Megatron, Korthikanti et al.
@@ -102,6 +106,8 @@ class CostOptions:
     moe_overlap: bool = False
     zero3_prefetch_layers: int = 1
     main_grads_fp32: bool = True
+    recipe_bytes: tuple[float, float, float, float, float] | None = None
+    fp8_saves_fp8_inputs: bool = True
     allocator_fraction: float | None = None
     logits_live_in_backward: bool = False
     softmax_in_place: bool = False

@@ -112,18 +112,23 @@ def remove_partial(root: str | Path) -> list[str]:
 
 
 def _is_zero1(optimizer) -> bool:
+    """Saved per rank (torch.save), not through DCP: ZeRO-1's partitions and the bf16 recipe's fp32 masters."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    from planner.executor.precision import MasterWeightOptimizer
     from planner.executor.zero1 import ShardedStateOptimizer
 
     parts = getattr(optimizer, "optimizers", [optimizer])
-    return any(isinstance(o, (ZeroRedundancyOptimizer, ShardedStateOptimizer)) for o in parts)
+    return any(isinstance(o, (ZeroRedundancyOptimizer, ShardedStateOptimizer, MasterWeightOptimizer)) for o in parts)
 
 
 def _local_optimizers(optimizer) -> list:
-    """Per-rank optimizers whose state is saved locally (ZeRO-1's inner optimizer, experts' AdamW beside it)."""
+    """Per-rank optimizers whose state is saved locally (ZeRO-1's inner optimizer, experts' AdamW beside it, the
+    bf16 recipe's master-weight optimizer with its masters)."""
+    from planner.executor.precision import MasterWeightOptimizer
+
     parts = getattr(optimizer, "optimizers", [optimizer])
-    return [getattr(o, "optim", o) for o in parts]
+    return [o if isinstance(o, MasterWeightOptimizer) else getattr(o, "optim", o) for o in parts]
 
 
 def _state(parts: list[nn.Module], optimizers: list, keys: ShardKeys, versions: bool = False) -> dict:

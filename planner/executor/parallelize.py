@@ -137,14 +137,17 @@ def hsdp_mesh(plan, mesh, device_type: str):
 
 
 def mp_policy(precision: str):
-    """The plan's precision recipe as an FSDP2 MixedPrecisionPolicy (None = fp32 throughout)."""
+    """The plan's precision recipe as an FSDP2 MixedPrecisionPolicy (planner.executor.precision): None for fp32 and
+    amp-bf16 (fp32 parameters gathered as they are; amp-bf16 computes under torch.autocast), bf16 compute and
+    reduction for bf16 (a no-op on the executor's bf16 parameters; on fp32 parameters it computes in bf16)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if precision == "fp32":
-        return None
-    if precision in ("bf16", "amp-bf16"):
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    raise BadInputError(f"precision={precision!r} is not runnable by the executor: choose fp32, bf16 or amp-bf16")
+    from planner.executor.precision import MASTER_RECIPES, check_precision
+
+    check_precision(precision)
+    if precision in MASTER_RECIPES:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    return None
 
 
 def apply_dp(model: nn.Module, dp_mesh: DeviceMesh, *, zero_stage: int, precision: str = "fp32",
@@ -265,17 +268,26 @@ class CombinedOptimizer:
 
 def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.ProcessGroup | None = None,
                     lr: float = 1e-3, optimizer: str = "adamw", betas: tuple[float, float] = (0.9, 0.95),
-                    weight_decay: float = 0.0, eps: float = 1e-8):
+                    weight_decay: float = 0.0, eps: float = 1e-8, precision: str = "fp32"):
     """AdamW (Loshchilov & Hutter 2019), or plain SGD (`optimizer="sgd"`: its update is proportional to the
     gradient, so tests catch gradient-scale errors that Adam's normalisation hides). ZeRO-1 shards the
     optimizer state over `dp_group` with ZeroRedundancyOptimizer, or with planner.executor.zero1 when TP made the
-    parameters DTensors (EP experts, different on each rank, keep a local optimizer)."""
+    parameters DTensors or the recipe keeps fp32 masters (EP experts, different on each rank, keep a local
+    optimizer). precision "bf16" (and "fp8"): the optimizer steps fp32 master copies (planner.executor.precision)."""
+    from planner.executor.precision import MASTER_RECIPES, check_precision, master_weight_class
+
+    check_precision(precision)
     if optimizer == "adamw":
         cls, kwargs = torch.optim.AdamW, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps}
+        if any(p.is_cuda for p in model.parameters()):
+            kwargs["fused"] = True  # one CUDA kernel for the whole step (torch.optim.AdamW fused=True)
     elif optimizer == "sgd":
         cls, kwargs = torch.optim.SGD, {"lr": lr, "weight_decay": weight_decay}
     else:
         raise BadInputError(f"optimizer={optimizer!r} is unknown: choose adamw or sgd")
+    masters = precision in MASTER_RECIPES
+    if masters:
+        cls = master_weight_class(cls)
     params = _unique_params(model)
     if zero_stage != 1 or dp_group is None or dist.get_world_size(dp_group) == 1:
         return cls(params, **kwargs)
@@ -283,7 +295,7 @@ def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.Process
 
     experts = expert_params(model)
     dense = [p for p in params if all(p is not e for e in experts)]
-    if any(isinstance(p, DTensor) for p in dense):  # ZeroRedundancyOptimizer takes no DTensors: shard the local shards
+    if masters or any(isinstance(p, DTensor) for p in dense):  # ZeroRedundancyOptimizer: plain tensors, its own state
         from planner.executor.zero1 import ShardedStateOptimizer
 
         zero = ShardedStateOptimizer(dense, cls, process_group=dp_group, **kwargs)

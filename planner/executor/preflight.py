@@ -25,6 +25,8 @@ def preflight(plan: LaunchPlan, options: RunOptions, report_path: str | Path | N
     check_writable(report_path, flag="--report")
     if options.device == "cuda":
         _check_cuda(plan.parallelism.world_size)
+    if plan.request.precision == "fp8":
+        _check_fp8(options.device)
     if options.data is not None:
         _check_tokens(options.data, options.data_dtype, seq_len=plan.batch.seq_len, vocab_size=plan.request.model.vocab_size)
 
@@ -39,6 +41,25 @@ def _check_cuda(world_size: int) -> None:
     if count < world_size:
         raise BadInputError(f"--device cuda: the plan has {world_size} ranks but this machine has {count} GPUs: "
                             f"run it with `planner launch` on enough nodes, or use --device cpu")
+
+
+def _check_fp8(device: str) -> None:
+    """fp8 needs fp8 tensor cores (planner.executor.fp8): refused before launch on a CPU run or an older GPU."""
+    import importlib.util
+
+    from planner.executor.fp8 import fp8_refusal
+
+    installed = importlib.util.find_spec("torchao") is not None
+    if device == "cpu":
+        reason = fp8_refusal("cpu", None, torchao_installed=installed)
+    else:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        reason = fp8_refusal("cuda" if cuda else "cpu", torch.cuda.get_device_capability(0) if cuda else None,
+                             torchao_installed=installed)
+    if reason is not None:
+        raise BadInputError(reason)
 
 
 def _check_tokens(path: str, dtype: str, *, seq_len: int, vocab_size: int) -> None:

@@ -145,6 +145,7 @@ def build_parts(job: Job, materialize: Callable[[], AbstractContextManager] = nu
     inside it (planner.executor.memtrace passes torch's FakeTensorMode: the same code, no memory)."""
     from planner.executor import parallelize as par_fns
     from planner.executor.pipeline import build_schedule, cut_stage, init_tied_head, local_stages, tied_embedding_group
+    from planner.executor.precision import autocast_dtype, prepare_module, share_master_weights
     from planner.executor.train import cross_entropy
     from planner.nn.model import Transformer
 
@@ -156,6 +157,7 @@ def build_parts(job: Job, materialize: Callable[[], AbstractContextManager] = nu
     job.dp_group = job.mesh["dp"].get_group()
     job.tied_group = tied_embedding_group(plan, job.mesh)
     copies = 2 if is_2bw(plan) else 1  # PipeDream-2BW: two weight versions of the stage
+    job.autocast_dtype = autocast_dtype(plan.request.precision)  # amp-bf16 only, on every path
     pp_group = job.mesh["pp"].get_group() if par.pp > 1 else None
     for stage in [s for s in job.local_stages for _ in range(copies)]:
         module = cut_stage(full, stage.layers) if par.pp > 1 else full
@@ -164,16 +166,18 @@ def build_parts(job: Job, materialize: Callable[[], AbstractContextManager] = nu
             module.tie_weights()  # to_empty gives the head and the embedding separate new tensors: re-tie
             module.init_weights(job.options.seed)
             init_tied_head(module, job.options.seed)
+            prepare_module(module, plan.request.precision, job.device)  # bf16 parameters; fp8: torchao Float8Linear
             train_module = parallelize_part(job, module, stage, groups, par_fns)
             job.parts.append(module)
             job.train_parts.append(train_module)
             job.optimizers.append(par_fns.build_optimizer(
-                train_module, zero_stage=par.zero_stage, dp_group=job.dp_group if par.dp > 1 else None, lr=job.options.lr
-            ))
+                train_module, zero_stage=par.zero_stage, lr=job.options.lr,
+                dp_group=job.dp_group if par.dp > 1 else None, precision=plan.request.precision))
     with materialize():
         if is_2bw(plan):
             from planner.executor.twobw_run import make_2bw_stage
 
+            share_master_weights(job.optimizers[0], job.optimizers[1])  # one fp32 master for the two bf16 versions
             job.schedule = make_2bw_stage(job)
         elif par.pp > 1:
             job.schedule = build_schedule(plan, job.train_parts, job.local_stages, pp_group=pp_group, device=job.device,
@@ -203,8 +207,6 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
     fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
     precision = plan.request.precision
     zero = 2 if (par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3) else par.zero_stage
-    if zero in (0, 1) and precision != "fp32":
-        job.autocast_dtype = torch.bfloat16  # FSDP2 carries the recipe itself (MixedPrecisionPolicy)
     if par.dp == 1 and ep_group is None:
         return module
     # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards

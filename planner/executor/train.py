@@ -46,7 +46,7 @@ def train_steps(model: nn.Module, optimizer, batches: Iterable[tuple[torch.Tenso
     accumulation), forward + backward each with loss/num_microbatches, `sync_gradients`, optimizer step.
     Returns one loss per step: the mean over micro-batches, averaged over `loss_group` (the dp ranks) when
     given, so every layout reports the loss of the same global batch. `loss_context` (e.g. TP's
-    loss_parallel) wraps loss and backward; `autocast_dtype` enables torch.autocast (DDP bf16 recipe)."""
+    loss_parallel) wraps loss and backward; `autocast_dtype` enables torch.autocast (the amp-bf16 recipe)."""
     losses = []
     device_type = next(model.parameters()).device.type
     for step, (inputs, targets) in enumerate(batches):

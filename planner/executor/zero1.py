@@ -40,8 +40,10 @@ class ShardedStateOptimizer:
         self.owners = partition(self.params, world)
         self.global_owners = [dist.get_global_rank(process_group, r) for r in self.owners]
         mine = [p for p, owner in zip(self.params, self.owners) if owner == self.rank]
-        # an empty share still needs an optimizer object (checkpoints save one state per rank)
-        self.optim = optimizer_class(mine or [nn.Parameter(torch.zeros(0))], **kwargs)
+        # an empty share still needs an optimizer object (checkpoints save one state per rank), on the parameters'
+        # device (a fused CUDA AdamW takes no CPU tensor)
+        device = _local(self.params[0]).device if self.params else torch.device("cpu")
+        self.optim = optimizer_class(mine or [nn.Parameter(torch.zeros(0, device=device))], **kwargs)
 
     @property
     def param_groups(self) -> list[dict]:

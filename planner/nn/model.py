@@ -90,14 +90,24 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
 class AttentionCore(nn.Module):
     """Causal scaled-dot-product attention on (batch, heads, seq, dim), a module of its own so that hooks
-    can time it and selective activation checkpointing can recompute exactly this part."""
+    can time it and selective activation checkpointing can recompute exactly this part. k and v carry the kv heads
+    (GQA): SDPA's enable_gqa shares them across the query heads inside the kernel (torch >= 2.5: the flash and math
+    backends), so neither a repeated copy nor its saved-for-backward bytes exist, as the cost model prices attention.
+    Where no backend that takes GQA runs (fp32 on CUDA: the memory-efficient kernel does not), k and v are repeated
+    first (repeat_interleave), as before."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        repeats = q.shape[1] // k.shape[1]
+        if repeats == 1:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if q.device.type == "cpu" or q.dtype in (torch.float16, torch.bfloat16):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Attention(nn.Module):
-    """Multi-head attention with GQA (kv heads repeated with repeat_interleave), optional qk-norm and RoPE."""
+    """Multi-head attention with GQA (kv heads shared inside SDPA: AttentionCore), optional qk-norm and RoPE."""
 
     def __init__(self, spec: ModelSpec, *, tp: int = 1, dtype: torch.dtype | None = None):
         super().__init__()
@@ -131,10 +141,6 @@ class Attention(nn.Module):
             if rope is None:
                 rope = rope_cache(seq_len, self.qk_dim).to(x.device)
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        repeats = q.shape[2] // k.shape[2]
-        if repeats > 1:
-            k = k.repeat_interleave(repeats, dim=2)
-            v = v.repeat_interleave(repeats, dim=2)
         out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return out.transpose(1, 2).reshape(batch, seq_len, -1)
 

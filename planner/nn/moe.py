@@ -12,8 +12,10 @@ rank routes its own tokens, sends each assignment to the rank owning its expert 
 local experts, and sends the results back (combine). Tokens counts are exchanged first with a plain
 all_to_all_single of the per-expert counts.
 
+Experts run as grouped GEMMs (`GroupedExperts.forward`): torch's grouped matmul on CUDA in bf16, a padded batched
+matmul elsewhere; token permutation (argsort by expert) and un-permutation (index_add) are vectorised.
 Not done: expert tensor parallelism (experts are replicated over tp ranks in the executor; profiling
-shapes use the full expert width), grouped GEMM (a loop over local experts).
+shapes use the full expert width).
 """
 
 from __future__ import annotations
@@ -71,7 +73,35 @@ class GroupedExperts(nn.Module):
         return self.w1.shape[0]
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x: tokens grouped by local expert, `counts[e]` rows for expert e -> same shape, dim wide."""
+        """x: tokens grouped by local expert, `counts[e]` rows for expert e -> same shape, dim wide. Every expert's
+        GEMMs run in one call, with no Python loop over experts: the rows are scattered once into a zero-padded
+        layout, the MLP runs there, the rows are gathered back. torch's grouped GEMM where the device has it
+        (`grouped_gemm_available`: groups padded to GROUP_ALIGN rows, as torchtitan's indices_padding_wrapper in
+        torchtitan/models/moe/moe.py does for torch._grouped_mm), else one batched matmul over an
+        (experts, max count, dim) buffer. Padding rows are zeros and are never gathered back, so each row's result
+        is its expert's GEMM on that row alone. No rows still runs the (empty) GEMMs: the expert weights then get
+        zero gradients, not None, so every rank joins the same gradient reductions."""
+        device, sizes = x.device, torch.tensor(counts, device=x.device)
+        expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=device), sizes, output_size=x.shape[0])
+        slot = torch.arange(x.shape[0], device=device) - (sizes.cumsum(0) - sizes)[expert_of_row]
+        if grouped_gemm_available(x):
+            padded = [max(1, -(-c // GROUP_ALIGN)) * GROUP_ALIGN for c in counts]
+            ends = torch.tensor(padded, device=device).cumsum(0)
+            index = (ends - torch.tensor(padded, device=device))[expert_of_row] + slot
+            buffer = x.new_zeros(sum(padded), x.shape[1]).index_copy(0, index, x)
+            return self._mlp(buffer, lambda a, w: grouped_mm(a, w, ends))[index]
+        buffer = x.new_zeros(len(counts), max(counts), x.shape[1]).index_put((expert_of_row, slot), x)
+        return self._mlp(buffer, lambda a, w: torch.bmm(a, w.transpose(-2, -1)))[expert_of_row, slot]
+
+    def _mlp(self, x: torch.Tensor, mm) -> torch.Tensor:
+        """w2(act(w1 x) [* w3 x]) with `mm(rows, stacked weight)` the per-expert GEMM of a padded layout."""
+        h = activation_fn(self.activation)(mm(x, self.w1))
+        if self.w3 is not None:
+            h = h * mm(x, self.w3)
+        return mm(h, self.w2)
+
+    def forward_loop(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """The reference: one GEMM per expert in a Python loop (what `forward` replaced; tests compare the two)."""
         act = activation_fn(self.activation)
         outs = []
         for e, chunk in enumerate(torch.split(x, counts, dim=0)):
@@ -80,6 +110,32 @@ class GroupedExperts(nn.Module):
                 h = h * (chunk @ self.w3[e].t())
             outs.append(h @ self.w2[e].t())
         return torch.cat(outs, dim=0) if outs else x.new_zeros(0, self.w2.shape[1])
+
+
+GROUP_ALIGN = 8
+"""Rows per expert group a multiple of 8 for torch's bf16 grouped GEMM (torchtitan TOKEN_GROUP_ALIGN_SIZE_M = 8,
+torchtitan/distributed/expert_parallel.py: the weight-gradient GEMM slices the token dimension at the offsets)."""
+
+
+def grouped_gemm_available(x: torch.Tensor) -> bool:
+    """torch's grouped GEMM (torch.nn.functional.grouped_mm, torch._grouped_mm before 2.10) runs bf16 on CUDA
+    devices of compute capability >= 8.0 (its docstring: "expected to be torch.bfloat16 values on CUDA devices with
+    SM >= 80"). On CPU, torch 2.13 runs its forward but its backward fails ("Invalid strides/sizes", measured), so
+    CPU and fp32 runs take the batched fallback (torch.bmm over the padded experts)."""
+    if x.device.type != "cuda" or _grouped_mm_fn() is None:
+        return False
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+    return dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
+
+
+def _grouped_mm_fn():
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Rows ends[e-1]:ends[e] of x times w[e].t() for every expert e, one grouped GEMM in bf16 (the operands are
+    cast as autocast casts a matmul's; torchtitan's _run_experts_grouped_mm casts the same way)."""
+    return _grouped_mm_fn()(x.to(torch.bfloat16), w.to(torch.bfloat16).transpose(-2, -1), offs=ends.to(torch.int32))
 
 
 class MoE(nn.Module):

@@ -213,7 +213,22 @@ class Kernels(Schema):
     source: str = Sourced
 
 
+class RecipeBytes(Schema):
+    """Bytes per parameter one precision recipe holds and moves, as the stack runs it (before ZeRO division): read by
+    the cost model instead of its default for that precision (planner.cost.memory.RECIPES)."""
+
+    weights: float = Field(ge=0, le=16, description="parameters, plus any cast copies held through backward")
+    grads: float = Field(ge=0, le=16, description="gradients")
+    optimizer: float = Field(ge=0, le=32, description="optimizer: fp32 master copy (if any) and Adam moments")
+    grad_reduce: float = Field(ge=0, le=8, description="bytes per gradient element in the data-parallel reduction")
+    gather: float = Field(ge=0, le=8, description="bytes per weight element in ZeRO all-gathers")
+    source: str = Sourced
+
+
 class MemoryHabits(Schema):
+    recipes: dict[Literal["bf16", "amp-bf16", "fp32", "fp8"], RecipeBytes] = Field(
+        default_factory=dict, description="precision -> the bytes per parameter of the stack's own recipe; a "
+                                          "precision not listed takes the cost model's default")
     main_grads_fp32: bool = Field(description="gradients accumulated in an fp32 buffer (4 bytes/param) under bf16")
     distributed_optimizer: bool = Field(description="ZeRO-1 is the stack's distributed optimizer")
     allocator_allowance_fraction: float = Field(ge=0, lt=0.5, description="device memory kept back for fragmentation")
@@ -221,6 +236,9 @@ class MemoryHabits(Schema):
         default="attention_core", description="what `selective` recompute reruns: the attention core (Megatron, "
                                               "Korthikanti et al. 2022), half of each layer's forward (torchtitan), "
                                               "or the norms and MLA up-projections (DeepSeek-V3)")
+    fp8_saves_fp8_inputs: bool = Field(default=True, description="under fp8 the GEMMs save their fp8-cast inputs "
+                                       "for backward (Transformer Engine); False: the high-precision inputs (torchao "
+                                       "Float8Linear saves input_hp and weight_hp)")
     grad_reduce_fp32: bool = Field(default=True, description="gradients reduced across data-parallel ranks in fp32 "
                                                              "(else in the 16-bit training dtype)")
     logits_live_in_backward: bool = Field(default=False, description="the loop keeps the loss's fp32 logits alive "

@@ -106,9 +106,8 @@ def test_hsdp_2x2_matches_single_process_and_shards_over_two_ranks(tmp_path):
 
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
-    (dict(precision="fp8"), r"precision='fp8' is not run by framework 'planner' \(fp8 training needs fp8 tensor cores"),
     (dict(cp=2), r"cp=2: framework 'planner' has no context parallelism \(torch 2.13's context_parallel"),
-])
+])  # fp8: tests/integration/test_precision_recipes.py
 def test_fp8_and_cp_are_refused_with_the_reason(kwargs, reason):
     plan = make_plan(TINY, num_microbatches=1)
     if "precision" in kwargs:

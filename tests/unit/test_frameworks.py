@@ -252,7 +252,8 @@ EXECUTOR_EVIDENCE = {
     "tied_embeddings_across_stages": ("test_executor_tied.py", "test_tied_embeddings_match_the_tied_single_process_reference"),
     "stale_weights": ("test_executor_2bw.py", "test_2bw_matches_the_delayed_update_and_differs_from_the_synchronous_one"),
     "precision fp32": ("test_executor.py", "test_pp2_1f1b_matches_single_process_and_reports"),
-    "precision bf16": ("test_parallelize.py", "dp2_zero3_bf16"),
+    "precision bf16": ("test_precision_recipes.py", "test_bf16_runs_track_fp32_and_hold_bf16_weights"),
+    "precision fp8": ("test_precision_recipes.py", "test_fp8_trains_with_float8_linears_on_an_fp8_gpu"),
     "precision amp-bf16": ("test_executor_capabilities.py", "test_amp_bf16_dp2_tracks_the_fp32_reference_within_bf16_precision"),
 }
 

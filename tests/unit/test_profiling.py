@@ -164,5 +164,7 @@ def test_moe_layer_with_expert_parallelism():
     assert (one.ep, two.ep) == (1, 2) and one.status == two.status == "ok"
     experts = {e.ep: op(e, "experts") for e in (one, two)}
     assert experts[2].params_bytes * 2 == experts[1].params_bytes  # half the experts on each EP rank
-    assert experts[2].forward_flops == experts[1].forward_flops  # the same tokens x top_k assignments
+    # the same tokens x top_k assignments; on CPU the experts run as one zero-padded bmm (planner/nn/moe.py), so
+    # uneven routing adds the padding rows' FLOPs (the ep=2 emulation spreads its assignments evenly)
+    assert experts[2].forward_flops <= experts[1].forward_flops < 2 * experts[2].forward_flops
     assert "ep=2" in two.message and op(one, "router").forward_flops == 2 * S * 64 * 4  # mbs 1
