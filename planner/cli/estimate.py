@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich import box
 from rich.table import Table
 
-from planner.cli.common import emit_text, guarded
+from planner.cli.common import emit_text, guarded, path_text
 from planner.errors import BadInputError
 from planner.io import format_validation_error
 from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, PlanRequest
@@ -145,7 +145,7 @@ def estimate(
     framework: str = typer.Option("planner", "--framework", help="Stack that runs it: planner | megatron-core | torchtitan | "
                                   "deepspeed | a profile file; a configuration the stack cannot run is refused (exit 2)."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of tables."),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
+    output: Path | None = typer.Option(None, "-o", "--output", parser=path_text, help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
     """Predict one configuration: step time and its breakdown, tokens/s, MFU, memory per pipeline rank.
 
