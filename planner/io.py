@@ -151,6 +151,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
     seen = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]`: a list or mapping as a key (unhashable)
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain name, not a list or mapping", key_node.start_mark)
         if isinstance(key, (str, int, float, bool)) and key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}: keep one of them", key_node.start_mark)
         seen.add(key)

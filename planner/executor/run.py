@@ -127,10 +127,10 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     `nproc` overrides the number of processes started (default: the plan's world size): a mismatch is
     refused by every rank, which is how the tests check that refusal. `env` adds environment variables."""
     from planner.executor.preflight import preflight
-    from planner.plan_invariants import check_plan
+    from planner.plan_verify import verify_plan
 
     loaded = plan_ref if isinstance(plan_ref, LaunchPlan) else load_file(LaunchPlan, plan_ref)
-    plan = check_plan(loaded, source="plan" if isinstance(plan_ref, LaunchPlan) else str(plan_ref))
+    plan = verify_plan(loaded, source="plan" if isinstance(plan_ref, LaunchPlan) else str(plan_ref))
     notes = check_runnable(plan)
     preflight(plan, options, report_path)
     if options.resume:
