@@ -162,8 +162,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _no_duplicate_pairs(pairs: list) -> dict:
-    """json object hook refusing a key given twice (json keeps the last one silently)."""
+def no_duplicate_pairs(pairs: list) -> dict:
+    """json object_pairs_hook refusing a key given twice (json keeps the last one silently): ValueError naming it."""
     keys = [key for key, _ in pairs]
     if len(set(keys)) != len(keys):
         dup = next(key for key in keys if keys.count(key) > 1)
@@ -226,7 +226,7 @@ def load_structured(path: str | Path) -> Any:
     text = read_text_checked(source, max_bytes=MAX_JSON_BYTES if is_json else MAX_YAML_BYTES)
     try:
         if is_json:
-            return json.loads(text, object_pairs_hook=_no_duplicate_pairs, parse_constant=_reject_constant)
+            return json.loads(text, object_pairs_hook=no_duplicate_pairs, parse_constant=_reject_constant)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except json.JSONDecodeError as exc:
         raise BadInputError(f"{_shown(source)}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None

@@ -94,3 +94,30 @@ def test_regular_files_and_links_to_them_are_replaced(spots):
     fifo_link.symlink_to(spots["fifo"])
     with pytest.raises(BadInputError, match="a FIFO"):
         atomic_write_text(fifo_link, "x")
+
+
+# ---- issue 24's remaining tracebacks: one line, exit 2, before torchrun starts -------------------------------------
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--timeout-s", "nan", "--timeout-s nan"), ("--timeout-s", "inf", "--timeout-s inf"), ("--lr", "nan", "--lr nan"),
+    ("--lr", "-0.1", "--lr -0.1"), ("--seed", str(2**63), "--seed"), ("--seed", "-1", "--seed -1"),
+])
+def test_run_options_are_checked_before_torchrun(spots, flag, value, words):
+    pytest.importorskip("torch")
+    line = refused(["run", spots["plan"], "--device", "cpu", flag, value], within_s=10)
+    assert words in line
+
+
+@pytest.mark.parametrize("text", ["? [a, b]\n: 1\nname: x\n", "? {a: 1}\n: 1\n"])
+def test_a_yaml_key_that_is_a_list_or_mapping_is_one_line(tmp_path, text):
+    path = tmp_path / "model.yaml"
+    path.write_text(text)
+    assert "mapping key must be a plain name" in refused(["plan", "--model", str(path), "--gpus", "8"], within_s=10)
+
+
+def test_an_absurd_capacity_factor_is_one_line(tmp_path):
+    spec = api.load_model("mixtral-8x7b").model_dump(mode="json")
+    spec["moe"]["capacity_factor"] = 9e307
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(spec))
+    assert "capacity_factor" in refused(["estimate", "--model", str(path), "--gpus", "16", "--ep", "8"], within_s=10)
