@@ -22,6 +22,7 @@ from pathlib import Path
 
 from planner.errors import BadInputError, PlannerError
 from planner.executor.checkpoint import check_resume, remove_partial
+from planner.executor.lifetime import kill_group, wrapped_argv
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
 from planner.executor.runnable import check_runnable
@@ -30,6 +31,7 @@ from planner.schemas.plan import LaunchPlan
 
 RUNTIME_MODULE = "planner.executor.runtime"
 STARTUP_ALLOWANCE_S = 120.0
+REAP_TIMEOUT_S = 10.0  # after the agent's group is killed: its ranks die by their parent-death signal
 OUTPUT_TAIL_CHARS = 2000
 
 
@@ -120,6 +122,43 @@ def _collect(results_dir: Path, world: int) -> list[RankResult]:
     return results
 
 
+def run_agent(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """Run torchrun's agent to its end: (exit code, stdout + stderr). The agent dies with this process (parent-death
+    signal, planner.executor.lifetime) and runs in its own process group, which is killed whole past `timeout_s`
+    (subprocess.TimeoutExpired), on SIGTERM (raised here as SystemExit 143) and on any other exception; its ranks
+    follow by their own parent-death signal."""
+    proc = subprocess.Popen(wrapped_argv(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    previous = _raise_on_sigterm()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        kill_group(proc.pid)
+        try:
+            proc.communicate(timeout=REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return proc.returncode, stdout + stderr
+
+
+def _raise_on_sigterm():
+    """On the main thread: SIGTERM becomes SystemExit(143), so the run's cleanup (kill the agent's group, remove the
+    results folder and partial checkpoints) happens; returns the handler to restore (None off the main thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_path: str | Path | None = None,
              warmup_steps: int = 1, nproc: int | None = None, env: dict[str, str] | None = None) -> RunReport:
     """Run the plan with torchrun on this machine; returns the report (also written to `report_path`).
@@ -141,14 +180,12 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     plan_path = Path(plan_ref).resolve() if not isinstance(plan_ref, LaunchPlan) else atomic_write_text(results_dir / "plan.json", canonical_json(plan))
     options = options.replace(results_dir=str(results_dir))
     try:
-        completed = subprocess.run(
-            torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {}), **thread_env(env)},
-            capture_output=True, text=True, timeout=options.timeout_s + STARTUP_ALLOWANCE_S, check=False,
-        )
-        if completed.returncode != 0:
+        returncode, output = run_agent(torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {}), **thread_env(env)},
+                                       timeout_s=options.timeout_s + STARTUP_ALLOWANCE_S)
+        if returncode != 0:
             if options.checkpoint_dir:
                 remove_partial(options.checkpoint_dir)
-            raise RunFailedError(_failure_message(results_dir, completed.returncode, completed.stdout + completed.stderr))
+            raise RunFailedError(_failure_message(results_dir, returncode, output))
         results = _collect(results_dir, world)
     except subprocess.TimeoutExpired as exc:
         raise RunFailedError(f"the job ran past {exc.timeout:.0f} s and was stopped: raise --timeout-s or run fewer --steps") from None

@@ -34,6 +34,7 @@ from planner.executor.schedules import ZERO_BUBBLE_SCHEDULES
 from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
+from planner.executor.lifetime import die_with_agent
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
 from planner.executor.runnable import check_runnable
@@ -377,6 +378,7 @@ def make_job(plan: LaunchPlan, options: RunOptions) -> Job:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_agent()  # a rank never outlives torchrun's agent (planner.executor.lifetime)
     rank = int(os.environ.get("RANK", "0"))
     results_dir = Path("planner-run")
     try:
