@@ -76,6 +76,15 @@ def signal_deaths(output: str) -> dict[int, int]:
     return {rank: sig for rank, sig in deaths.items() if sig != signal.SIGTERM}
 
 
+def lost_a_peer(failure: RankFailure) -> bool:
+    """Whether a rank's failure is the consequence of a peer's: its message, or one of the exceptions chained under it
+    (torch.distributed.pipelining wraps a lost connection as "Failed to run stage backward"), reads as a lost
+    connection. Only the traceback's exception lines are read (column 0), not its source lines (`timeout=...`)."""
+    chained = [line for line in failure.traceback.splitlines()
+               if line and not line[0].isspace() and not line.startswith(("Traceback", "The above", "During handling"))]
+    return any(PEER_LOSS.search(text) for text in (failure.message, *chained))
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -90,7 +99,7 @@ def _failure_message(results_dir: Path, returncode: int, output: str) -> str:
         (RankFailure.model_validate_json(p.read_text()) for p in results_dir.glob("rank-*.error.json")),
         key=lambda f: (f.time_s, f.rank),
     )
-    own = [f for f in failures if not PEER_LOSS.search(f.message)]
+    own = [f for f in failures if not lost_a_peer(f)]
     reported = {f.rank for f in failures}
     silent = {r: sig for r, sig in signal_deaths(output).items() if r not in reported}
     if own:

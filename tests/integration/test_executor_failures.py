@@ -41,6 +41,21 @@ def test_a_killed_rank_is_named_not_the_peer_that_lost_its_connection(tmp_path):
     assert message.startswith("rank 1 died by SIGKILL without reporting a cause") and "then rank(s) [0]" in message
 
 
+def test_a_peer_loss_wrapped_by_the_pipeline_schedule_is_no_cause(tmp_path):
+    """Issue 24: killing rank 1 of a TP2 x PP2 job named rank 0, whose error torch.distributed.pipelining wraps as
+    "Failed to run stage backward" with the lost connection only in the chained exception of its traceback."""
+    chained = (f"Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    dist.recv(t, timeout=timeout)\n"
+               f"RuntimeError: {RESET}\n\nThe above exception was the direct cause of the following exception:\n\n"
+               f"Traceback (most recent call last):\n  File \"y.py\", line 2, in g\nRuntimeError: \n  Failed to run stage backward:\n")
+    failure = RankFailure(rank=0, error_type="RuntimeError", message="\n  Failed to run stage backward:\n  Stage output: (...)",
+                          traceback=chained, time_s=1.0)
+    (tmp_path / "rank-0.error.json").write_text(failure.model_dump_json())
+    assert _failure_message(tmp_path, 1, TORCHRUN_SUMMARY).startswith("rank 1 died by SIGKILL")
+    own = failure.model_copy(update={"traceback": chained.replace(RESET, "shape mismatch"), "message": "shape mismatch"})
+    (tmp_path / "rank-0.error.json").write_text(own.model_dump_json())
+    assert _failure_message(tmp_path, 1, TORCHRUN_SUMMARY).startswith("rank 0 failed: RuntimeError: shape mismatch")
+
+
 def test_an_aborted_rank_is_named_with_its_abort_reason(tmp_path):
     _write_failure(tmp_path, 0, RESET, 1.0)
     output = "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 2048 vs 1024.\n" + \
