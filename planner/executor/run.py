@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from planner.errors import BadInputError, PlannerError
-from planner.executor.checkpoint import check_resume, remove_partial
+from planner.executor.checkpoint import VERIFIED_ENV, check_resume, remove_partial
 from planner.executor.lifetime import kill_group, wrapped_argv
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
@@ -189,7 +189,9 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     plan_path = Path(plan_ref).resolve() if not isinstance(plan_ref, LaunchPlan) else atomic_write_text(results_dir / "plan.json", canonical_json(plan))
     options = options.replace(results_dir=str(results_dir))
     try:
-        returncode, output = run_agent(torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {}), **thread_env(env)},
+        verified = {VERIFIED_ENV: "1"} if options.resume else {}
+        returncode, output = run_agent(torchrun_argv(plan_path, started, options),
+                                       env={**os.environ, **(env or {}), **thread_env(env), **verified},
                                        timeout_s=options.timeout_s + STARTUP_ALLOWANCE_S)
         if returncode != 0:
             if options.checkpoint_dir:

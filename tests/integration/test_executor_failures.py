@@ -91,7 +91,7 @@ def test_resume_under_another_layout_is_bad_input_before_launch(changed, field, 
     saved = make_plan(TINY, dp=2, num_microbatches=1)
     folder = step_dir(tmp_path / "ckpt", 2)
     folder.mkdir(parents=True)
-    (folder / STEP_FILE).write_text(json.dumps({"step": 2, "world_size": 2, "layout": layout_of(saved)}))
+    (folder / STEP_FILE).write_text(json.dumps({"step": 2, "world_size": 2, "layout": layout_of(saved), "files": {}}))
     gpus = changed.pop("gpus", None)
     plan = make_plan(TINY, num_microbatches=1, **changed)
     if gpus is not None:
