@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.errors import BadInputError
-from planner.executor import manifest
+from planner.executor import manifest, reshard
 
 if TYPE_CHECKING:  # torch is imported inside the collective functions: run.py uses the file helpers torch-free
     from torch import nn
@@ -90,10 +90,9 @@ def _model_changes(before: dict, now: dict) -> list[str]:
 
 def check_resume(root: str | Path, plan, *, verify_files: bool = True) -> int:
     """Before launch (torch-free): the newest committed checkpoint under `root` is whole (every file's size and sha256
-    as its manifest says, planner.executor.manifest; `verify_files`) and was written by this plan's model and layout;
-    returns its step. Damage or a different model or layout is bad input (exit 2), named file by file or field by
-    field: the executor resumes only the layout that wrote the shards (per-rank ZeRO-1 states, pipeline stage cuts,
-    EP/TP shard keys)."""
+    as its manifest says, planner.executor.manifest; `verify_files`), was written by this plan's model, and its layout
+    is this plan's or one DCP reshards into it (planner.executor.reshard); returns its step. Damage, another model or
+    a layout change that cannot reshard is bad input (exit 2), named file by file or field by field with the reason."""
     step = latest_step(root)
     if step is None:
         raise BadInputError(f"--resume: no committed checkpoint (step-NNNNNN/) under {root}: run without --resume first")
@@ -103,16 +102,14 @@ def check_resume(root: str | Path, plan, *, verify_files: bool = True) -> int:
     if not isinstance(before, dict):
         raise BadInputError(f"--resume: {folder / STEP_FILE} has no layout: {manifest.FIX}")
     spec_changes = _model_changes(before.get("model_spec", {}), now["model_spec"]) if "model_spec" in before else []
-    changed = spec_changes + [f"{key}={before[key]!r} -> {now[key]!r}" for key in now
-                              if key != "model_spec" and key in before and before[key] != now[key]]
-    if changed:
-        what = "model" if spec_changes else "layout"
-        raise BadInputError(f"--resume: {folder} was written with another {what} ({', '.join(changed[:4])}"
-                            f"{f' and {len(changed) - 4} more' if len(changed) > 4 else ''}): "
+    if spec_changes:
+        raise BadInputError(f"--resume: {folder} was written with another model ({', '.join(spec_changes[:4])}"
+                            f"{f' and {len(spec_changes) - 4} more' if len(spec_changes) > 4 else ''}): "
                             f"resume with the plan that wrote it, or start without --resume")
-    if saved.get("world_size", plan.parallelism.world_size) != plan.parallelism.world_size:
-        raise BadInputError(f"--resume: {step_dir(root, step)} was written by {saved['world_size']} processes, the plan has "
-                            f"{plan.parallelism.world_size}: resume with the plan that wrote it")
+    refused = reshard.refusal(before, now)
+    if refused is not None:
+        raise BadInputError(f"--resume: {folder} was written with another layout ({refused}): resume with the plan that "
+                            f"wrote it, or start without --resume")
     return step
 
 
@@ -228,7 +225,7 @@ def write_error(exc: BaseException, folder: Path) -> BaseException:
 
 def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys, versions: bool = False) -> int:
     """Collective: load the newest committed checkpoint into the (already parallelised) parts and
-    optimizers; returns its step. Raises BadInputError when there is none or it has another world size."""
+    optimizers; returns its step (another world size reshards: check_resume refused what cannot)."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -238,9 +235,7 @@ def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: Sh
     if step is None:
         raise BadInputError(f"--resume: no committed checkpoint (step-NNNNNN/) under {root}: run without --resume first")
     folder = step_dir(root, step)
-    saved_world = manifest.read_manifest(folder).get("world_size")
-    if saved_world != dist.get_world_size():
-        raise BadInputError(f"--resume: {folder} was written by {saved_world} processes, this job has {dist.get_world_size()}: resume with the same plan")
+    manifest.read_manifest(folder)  # another world size reshards (check_resume has refused what cannot)
     state = _state(parts, optimizers, keys, versions)
     dcp.load(state, checkpoint_id=str(folder))
     options = StateDictOptions(flatten_optimizer_state_dict=True)

@@ -78,17 +78,17 @@ def test_threads_are_one_per_rank_unless_the_caller_says(monkeypatch):
 
 
 @pytest.mark.parametrize(("changed", "field"), [
-    (dict(dp=4), "dp=2 -> 4"),
-    (dict(dp=2, gpus=8), "!= request.gpus=8"),  # an inconsistent plan file: refused before the checkpoint is read
+    (dict(dp=4, zero_stage=1), "ZeRO-1 saves each rank's optimizer partition"),  # cannot reshard (planner.executor.reshard)
+    (dict(dp=2, zero_stage=1, gpus=8), "!= request.gpus=8"),  # an inconsistent plan file: refused before the checkpoint is read
 ])
 def test_resume_under_another_layout_is_bad_input_before_launch(changed, field, tmp_path):
-    """A DP2 checkpoint resumed under DP4, or under a request for another GPU count: exit 2, nothing started."""
+    """A ZeRO-1 DP2 checkpoint resumed under DP4, or under a request for another GPU count: exit 2, nothing started."""
     from typer.testing import CliRunner
 
     from planner.cli import app
 
     pytest.importorskip("torch")
-    saved = make_plan(TINY, dp=2, num_microbatches=1)
+    saved = make_plan(TINY, dp=2, zero_stage=1, num_microbatches=1)
     folder = step_dir(tmp_path / "ckpt", 2)
     folder.mkdir(parents=True)
     (folder / STEP_FILE).write_text(json.dumps({"step": 2, "world_size": 2, "layout": layout_of(saved), "files": {}}))
