@@ -114,6 +114,9 @@ def unverified_reason(plan: LaunchPlan) -> str | None:
         return f"its schedule {plan.schedule!r} is run by the executor but not costed by the planner"
     if plan.request.profile is not None and not Path(plan.request.profile).expanduser().is_file():
         return f"its measured profile {plan.request.profile} is not on this machine"
+    calibration = plan.request.topology.comm_calibration
+    if calibration and not Path(calibration).expanduser().is_file():
+        return f"its topology's comm calibration {calibration} is not on this machine"
     ref = plan.request.framework
     if ref.endswith((".yaml", ".yml", ".json")) and not Path(ref).expanduser().is_file():
         return f"its framework file {ref} is not on this machine"
