@@ -105,3 +105,16 @@ def test_check_refuses_a_non_finite_tolerance(tolerance):
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
 def test_committed_plans_are_honest(path):
     verify_plan(load_file(LaunchPlan, path), source=str(path))
+
+
+@pytest.mark.parametrize("model, topology, gpus, framework, precision", [
+    ("llama3-8b", "dgx-h100", 16, "planner", "bf16"), ("tinyllama-1.1b", "dgx-a100-80g", 8, "deepspeed", "bf16"),
+    ("gpt3-175b", "dgx-a100-80g", 128, "megatron-lm", "bf16"), ("llama3-8b", "dgx-h100", 8, "megatron-core", "fp8"),
+    ("llama3-8b", "dgx-h100", 16, "pytorch-fsdp", "amp-bf16"), ("bloom-176b", "dgx-a100-80g", 64, "deepspeed", "bf16"),
+])
+def test_fresh_plans_are_honest_after_their_json_round_trip(tmp_path, model, topology, gpus, framework, precision):
+    """What the search writes, written and read back as a file, re-derives within the rounding of canonical_json."""
+    plan = api.plan(api.build_request(model=model, topology=topology, gpus=gpus, framework=framework, precision=precision))
+    path = tmp_path / "plan.json"
+    path.write_text(canonical_json(plan))
+    verify_plan(load_file(LaunchPlan, path), source=str(path))
