@@ -177,6 +177,9 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     from planner.executor.preflight import preflight
     from planner.plan_verify import verify_plan
 
+    if warmup_steps < 0:
+        raise BadInputError(f"--warmup-steps {warmup_steps}: give 0 or more steps to leave out of the median step time")
+
     loaded = plan_ref if isinstance(plan_ref, LaunchPlan) else load_file(LaunchPlan, plan_ref)
     plan = verify_plan(loaded, source="plan" if isinstance(plan_ref, LaunchPlan) else str(plan_ref))
     notes = check_runnable(plan)

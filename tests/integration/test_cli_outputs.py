@@ -101,6 +101,7 @@ def test_regular_files_and_links_to_them_are_replaced(spots):
 @pytest.mark.parametrize("flag, value, words", [
     ("--timeout-s", "nan", "--timeout-s nan"), ("--timeout-s", "inf", "--timeout-s inf"), ("--lr", "nan", "--lr nan"),
     ("--lr", "-0.1", "--lr -0.1"), ("--seed", str(2**63), "--seed"), ("--seed", "-1", "--seed -1"),
+    ("--warmup-steps", "-1", "--warmup-steps -1"), ("--timeout-s", "1e12", "--timeout-s"),
 ])
 def test_run_options_are_checked_before_torchrun(spots, flag, value, words):
     pytest.importorskip("torch")
