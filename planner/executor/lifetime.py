@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
-AGENT_MODULES = ("torch.distributed.run", "torchrun", "torch/distributed/run.py")
+AGENT_WORDS = ("torch", "planner")  # torchrun, torch.distributed.run/launch, or a planner wrapper: not init or a shell
 ELASTIC_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent for every rank it starts
 
 
@@ -53,14 +53,15 @@ def _parent_command(ppid: int) -> str:
 
 def die_with_agent() -> None:
     """At a rank's entry point under torchrun: die (SIGKILL) when the agent dies; exit at once if it already has
-    (the rank was re-parented to init or a subreaper before prctl took effect). No-op outside torchrun."""
+    (the rank was re-parented to init or a subreaper, whose command line names neither torch nor planner, before
+    prctl took effect). No-op outside torchrun."""
     if ELASTIC_ENV not in os.environ:
         return
     ppid = os.getppid()
     if not set_parent_death_signal():
         return
     parent = _parent_command(os.getppid())
-    if os.getppid() != ppid or ppid == 1 or (parent and not any(name in parent for name in AGENT_MODULES)):
+    if os.getppid() != ppid or ppid == 1 or (parent and not any(word in parent for word in AGENT_WORDS)):
         sys.stderr.write("rank: torchrun's agent is gone before this rank started: exiting\n")
         os._exit(1)
 
