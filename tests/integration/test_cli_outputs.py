@@ -122,3 +122,11 @@ def test_an_absurd_capacity_factor_is_one_line(tmp_path):
     path = tmp_path / "moe.json"
     path.write_text(json.dumps(spec))
     assert "capacity_factor" in refused(["estimate", "--model", str(path), "--gpus", "16", "--ep", "8"], within_s=10)
+
+
+def test_an_absurd_fabric_latency_is_one_line(tmp_path):
+    topology = api.load_topology("dgx-h100").model_dump(mode="json")
+    topology["intra_node"]["latency_s"] = 1e308  # overflowed to NaN step times
+    path = tmp_path / "topology.json"
+    path.write_text(json.dumps(topology))
+    assert "intra_node.latency_s" in refused(["plan", "--topology", str(path), "--gpus", "8"], within_s=10)
