@@ -214,5 +214,6 @@ def verify_plan(plan: LaunchPlan, *, source: str = "plan", rederive: bool = True
         field, stated, wanted = found[0]
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise BadInputError(f"{source} is inconsistent: {field.replace('#len', ' (count)')} is {_shown(stated)} but its own "
-                            f"request gives {_shown(wanted)}{more} (edited after it was derived?): {FIX}")
+                            f"request gives {_shown(wanted)}{more} (edited, or written before a cost-model change: `planner check` "
+                               f"shows what moved): {FIX}")
     return plan
