@@ -79,14 +79,15 @@ def honest(plan: LaunchPlan) -> LaunchPlan:
     loaded and refuses one that disagrees); a plan whose configuration the cost model refuses is left as built,
     so the tests of the executor's own refusals still reach them."""
     from planner.errors import BadInputError
-    from planner.plan_verify import rederived, unverified_reason
+    from planner.plan_verify import DERIVED, rederived, unverified_reason
 
     if unverified_reason(plan) is not None:
         return plan
     try:
-        return rederived(plan)
+        derived = rederived(plan)
     except BadInputError:
         return plan
+    return plan.model_copy(update={name: getattr(derived, name) for name in DERIVED})  # parallelism kept (dp_replicate)
 
 
 def write_plan(plan: LaunchPlan, path: Path) -> Path:

@@ -72,9 +72,10 @@ def make_plan(*, dp=2, tp=4, pp=2, vpp=1, cp=1, ep=1, sp=True, zero=1, schedule=
 
 def honest(plan: LaunchPlan) -> LaunchPlan:
     """The hand-built plan with the numbers its own request gives (planner.plan_verify re-derives them on load)."""
-    from planner.plan_verify import rederived
+    from planner.plan_verify import DERIVED, rederived
 
-    return rederived(plan)
+    derived = rederived(plan)
+    return plan.model_copy(update={name: getattr(derived, name) for name in DERIVED})
 
 
 # ---- torchtitan ------------------------------------------------------------------------------------------
