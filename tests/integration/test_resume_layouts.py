@@ -12,7 +12,6 @@ pytest.importorskip("torch")
 from executor_plans import TINY, honest, make_plan, write_plan  # noqa: E402
 from test_executor import options  # noqa: E402
 
-from planner.errors import BadInputError  # noqa: E402
 from planner.executor.checkpoint import layout_of  # noqa: E402
 from planner.executor.reshard import refusal  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
