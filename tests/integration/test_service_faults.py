@@ -54,16 +54,18 @@ def test_an_absurd_capacity_factor_is_422_not_500(server):
 def test_a_worker_killed_mid_solve_is_503_with_retry_after_and_replaced(server):
     before = health(server)["workers_replaced"]
     answer: dict = {}
-    busy = threading.Thread(target=lambda: answer.update(r=httpx.post(
-        server.url + "/v1/plan", json={"model": DEEP, "nodes": 512, "time_limit_s": 30}, timeout=60)), daemon=True)
+    heavy = {"model": DEEP | {"moe": {"num_experts": 4096, "top_k": 8, "expert_ffn_hidden_size": 2048}}, "nodes": 64,
+             "time_limit_s": 60, "framework": "torchtitan"}  # solves for many seconds (test_service_hostile's memory case)
+    busy = threading.Thread(target=lambda: answer.update(r=httpx.post(server.url + "/v1/plan", json=heavy, timeout=90)),
+                            daemon=True)
     busy.start()
     deadline = time.monotonic() + 20
     while health(server)["solving"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)  # the solve has reached its worker
+    time.sleep(1.0)  # the solve has reached its worker
     for pid in workers(server):
         os.kill(pid, signal.SIGKILL)
-    busy.join(30)
+    busy.join(60)
     response = answer["r"]
     assert response.status_code == 503, response.text
     assert response.headers.get("retry-after", "").isdigit() and "worker died" in response.json()["detail"]
