@@ -175,14 +175,15 @@ def _wider(request: PlanRequest) -> PlanRequest:
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:
     """A LaunchPlan object, or one loaded from a plan JSON file; either way validated in full: the schema and the
-    invariants the search guarantees (planner.plan_invariants), so a hand-edited plan is refused, not used."""
-    from planner.plan_invariants import check_plan
+    invariants the search guarantees (planner.plan_invariants) and its numbers re-derived from its own request
+    (planner.plan_verify), so a hand-edited plan is refused, not used."""
+    from planner.plan_verify import verify_plan
 
     if isinstance(plan, LaunchPlan):
-        return check_plan(plan)
+        return verify_plan(plan)
     from planner.io import load_file
 
-    return check_plan(load_file(LaunchPlan, plan), source=str(plan))
+    return verify_plan(load_file(LaunchPlan, plan), source=str(plan))
 
 
 def check(target: str | Path, *, tolerance: float = 0.02, allow_change: bool = False, progress: ProgressFn | None = None):

@@ -11,6 +11,7 @@ Each result carries a readable diff (degrees, stages, memory, time) of old vs ne
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,11 +172,11 @@ def check_plans(
 
     All files are validated before any is recomputed, so bad input fails fast. `progress(done, total)`
     is called after each plan (searches can take seconds each)."""
-    if tolerance < 0:
-        raise BadInputError(f"tolerance={tolerance} must be >= 0: e.g. --tolerance 0.02 for 2%")
-    from planner.plan_invariants import check_plan as check_invariants
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise BadInputError(f"tolerance={tolerance} must be a finite number >= 0: e.g. --tolerance 0.02 for 2%")
+    from planner.plan_verify import verify_plan
 
-    plans = [(path, check_invariants(load_file(LaunchPlan, path), source=str(path))) for path in plan_files(target)]
+    plans = [(path, verify_plan(load_file(LaunchPlan, path), source=str(path), rederive=False)) for path in plan_files(target)]
     results = []
     for path, plan in plans:
         results.append(check_plan(path, plan, tolerance=tolerance, allow_change=allow_change))

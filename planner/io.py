@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,8 +22,14 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write `text` to `path` through a temporary file in the same folder and os.replace: all or nothing.
 
     The file gets the mode a plain open() would give it (0666 less the umask; an existing file keeps its
-    mode), not mkstemp's 0600. An unwritable place is a BadInputError naming the path, not a traceback."""
-    target = Path(path)
+    mode), not mkstemp's 0600. An unwritable place is a BadInputError naming the path, not a traceback.
+    Only a regular file is ever replaced: a name that ends in a separator, or that exists as a folder, device
+    node, FIFO or socket (`-o /dev/null` as root would otherwise become a regular file) is refused before any
+    write, and again just before the rename. A symbolic link is followed: the file it names is replaced."""
+    problem = special_output_problem(path)
+    if problem:
+        raise BadInputError(f"cannot write {_shown(path)}: {problem}: name a regular file")
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:64]}.", suffix=".tmp", dir=target.parent)
@@ -34,6 +41,9 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        late = special_output_problem(target)  # it changed since the check above: leave it alone
+        if late:
+            raise BadInputError(f"cannot write {_shown(target)}: {late}: name a regular file")
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -62,13 +72,31 @@ def _file_mode(target: Path) -> int:
     return 0o666 & ~mask
 
 
+def special_output_problem(path: str | Path) -> str | None:
+    """Why `path` must not be written by replacing it, or None: a name ending in a path separator (a folder
+    meant, `-o newdir/`), or an existing entry that is not a regular file once links are followed."""
+    text = os.fspath(path)
+    if text.endswith(os.sep) or (os.altsep and text.endswith(os.altsep)):
+        return "the name ends in a path separator, so it names a folder"
+    try:
+        mode = os.stat(text).st_mode
+    except (OSError, ValueError):
+        return None  # absent (or unnameable: check_writable and the write itself say why)
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"it exists and is {kind}, which a planner output never replaces"
+
+
 def _unwritable(target: Path, exc: OSError) -> str:
     return f"cannot write {_shown(target)}: {exc.strerror or exc}: choose a writable file path"
 
 
-def _shown(path: Path) -> str:
-    """A path for a one-line message: very long names are shortened in the middle."""
-    text = str(path)
+def _shown(path: str | Path) -> str:
+    """A path for a one-line message (as given: a trailing '/' kept): very long names are shortened in the middle."""
+    text = os.fspath(path)
     return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text)} characters)"
 
 
@@ -79,12 +107,10 @@ def check_writable(path: str | Path | None, *, flag: str = "--output") -> None:
     if path is None:
         return
     target = Path(path)
-    problem = None
-    if len(target.name.encode()) > 255:
+    problem = special_output_problem(path)  # a folder, a name ending in '/', a device node, FIFO or socket
+    if problem is None and len(target.name.encode()) > 255:
         problem = f"the file name is {len(target.name.encode())} bytes, over the 255-byte limit of most file systems"
-    elif target.is_dir():
-        problem = "it is a folder"
-    else:
+    elif problem is None:
         parent = _existing_parent(target)
         if not parent.is_dir():
             problem = f"{_shown(parent)} is not a folder"
@@ -93,7 +119,7 @@ def check_writable(path: str | Path | None, *, flag: str = "--output") -> None:
         else:
             problem = _probe(parent)
     if problem:
-        raise BadInputError(f"{flag}={_shown(target)} cannot be written: {problem}: choose a writable file path")
+        raise BadInputError(f"{flag}={_shown(path)} cannot be written: {problem}: choose a writable file path")
 
 
 def _probe(folder: Path) -> str | None:
@@ -125,6 +151,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
     seen = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key_node, yaml.ScalarNode):  # `? [a, b]`: a list or mapping as a key (unhashable)
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain name, not a list or mapping", key_node.start_mark)
         if isinstance(key, (str, int, float, bool)) and key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}: keep one of them", key_node.start_mark)
         seen.add(key)
@@ -134,8 +162,8 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bo
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _no_duplicate_pairs(pairs: list) -> dict:
-    """json object hook refusing a key given twice (json keeps the last one silently)."""
+def no_duplicate_pairs(pairs: list) -> dict:
+    """json object_pairs_hook refusing a key given twice (json keeps the last one silently): ValueError naming it."""
     keys = [key for key, _ in pairs]
     if len(set(keys)) != len(keys):
         dup = next(key for key in keys if keys.count(key) > 1)
@@ -188,7 +216,7 @@ def load_structured(path: str | Path) -> Any:
     text = read_text_checked(source, max_bytes=MAX_JSON_BYTES if is_json else MAX_YAML_BYTES)
     try:
         if is_json:
-            return json.loads(text, object_pairs_hook=_no_duplicate_pairs, parse_constant=_reject_constant)
+            return json.loads(text, object_pairs_hook=no_duplicate_pairs, parse_constant=_reject_constant)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except json.JSONDecodeError as exc:
         raise BadInputError(f"{_shown(source)}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None

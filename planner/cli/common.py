@@ -93,6 +93,13 @@ def guarded(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def path_text(value: str) -> Path:
+    """typer `parser=` for an output file option: the path as typed. typer's own Path conversion drops a
+    trailing '/', so `-o newdir/` (a folder meant) would be written as a file named `newdir`; kept as text,
+    planner.io.check_writable sees the separator and refuses it in one line (exit 2)."""
+    return value  # type: ignore[return-value]  # a str is what every writer below accepts as a path
+
+
 def emit_text(text: str, output: Path | None) -> None:
     """Write text atomically to `output`, or to stdout when no file is given."""
     if output is None:

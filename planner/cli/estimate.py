@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich import box
 from rich.table import Table
 
-from planner.cli.common import emit_text, guarded
+from planner.cli.common import emit_text, guarded, path_text
 from planner.errors import BadInputError
 from planner.io import format_validation_error
 from planner.schemas.compression import NONE, Compression
@@ -213,7 +213,7 @@ def estimate(
     trace_memory: bool = typer.Option(False, "--trace-memory", help="Also trace the executor's step on fake tensors (needs "
                                       "torch; --framework planner) and show traced vs formula per part."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of tables."),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
+    output: Path | None = typer.Option(None, "-o", "--output", parser=path_text, help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
     """Predict one configuration: step time and its breakdown, tokens/s, MFU, memory per pipeline rank.
 

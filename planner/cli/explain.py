@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from planner.cli.common import emit_text, guarded
+from planner.cli.common import emit_text, guarded, path_text
 
 HELP = """Explain a plan: why these degrees, where time and memory go, what the runner-up was.
 
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
 @guarded
 def explain_command(
     plan: Path = typer.Argument(..., help="A LaunchPlan JSON."),
-    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: schedule timeline, memory per stage, candidates."),
+    plot: Path | None = typer.Option(None, "--plot", parser=path_text, help="Write a PNG: schedule timeline, memory per stage, candidates."),
     json_output: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
     framework: list[str] | None = typer.Option(None, "--framework", help="Judge the plan against this stack (repeatable; "
                                                "default: every shipped profile): runs it, or the stack's reason."),

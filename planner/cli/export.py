@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from planner.cli.common import emit_text, guarded
+from planner.cli.common import emit_text, guarded, path_text
 
 HELP = """Translate a LaunchPlan into a framework's own configuration.
 
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 def export_command(
     plan: Path = typer.Argument(..., help="A LaunchPlan JSON written by `planner plan` or `planner estimate`."),
     to: str = typer.Option(..., "--to", help="torchtitan | megatron | deepspeed | torchrun | slurm"),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Write here (atomically) instead of stdout."),
+    output: Path | None = typer.Option(None, "-o", "--output", parser=path_text, help="Write here (atomically) instead of stdout."),
     json_output: bool = typer.Option(False, "--json", help="Print {target, suffix, text, warnings, usage} as JSON."),
 ) -> None:
     from planner import api

@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from planner.cli.common import emit_text, guarded
+from planner.cli.common import emit_text, guarded, path_text
 
 HELP = """Find the fastest plan that fits: DP x TP x PP x EP x CP, ZeRO, SP, micro-batching, recompute, schedule.
 
@@ -71,7 +71,7 @@ def plan_command(
                                       "the executor's step (needs torch; --framework planner): a plan that does not fit by "
                                       "trace is replaced by the next one."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of the summary."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the LaunchPlan JSON to this file (atomically)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", parser=path_text, help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
     from planner import api
     from planner.io import canonical_json, check_writable

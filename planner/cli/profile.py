@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from planner.cli.common import guarded
+from planner.cli.common import guarded, path_text
 from planner.errors import BadInputError
 
 profile_app = typer.Typer(
@@ -92,7 +92,7 @@ def profile_compute(
     threads: int = typer.Option(None, "--threads", help="CPU only: intra-op threads (e.g. 1 = one gloo rank per core)."),
     clock: str = typer.Option("wall", "--clock", help="CPU only: wall (perf_counter) or process (CPU time; robust on a shared box with --threads 1)."),
     tp_runtime: str = typer.Option("sharded", "--tp-runtime", help="tp > 1 timed as: sharded (plain layers at heads/tp) or dtensor (the executor's DTensor TP on a fake process group: carries its per-op overhead)."),
-    output: Path = typer.Option(None, "--output", "-o", help="Profile JSON to write (kept up to date after every shape)."),
+    output: Path = typer.Option(None, "--output", "-o", parser=path_text, help="Profile JSON to write (kept up to date after every shape)."),
 ) -> None:
     """Measure forward/backward/recompute time, FLOPs, parameter and saved bytes of every layer type.
 
@@ -159,7 +159,7 @@ def profile_comm(
     collectives: str = typer.Option("all_reduce,all_gather,reduce_scatter,all_to_all,send_recv", "--collectives"),
     warmup: int = typer.Option(2, "--warmup"),
     repeats: int = typer.Option(5, "--repeats"),
-    output: Path = typer.Option(..., "--output", "-o", help="Calibration JSON to write (a topology's comm_calibration)."),
+    output: Path = typer.Option(..., "--output", "-o", parser=path_text, help="Calibration JSON to write (a topology's comm_calibration)."),
 ) -> None:
     """Time collectives vs message size with N local processes and fit latency + bandwidth per collective.
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from planner.cli.common import emit_text, guarded
+from planner.cli.common import emit_text, guarded, path_text
 
 HELP = """Run a LaunchPlan on this machine with torchrun (the plan's world size, one node) and write a run report.
 
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
 def run_command(
     plan: Path = typer.Argument(..., help="A LaunchPlan JSON written by `planner plan` or `planner estimate`."),
     steps: int = typer.Option(10, "--steps", help="Run optimizer steps up to this one (1-based)."),
-    report: Path | None = typer.Option(None, "--report", "-o", help="Write the run report JSON here (atomically)."),
+    report: Path | None = typer.Option(None, "--report", "-o", parser=path_text, help="Write the run report JSON here (atomically)."),
     data: str | None = typer.Option(None, "--data", help="Flat token file (.npy, or .bin of --data-dtype); default synthetic."),
     data_dtype: str = typer.Option("uint16", "--data-dtype", help="uint16 | int32, for .bin token files."),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Folder of DCP checkpoints (step-NNNNNN/)."),

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from planner.cli.common import emit_text, guarded
+from planner.cli.common import emit_text, guarded, path_text
 
 HELP = """Print the JSON Schema (draft 2020-12) of a file format, or of all of them.
 
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 @guarded
 def schema_command(
     name: str | None = typer.Argument(None, help="plan | model | topology | profile | request (default: all)"),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Write here (atomically) instead of stdout."),
+    output: Path | None = typer.Option(None, "-o", "--output", parser=path_text, help="Write here (atomically) instead of stdout."),
 ) -> None:
     from planner import api
     from planner.io import canonical_json

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from planner.cli.common import guarded
+from planner.cli.common import guarded, path_text
 
 HELP = """Run the optimizer service (HTTP JSON API, OpenAPI docs at /docs).
 
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
 def serve_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (loopback by default)."),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
-    db: Path | None = typer.Option(None, "--db", help="SQLite file for requests and plans (default $PLANNER_DB, else ~/.local/share/planner/service.sqlite)."),
+    db: Path | None = typer.Option(None, "--db", parser=path_text, help="SQLite file for requests and plans (default $PLANNER_DB, else ~/.local/share/planner/service.sqlite)."),
     workers: int = typer.Option(2, "--workers", min=1, max=256, help="Solver worker processes (about one per CPU core; see the README's load figures)."),
     threads: bool = typer.Option(False, "--threads", help="Solve in threads instead of processes."),
     max_gpus: int = typer.Option(16384, "--max-gpus", min=1, help="Search size limit: the most GPUs a request may ask for."),

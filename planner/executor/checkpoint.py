@@ -16,7 +16,6 @@ its local partition's state is saved per rank (`optim-rank<r>.pt`), so resuming 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,11 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.errors import BadInputError
+from planner.executor import manifest, reshard
 
 if TYPE_CHECKING:  # torch is imported inside the collective functions: run.py uses the file helpers torch-free
     from torch import nn
 
-STEP_FILE = "planner-step.json"
+STEP_FILE = manifest.STEP_FILE
+VERIFIED_ENV = "PLANNER_CHECKPOINT_VERIFIED"  # set by `planner run` for its ranks once it verified the checksums
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 TP_SHARDED = re.compile(r"\.(attention\.w[qkvo]|feed_forward\.w[123])\.")
 EXPERTS = ".moe.experts."
@@ -74,28 +75,41 @@ LAYOUT_FIELDS = ("dp", "tp", "pp", "vpp", "cp", "ep", "zero_stage", "tp_overlap"
 
 
 def layout_of(plan) -> dict:
-    """What a checkpoint's shards depend on: the parallel layout, the GPU count and the model (torch-free)."""
+    """What a checkpoint's shards depend on: the parallel layout, the GPU count, the precision and the model, whose
+    whole spec is kept (`model_spec`) so a resume under another model names the fields that differ (torch-free)."""
     par = plan.parallelism
     return {"gpus": plan.request.gpus, "model": plan.request.model.name, "schedule": plan.schedule,
+            "precision": plan.request.precision, "model_spec": plan.request.model.model_dump(mode="json"),
             **{name: getattr(par, name) for name in LAYOUT_FIELDS}}
 
 
-def check_resume(root: str | Path, plan) -> int:
-    """Before launch (torch-free): the newest committed checkpoint under `root` was written by this plan's layout;
-    returns its step. A different layout is bad input (exit 2), named field by field: the executor resumes only
-    the layout that wrote the shards (per-rank ZeRO-1 states, pipeline stage cuts, EP/TP shard keys)."""
+def _model_changes(before: dict, now: dict) -> list[str]:
+    keys = sorted(set(before) | set(now))
+    return [f"model.{key}={before.get(key)!r} -> {now.get(key)!r}" for key in keys if before.get(key) != now.get(key)]
+
+
+def check_resume(root: str | Path, plan, *, verify_files: bool = True) -> int:
+    """Before launch (torch-free): the newest committed checkpoint under `root` is whole (every file's size and sha256
+    as its manifest says, planner.executor.manifest; `verify_files`), was written by this plan's model, and its layout
+    is this plan's or one DCP reshards into it (planner.executor.reshard); returns its step. Damage, another model or
+    a layout change that cannot reshard is bad input (exit 2), named file by file or field by field with the reason."""
     step = latest_step(root)
     if step is None:
         raise BadInputError(f"--resume: no committed checkpoint (step-NNNNNN/) under {root}: run without --resume first")
-    saved = json.loads((step_dir(root, step) / STEP_FILE).read_text())
+    folder = step_dir(root, step)
+    saved = manifest.verify(folder) if verify_files else manifest.read_manifest(folder)
     now, before = layout_of(plan), saved.get("layout", {})
-    changed = [f"{key}={before[key]!r} -> {now[key]!r}" for key in now if key in before and before[key] != now[key]]
-    if changed:
-        raise BadInputError(f"--resume: {step_dir(root, step)} was written with another layout ({', '.join(changed)}): "
+    if not isinstance(before, dict):
+        raise BadInputError(f"--resume: {folder / STEP_FILE} has no layout: {manifest.FIX}")
+    spec_changes = _model_changes(before.get("model_spec", {}), now["model_spec"]) if "model_spec" in before else []
+    if spec_changes:
+        raise BadInputError(f"--resume: {folder} was written with another model ({', '.join(spec_changes[:4])}"
+                            f"{f' and {len(spec_changes) - 4} more' if len(spec_changes) > 4 else ''}): "
                             f"resume with the plan that wrote it, or start without --resume")
-    if saved.get("world_size", plan.parallelism.world_size) != plan.parallelism.world_size:
-        raise BadInputError(f"--resume: {step_dir(root, step)} was written by {saved['world_size']} processes, the plan has "
-                            f"{plan.parallelism.world_size}: resume with the plan that wrote it")
+    refused = reshard.refusal(before, now)
+    if refused is not None:
+        raise BadInputError(f"--resume: {folder} was written with another layout ({refused}): resume with the plan that "
+                            f"wrote it, or start without --resume")
     return step
 
 
@@ -155,6 +169,7 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     rank = dist.get_rank()
     final, tmp = step_dir(root, step), Path(root) / f".step-{step:06d}.tmp"
@@ -162,26 +177,60 @@ def save(root: str | Path, step: int, parts: list[nn.Module], optimizers: list, 
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_state(parts, optimizers, keys, versions), checkpoint_id=str(tmp))
-    for index, opt in enumerate(optimizers):
-        if _is_zero1(opt):
-            local = [o.state_dict() for o in _local_optimizers(opt)]
-            torch.save(local, tmp / f"optim-rank{rank}-part{index}.pt")
+    try:
+        dcp.save(_state(parts, optimizers, keys, versions), checkpoint_id=str(tmp))
+        for index, opt in enumerate(optimizers):
+            if _is_zero1(opt):
+                local = [o.state_dict() for o in _local_optimizers(opt)]
+                torch.save(local, tmp / f"optim-rank{rank}-part{index}.pt")
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        raise write_error(exc, tmp) from exc
     if fail_hook is not None:
         fail_hook()
     dist.barrier()
     if rank == 0:
-        (tmp / STEP_FILE).write_text(json.dumps({"step": step, "world_size": dist.get_world_size(), "layout": layout or {}}, sort_keys=True) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        try:
+            manifest.write_manifest(tmp, {"step": step, "world_size": dist.get_world_size(), "layout": layout or {}})
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except OSError as exc:
+            raise write_error(exc, tmp) from exc
     dist.barrier()
     return final
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, file-size limit, permissions): names the folder and the cause."""
+
+
+def write_error(exc: BaseException, folder: Path) -> BaseException:
+    """A CheckpointWriteError naming `folder` and the OSError found in `exc` (DCP gathers each rank's exception into
+    a CheckpointException's `failures`, or chains it), else `exc` itself."""
+    seen, todo = set(), [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, OSError):
+            import errno
+
+            name = errno.errorcode.get(item.errno or 0, "")
+            hint = {"EFBIG": "raise the file-size limit (ulimit -f)", "ENOSPC": "free disk space",
+                    "EDQUOT": "free quota"}.get(name, "check the folder's space and permissions")
+            return CheckpointWriteError(f"cannot write checkpoint {folder}: {item.strerror or item} ({name or 'OSError'}): "
+                                        f"{hint}, then run again")
+        failures = getattr(item, "failures", None)  # DCP: {rank: (exception, traceback)}
+        wrapped = [pair[0] if isinstance(pair, tuple) else pair for pair in (failures.values() if isinstance(failures, dict) else [])]
+        todo += [item.__cause__, item.__context__, *wrapped]
+        todo += [arg for arg in getattr(item, "args", ()) if isinstance(arg, BaseException)]
+    return exc
+
+
 def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: ShardKeys, versions: bool = False) -> int:
     """Collective: load the newest committed checkpoint into the (already parallelised) parts and
-    optimizers; returns its step. Raises BadInputError when there is none or it has another world size."""
+    optimizers; returns its step (another world size reshards: check_resume refused what cannot)."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -191,9 +240,7 @@ def load(root: str | Path, parts: list[nn.Module], optimizers: list, *, keys: Sh
     if step is None:
         raise BadInputError(f"--resume: no committed checkpoint (step-NNNNNN/) under {root}: run without --resume first")
     folder = step_dir(root, step)
-    saved_world = json.loads((folder / STEP_FILE).read_text())["world_size"]
-    if saved_world != dist.get_world_size():
-        raise BadInputError(f"--resume: {folder} was written by {saved_world} processes, this job has {dist.get_world_size()}: resume with the same plan")
+    manifest.read_manifest(folder)  # another world size reshards (check_resume has refused what cannot)
     state = _state(parts, optimizers, keys, versions)
     dcp.load(state, checkpoint_id=str(folder))
     options = StateDictOptions(flatten_optimizer_state_dict=True)

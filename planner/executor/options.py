@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 
 from planner.errors import BadInputError
+MAX_RUN_TIMEOUT_S = 30 * 24 * 3600.0  # a month: far above any run `planner run` starts on one machine
+MAX_LR = 10.0  # far above any AdamW rate (1e-5 .. 1e-2); a larger one is a typo (e.g. 3e4 for 3e-4)
+MAX_SEED = 2**63 - 1
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -37,8 +41,12 @@ class RunOptions:
             raise BadInputError("--checkpoint-every/--resume need --checkpoint-dir DIR")
         if self.device not in DEVICES:
             raise BadInputError(f"--device {self.device!r}: choose one of {list(DEVICES)}")
-        if self.timeout_s <= 0:
-            raise BadInputError(f"--timeout-s {self.timeout_s}: must be positive")
+        if not (math.isfinite(self.timeout_s) and 0 < self.timeout_s <= MAX_RUN_TIMEOUT_S):
+            raise BadInputError(f"--timeout-s {self.timeout_s}: give a positive number of seconds up to {MAX_RUN_TIMEOUT_S:.0f}")
+        if not (math.isfinite(self.lr) and 0 < self.lr <= MAX_LR):
+            raise BadInputError(f"--lr {self.lr}: give a positive, finite learning rate up to {MAX_LR:g}, e.g. 3e-4")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise BadInputError(f"--seed {self.seed}: give a seed from 0 to 2**63 - 1 (torch and numpy take a 64-bit seed)")
 
     def to_argv(self) -> list[str]:
         """Flags for `python -m planner.executor.runtime PLAN ...` (defaults left out)."""

@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 from planner.errors import BadInputError, PlannerError
-from planner.executor.checkpoint import check_resume, remove_partial
+from planner.executor.checkpoint import VERIFIED_ENV, check_resume, remove_partial
 from planner.executor.host import host_load, load_average, usable_cores
+from planner.executor.lifetime import kill_group, wrapped_argv
 from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
 from planner.executor.runnable import check_runnable
@@ -31,6 +32,7 @@ from planner.schemas.plan import LaunchPlan
 
 RUNTIME_MODULE = "planner.executor.runtime"
 STARTUP_ALLOWANCE_S = 120.0
+REAP_TIMEOUT_S = 10.0  # after the agent's group is killed: its ranks die by their parent-death signal
 OUTPUT_TAIL_CHARS = 2000
 
 
@@ -75,6 +77,15 @@ def signal_deaths(output: str) -> dict[int, int]:
     return {rank: sig for rank, sig in deaths.items() if sig != signal.SIGTERM}
 
 
+def lost_a_peer(failure: RankFailure) -> bool:
+    """Whether a rank's failure is the consequence of a peer's: its message, or one of the exceptions chained under it
+    (torch.distributed.pipelining wraps a lost connection as "Failed to run stage backward"), reads as a lost
+    connection. Only the traceback's exception lines are read (column 0), not its source lines (`timeout=...`)."""
+    chained = [line for line in failure.traceback.splitlines()
+               if line and not line[0].isspace() and not line.startswith(("Traceback", "The above", "During handling"))]
+    return any(PEER_LOSS.search(text) for text in (failure.message, *chained))
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -89,7 +100,7 @@ def _failure_message(results_dir: Path, returncode: int, output: str) -> str:
         (RankFailure.model_validate_json(p.read_text()) for p in results_dir.glob("rank-*.error.json")),
         key=lambda f: (f.time_s, f.rank),
     )
-    own = [f for f in failures if not PEER_LOSS.search(f.message)]
+    own = [f for f in failures if not lost_a_peer(f)]
     reported = {f.rank for f in failures}
     silent = {r: sig for r, sig in signal_deaths(output).items() if r not in reported}
     if own:
@@ -121,6 +132,43 @@ def _collect(results_dir: Path, world: int) -> list[RankResult]:
     return results
 
 
+def run_agent(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """Run torchrun's agent to its end: (exit code, stdout + stderr). The agent dies with this process (parent-death
+    signal, planner.executor.lifetime) and runs in its own process group, which is killed whole past `timeout_s`
+    (subprocess.TimeoutExpired), on SIGTERM (raised here as SystemExit 143) and on any other exception; its ranks
+    follow by their own parent-death signal."""
+    proc = subprocess.Popen(wrapped_argv(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    previous = _raise_on_sigterm()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        kill_group(proc.pid)
+        try:
+            proc.communicate(timeout=REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return proc.returncode, stdout + stderr
+
+
+def _raise_on_sigterm():
+    """On the main thread: SIGTERM becomes SystemExit(143), so the run's cleanup (kill the agent's group, remove the
+    results folder and partial checkpoints) happens; returns the handler to restore (None off the main thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_path: str | Path | None = None,
              warmup_steps: int = 1, nproc: int | None = None, env: dict[str, str] | None = None) -> RunReport:
     """Run the plan with torchrun on this machine; returns the report (also written to `report_path`).
@@ -128,10 +176,13 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     `nproc` overrides the number of processes started (default: the plan's world size): a mismatch is
     refused by every rank, which is how the tests check that refusal. `env` adds environment variables."""
     from planner.executor.preflight import preflight
-    from planner.plan_invariants import check_plan
+    from planner.plan_verify import verify_plan
+
+    if warmup_steps < 0:
+        raise BadInputError(f"--warmup-steps {warmup_steps}: give 0 or more steps to leave out of the median step time")
 
     loaded = plan_ref if isinstance(plan_ref, LaunchPlan) else load_file(LaunchPlan, plan_ref)
-    plan = check_plan(loaded, source="plan" if isinstance(plan_ref, LaunchPlan) else str(plan_ref))
+    plan = verify_plan(loaded, source="plan" if isinstance(plan_ref, LaunchPlan) else str(plan_ref))
     notes = check_runnable(plan)
     preflight(plan, options, report_path)
     if options.resume:
@@ -143,14 +194,14 @@ def run_plan(plan_ref: LaunchPlan | str | Path, *, options: RunOptions, report_p
     options = options.replace(results_dir=str(results_dir))
     load_before = load_average()
     try:
-        completed = subprocess.run(
-            torchrun_argv(plan_path, started, options), env={**os.environ, **(env or {}), **thread_env(env)},
-            capture_output=True, text=True, timeout=options.timeout_s + STARTUP_ALLOWANCE_S, check=False,
-        )
-        if completed.returncode != 0:
+        verified = {VERIFIED_ENV: "1"} if options.resume else {}
+        returncode, output = run_agent(torchrun_argv(plan_path, started, options),
+                                       env={**os.environ, **(env or {}), **thread_env(env), **verified},
+                                       timeout_s=options.timeout_s + STARTUP_ALLOWANCE_S)
+        if returncode != 0:
             if options.checkpoint_dir:
                 remove_partial(options.checkpoint_dir)
-            raise RunFailedError(_failure_message(results_dir, completed.returncode, completed.stdout + completed.stderr))
+            raise RunFailedError(_failure_message(results_dir, returncode, output))
         results = _collect(results_dir, world)
     except subprocess.TimeoutExpired as exc:
         raise RunFailedError(f"the job ran past {exc.timeout:.0f} s and was stopped: raise --timeout-s or run fewer --steps") from None

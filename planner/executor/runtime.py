@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -30,12 +31,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 
 from planner.executor.schedules import ZERO_BUBBLE_SCHEDULES
 from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
+from planner.executor.lifetime import die_with_agent
 from planner.executor.options import RunOptions
 from planner.executor.parallelize import COMM_COUNTER_ATTR
 from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
@@ -309,7 +312,9 @@ def run(job: Job) -> RankResult:
     first = 1
     versions = is_2bw(job.plan)  # 2BW: parts are the stage's two weight versions
     if opts.resume:
-        ckpt.check_resume(opts.checkpoint_dir, job.plan)
+        # `planner run` verified every file's checksum before launch; under `planner launch` each node's first rank does
+        ckpt.check_resume(opts.checkpoint_dir, job.plan, verify_files=os.environ.get(ckpt.VERIFIED_ENV) != "1"
+                          and os.environ.get("LOCAL_RANK", "0") == "0")
         first = ckpt.load(opts.checkpoint_dir, job.parts, job.optimizers, keys=job.keys, versions=versions) + 1
     source = BatchSource(vocab_size=job.plan.request.model.vocab_size, global_batch_size=batch.global_batch_size,
                          seq_len=batch.seq_len, seed=opts.seed, path=opts.data, dtype=opts.data_dtype)
@@ -399,6 +404,9 @@ def new_job(plan: LaunchPlan, options: RunOptions, device: torch.device, backend
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_agent()  # a rank never outlives torchrun's agent (planner.executor.lifetime)
+    if hasattr(signal, "SIGXFSZ"):  # past the file-size limit a write fails with EFBIG (named), not a silent kill
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     rank = int(os.environ.get("RANK", "0"))
     results_dir = Path("planner-run")
     try:
@@ -415,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
         return 0
-    except Exception as exc:  # every failure becomes one file naming the rank and the cause, then exit 1
+    except (Exception, CheckpointException) as exc:  # every failure (DCP's is a BaseException) becomes one file naming
+        # the rank and the cause, then exit 1
         failure = RankFailure(rank=rank, error_type=type(exc).__name__, message=str(exc),
                               traceback=traceback.format_exc(), time_s=time.time())
         atomic_write_text(results_dir / f"rank-{rank}.error.json", failure.model_dump_json(indent=2))

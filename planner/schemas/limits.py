@@ -21,3 +21,5 @@ MAX_GPUS_PER_NODE = 1024
 MAX_DEGREE = MAX_GPUS  # any parallel degree or micro-batch size
 MAX_TIME_LIMIT_S = 24 * 3600.0
 MAX_TOP_K = 50
+MAX_LATENCY_S = 1.0  # a fabric's fixed time per step: microseconds in practice (1e308 overflowed to NaN step times)
+MAX_CAPACITY_FACTOR = float(MAX_EXPERTS)  # at capacity_factor >= num_experts / top_k no token is dropped: larger is dropless

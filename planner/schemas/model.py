@@ -33,7 +33,7 @@ class MoESpec(InputSchema):
     )
     first_k_dense: int = Field(default=0, ge=0, le=L.MAX_LAYERS, description="leading layers that keep a dense FFN")
     moe_every: int = Field(default=1, gt=0, le=L.MAX_LAYERS, description="every n-th layer after first_k_dense is MoE")
-    capacity_factor: float | None = Field(default=None, gt=0, description="expert capacity = capacity_factor * tokens * top_k / num_experts; None = dropless")
+    capacity_factor: float | None = Field(default=None, gt=0, le=L.MAX_CAPACITY_FACTOR, description="expert capacity = capacity_factor * tokens * top_k / num_experts; None = dropless")
     score_function: Literal["softmax", "sigmoid"] = Field(
         default="softmax", description="router scores: softmax (Mixtral, Qwen-MoE) or sigmoid (DeepSeek-V3, GLM-4.5)"
     )

@@ -32,13 +32,13 @@ class CollectiveRate(InputSchema):
     """Measured alpha-beta rates of one collective inside a node (planner.profiling.calibration)."""
 
     bandwidth_GBps: float = Field(gt=0, description="fitted bus bandwidth (nccl-tests convention)")
-    latency_s: float = Field(ge=0, description="fitted fixed time per ring step")
+    latency_s: float = Field(ge=0, le=L.MAX_LATENCY_S, description="fitted fixed time per ring step")
 
 
 class IntraNodeFabric(InputSchema):
     kind: Literal["nvswitch", "nvlink_mesh", "pcie", "infinity_fabric", "loopback"]
     bandwidth_GBps: float = Field(gt=0, description="achieved per-GPU per-direction bus bandwidth inside a node")
-    latency_s: float = Field(ge=0)
+    latency_s: float = Field(ge=0, le=L.MAX_LATENCY_S)
     collectives: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"], CollectiveRate] = Field(
         default_factory=dict,
         description="measured per-collective rates (`planner profile comm`; a topology's comm_calibration fills them); "
@@ -49,7 +49,7 @@ class InterNodeFabric(InputSchema):
     kind: Literal["infiniband", "roce", "efa", "ethernet", "omnipath", "none"]
     nics_per_node: int = Field(ge=0, le=L.MAX_GPUS_PER_NODE)
     nic_bandwidth_GBps: float = Field(ge=0, description="achieved per-NIC per-direction bandwidth")
-    latency_s: float = Field(ge=0)
+    latency_s: float = Field(ge=0, le=L.MAX_LATENCY_S)
     topology: Literal["fat_tree", "rail_optimized", "none"] = "fat_tree"
     oversubscription: float = Field(default=1.0, ge=1.0, description="core-to-edge oversubscription ratio; 1 = non-blocking")
 

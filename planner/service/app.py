@@ -5,7 +5,8 @@ GET /healthz; OpenAPI docs at /docs. Statuses: 200 plan (the LaunchPlan JSON; he
 X-Cache hit|miss, Location), 401 missing/wrong bearer token (when PLANNER_TOKEN is set), 404 unknown
 plan id, 408 body not complete within the body time limit (planner.service.body_limit), 409 infeasible,
 413 body over the size limit (counted as it arrives, chunked or not), 422 bad input (the field, or the
-planner's message; NaN and Infinity included), 503 solve queue full (with Retry-After), 504 past the
+planner's message; NaN and Infinity and duplicate keys included), 503 solve queue full or the solve's worker
+died (with Retry-After; the worker is replaced at once), 504 past the
 per-request time limit. Every error body is `{"detail": ...}` (planner.service.schemas.ErrorBody).
 Identical requests (same sha256 of the canonical request JSON) are answered from the store, and
 concurrent identical requests share one solve. A new distinct solve is refused at once (503) when
@@ -19,6 +20,7 @@ retry is a cache hit.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import secrets
@@ -79,8 +81,8 @@ ERRORS = {
     409: "valid input, but no configuration fits (the detail says how far the closest is)",
     413: "request body over the service's size limit",
     422: "bad input: one line naming the field, the value and the fix, or the list of schema problems",
-    503: "the solve queue is full (--max-queue solves already wait for a worker): retry after Retry-After seconds; "
-         "a cached or identical in-flight request is never refused",
+    503: "the solve queue is full (--max-queue solves already wait for a worker), or the solve's worker died and is "
+         "being replaced: retry after Retry-After seconds; a cached or identical in-flight request is never refused",
     504: "no answer within time_limit_s + the service's grace (a solve that finishes later is still stored)",
 }
 
@@ -180,6 +182,8 @@ async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:
                                  f"will be at GET /v1/plans/{key}", headers=headers) from None
     if status == 200:
         return _json(200, text, **headers, **{"X-Cache": "miss"})
+    if status == 503:  # the solve's worker died (planner.service.pool): retry on its replacement
+        return _json(status, text, **{"Retry-After": str(RETRY_AFTER_S)})
     return _json(status, text)
 
 
@@ -270,6 +274,22 @@ def create_app(settings: Settings | None = None, *, on_ready: Callable[[Settings
     return app
 
 
+async def no_duplicate_keys(request: Request) -> None:
+    """422 for a JSON body that gives one key twice at any depth (the README promises it; JSON parsers keep the last
+    silently, so `{"gpus": 8, "gpus": 4096}` would be solved as 4096). The body is already buffered (BodyLimit);
+    a body that is not JSON at all is left to FastAPI's own answer."""
+    from planner.io import no_duplicate_pairs
+
+    body = await request.body()
+    try:
+        json.loads(body, object_pairs_hook=no_duplicate_pairs)
+    except json.JSONDecodeError:
+        return
+    except (ValueError, RecursionError) as exc:
+        if "duplicate key" in str(exc):
+            raise HTTPException(422, f"request body: {exc}") from None
+
+
 def _add_routes(app: FastAPI, guard: list) -> None:
     """The HTTP routes; `guard` (the bearer-token check) protects everything under /v1."""
     solve_errors = _responses(401, 408, 409, 413, 422, 503, 504)
@@ -281,12 +301,12 @@ def _add_routes(app: FastAPI, guard: list) -> None:
                 "workers": pool.size, "queued": waiting_solves(app), "max_queue": app.state.settings.max_queue,
                 "solving": len(app.state.inflight), "workers_replaced": pool.replaced}
 
-    @app.post("/v1/plan", dependencies=guard, responses=solve_errors,
+    @app.post("/v1/plan", dependencies=[*guard, Depends(no_duplicate_keys)], responses=solve_errors,
               summary="Search for the fastest plan that fits (returns a LaunchPlan)")
     async def post_plan(body: PlanBody) -> Response:
         return await _answer(app, "plan", body)
 
-    @app.post("/v1/estimate", dependencies=guard, responses=solve_errors,
+    @app.post("/v1/estimate", dependencies=[*guard, Depends(no_duplicate_keys)], responses=solve_errors,
               summary="Estimate one fixed configuration (returns a LaunchPlan)")
     async def post_estimate(body: EstimateBody) -> Response:
         return await _answer(app, "estimate", body)

@@ -8,7 +8,9 @@ one out); a solve past its deadline gets its worker killed (SIGKILL) and a fresh
 Each worker also limits its own address space (RLIMIT_AS, `memory_bytes`: a solve that needs more fails with
 MemoryError and is answered 422), is replaced when a solve leaves it holding over `recycle_bytes`, and dies
 with the server (PR_SET_PDEATHSIG plus a parent watch), so a `kill -9` of the server leaves no solver running.
-A worker joins the pool only once it says it is ready (its imports done), so no deadline pays for a start. `ThreadPool` is the in-process variant (`--threads`): the
+A worker joins the pool only once it says it is ready (its imports done), so no deadline pays for a start. A worker
+that dies (an operator's or the OOM killer's kill -9) is replaced at once by a watch on it, and a solve it was running
+is answered 503 (the app adds Retry-After): the request may be fine, so the client retries on the fresh worker. `ThreadPool` is the in-process variant (`--threads`): the
 same interface, no kill, no memory limit; for tests and debugging only.
 """
 
@@ -34,6 +36,20 @@ def _worker_env() -> dict[str, str]:
     source = str(Path(planner.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH", "")) if p)
     return os.environ | WORKER_ENV | {"PYTHONPATH": path}
+
+
+WORKER_LOST = 503  # answered with Retry-After by the app: the request itself may be fine, a fresh worker is coming
+
+
+def _exit_of(code: int | None) -> str:
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _detail(message: str) -> str:
@@ -71,7 +87,24 @@ class ProcessPool:
         if not ready.startswith(b'["ready"'):
             self._kill(proc)
             raise RuntimeError(f"a solver worker did not start within {START_TIMEOUT_S:g} s (exit code {proc.returncode})")
+        watch = asyncio.get_running_loop().create_task(self._watch(proc))
+        self._spawning.add(watch)
+        watch.add_done_callback(self._spawning.discard)
         return proc
+
+    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
+        """Replace a worker the moment it dies (killed by an operator or the OOM killer while idle or solving), so the
+        pool is whole again before the next request rather than after it fails on the dead worker."""
+        await proc.wait()
+        self._replace(proc)
+
+    async def _idle_worker(self) -> asyncio.subprocess.Process:
+        """The next idle worker that is still alive; a dead one found in the queue is dropped (its watch replaces it)."""
+        while True:
+            proc = await self._idle.get()
+            if proc.returncode is None and proc in self._live:
+                return proc
+            self._replace(proc)
 
     @property
     def queued(self) -> int:
@@ -82,7 +115,7 @@ class ProcessPool:
         """(status, body) of one solve; 504 when it ran past `deadline_s` (its worker killed and replaced)."""
         self._waiting += 1
         try:
-            proc = await self._idle.get()
+            proc = await self._idle_worker()
         finally:
             self._waiting -= 1
         healthy = False
@@ -91,17 +124,20 @@ class ProcessPool:
             await proc.stdin.drain()
             line = await asyncio.wait_for(proc.stdout.readline(), timeout=deadline_s)
             if not line:
-                code = await proc.wait()
-                return 422, _detail(f"the solve ended its worker (exit code {code}), most likely over the worker memory "
-                                    f"limit: ask for a smaller model, fewer GPUs or a shorter sequence")
+                return WORKER_LOST, _detail(f"the solver worker died during the solve ({_exit_of(await proc.wait())}); "
+                                            f"a fresh worker replaces it: retry the request")
             status, text, rss_bytes = json.loads(line)
             healthy = rss_bytes <= self.recycle_bytes
             return int(status), text
         except asyncio.TimeoutError:
             return 504, _detail(f"the solve ran past its deadline of {deadline_s:g} s and was stopped: raise time_limit_s or "
                                 f"fix more of the configuration (fewer GPUs to search, fixed tp/pp)")
-        except (ConnectionError, ValueError):
-            return 422, _detail("the solve's worker failed: try again, or ask for a smaller problem")
+        except ConnectionError:  # it died between the check above and the write
+            return WORKER_LOST, _detail("the solver worker died before it took the request; a fresh worker replaces it: "
+                                        "retry the request")
+        except ValueError:
+            return 500, _detail("the solver worker answered something that is not the pool's protocol: retry; "
+                                "the server log has the worker's output")
         finally:
             if healthy:
                 self._idle.put_nowait(proc)
@@ -109,7 +145,10 @@ class ProcessPool:
                 self._replace(proc)
 
     def _replace(self, proc: asyncio.subprocess.Process) -> None:
-        """Kill `proc` and start its successor in the background (a worker's start takes about a second)."""
+        """Kill `proc` and start its successor in the background (a worker's start takes about a second); once per
+        worker, whoever notices first (the solve that used it, its watch, the queue)."""
+        if proc not in self._live:
+            return
         self._kill(proc)
         if self._closed:
             return

@@ -76,6 +76,23 @@ def make_plan(spec: ModelSpec = TINY, *, dp=1, tp=1, pp=1, vpp=1, ep=1, sp=False
     )
 
 
+def honest(plan: LaunchPlan) -> LaunchPlan:
+    """The plan with the numbers its own request gives (planner.plan_verify re-derives them when a plan is
+    loaded and refuses one that disagrees); a plan whose configuration the cost model refuses is left as built,
+    so the tests of the executor's own refusals still reach them."""
+    from planner.errors import BadInputError
+    from planner.plan_verify import DERIVED, rederived, unverified_reason
+
+    if unverified_reason(plan) is not None:
+        return plan
+    try:
+        derived = rederived(plan)
+    except BadInputError:
+        return plan
+    return plan.model_copy(update={name: getattr(derived, name) for name in DERIVED})  # parallelism kept (dp_replicate)
+
+
 def write_plan(plan: LaunchPlan, path: Path) -> Path:
-    atomic_write_text(path, canonical_json(plan))
+    """Write `plan` made honest (see honest) as the LaunchPlan JSON file a run loads."""
+    atomic_write_text(path, canonical_json(honest(plan)))
     return path

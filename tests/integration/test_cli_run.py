@@ -17,8 +17,13 @@ def invoke(*args, env=None):
 def two_node_plan(tmp_path):
     """dp2 x tp2 x pp2 over 2 nodes of 4 processes (rank r on node r // 4)."""
     plan = make_plan(dp=2, tp=2, pp=2, num_microbatches=2)
+    from planner.schemas.topology import InterNodeFabric
+
+    fabric = InterNodeFabric(kind="ethernet", nics_per_node=1, nic_bandwidth_GBps=1.0, latency_s=1e-4)
+    topology = plan.request.topology.model_copy(update={"gpus_per_node": 4, "num_nodes": 2, "inter_node": fabric})
     ranks = tuple(r.model_copy(update={"node": r.rank // 4, "local_rank": r.rank % 4}) for r in plan.ranks)
-    return write_plan(plan.model_copy(update={"ranks": ranks}), tmp_path / "plan.json")
+    two_nodes = plan.model_copy(update={"ranks": ranks, "request": plan.request.model_copy(update={"topology": topology})})
+    return write_plan(two_nodes, tmp_path / "plan.json")
 
 
 def test_launch_prints_one_torchrun_per_host_and_writes_scripts(tmp_path):

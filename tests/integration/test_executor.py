@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor_plans import TINY, TINY_GPT, make_plan, write_plan  # noqa: E402
+from executor_plans import TINY, TINY_GPT, honest, make_plan, write_plan  # noqa: E402
 
 from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import RunFailedError, run_plan  # noqa: E402
@@ -57,7 +57,7 @@ def pp2_1f1b(tmp_path_factory):
     from planner.executor.report import RunReport
 
     folder = tmp_path_factory.mktemp("pp2")
-    plan = make_plan(pp=2, schedule="1f1b", num_microbatches=2)
+    plan = honest(make_plan(pp=2, schedule="1f1b", num_microbatches=2))  # as write_plan writes it: its predictions
     path = write_plan(plan, folder / "plan.json")
     args = ["run", str(path), "--steps", "4", "--lr", str(LR), "--seed", str(SEED), "--timeout-s", "60", "--report", str(folder / "run.json")]
     result = CliRunner().invoke(app, args)

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor_plans import make_plan  # noqa: E402
+from executor_plans import honest, make_plan  # noqa: E402
 from test_executor import assert_close, options, reference_losses  # noqa: E402
 
 from planner.executor.run import run_plan  # noqa: E402
@@ -20,7 +20,7 @@ def test_gpipe_with_partial_full_recompute_matches_single_process(tmp_path):
     first = plan.stages[0]
     decoder = sum(name.startswith("layers.") for name in first.layers)
     stages = (first.model_copy(update={"recompute": Recompute(mode="none", full_layers=min(1, decoder))}), *plan.stages[1:])
-    plan = plan.model_copy(update={"stages": stages})
+    plan = honest(plan.model_copy(update={"stages": stages}))
     assert plan.stages[0].recompute.full_layers == 1
     report = run_plan(plan, options=options(steps=3), report_path=tmp_path / "run.json")
     assert_close(report.losses, reference_losses(plan, 3), "gpipe pp2 + 1 fully recomputed layer")
@@ -34,7 +34,7 @@ BF16_REL_TOL = 2 * 2.0**-8
 @pytest.mark.slow
 def test_amp_bf16_dp2_tracks_the_fp32_reference_within_bf16_precision(tmp_path):
     plan = make_plan(dp=2, zero_stage=2, num_microbatches=1)
-    plan = plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "amp-bf16"})})
+    plan = honest(plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "amp-bf16"})}))
     report = run_plan(plan, options=options(steps=4), report_path=tmp_path / "run.json")
     reference = reference_losses(plan, 4)
     worst = max(abs(g - r) / abs(r) for g, r in zip(report.losses, reference))

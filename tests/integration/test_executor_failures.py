@@ -41,6 +41,21 @@ def test_a_killed_rank_is_named_not_the_peer_that_lost_its_connection(tmp_path):
     assert message.startswith("rank 1 died by SIGKILL without reporting a cause") and "then rank(s) [0]" in message
 
 
+def test_a_peer_loss_wrapped_by_the_pipeline_schedule_is_no_cause(tmp_path):
+    """Issue 24: killing rank 1 of a TP2 x PP2 job named rank 0, whose error torch.distributed.pipelining wraps as
+    "Failed to run stage backward" with the lost connection only in the chained exception of its traceback."""
+    chained = (f"Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    dist.recv(t, timeout=timeout)\n"
+               f"RuntimeError: {RESET}\n\nThe above exception was the direct cause of the following exception:\n\n"
+               f"Traceback (most recent call last):\n  File \"y.py\", line 2, in g\nRuntimeError: \n  Failed to run stage backward:\n")
+    failure = RankFailure(rank=0, error_type="RuntimeError", message="\n  Failed to run stage backward:\n  Stage output: (...)",
+                          traceback=chained, time_s=1.0)
+    (tmp_path / "rank-0.error.json").write_text(failure.model_dump_json())
+    assert _failure_message(tmp_path, 1, TORCHRUN_SUMMARY).startswith("rank 1 died by SIGKILL")
+    own = failure.model_copy(update={"traceback": chained.replace(RESET, "shape mismatch"), "message": "shape mismatch"})
+    (tmp_path / "rank-0.error.json").write_text(own.model_dump_json())
+    assert _failure_message(tmp_path, 1, TORCHRUN_SUMMARY).startswith("rank 0 failed: RuntimeError: shape mismatch")
+
+
 def test_an_aborted_rank_is_named_with_its_abort_reason(tmp_path):
     _write_failure(tmp_path, 0, RESET, 1.0)
     output = "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 2048 vs 1024.\n" + \
@@ -63,20 +78,20 @@ def test_threads_are_one_per_rank_unless_the_caller_says(monkeypatch):
 
 
 @pytest.mark.parametrize(("changed", "field"), [
-    (dict(dp=4), "dp=2 -> 4"),
-    (dict(dp=2, gpus=8), "!= request.gpus=8"),  # an inconsistent plan file: refused before the checkpoint is read
+    (dict(dp=4, zero_stage=1), "ZeRO-1 saves each rank's optimizer partition"),  # cannot reshard (planner.executor.reshard)
+    (dict(dp=2, zero_stage=1, gpus=8), "!= request.gpus=8"),  # an inconsistent plan file: refused before the checkpoint is read
 ])
 def test_resume_under_another_layout_is_bad_input_before_launch(changed, field, tmp_path):
-    """A DP2 checkpoint resumed under DP4, or under a request for another GPU count: exit 2, nothing started."""
+    """A ZeRO-1 DP2 checkpoint resumed under DP4, or under a request for another GPU count: exit 2, nothing started."""
     from typer.testing import CliRunner
 
     from planner.cli import app
 
     pytest.importorskip("torch")
-    saved = make_plan(TINY, dp=2, num_microbatches=1)
+    saved = make_plan(TINY, dp=2, zero_stage=1, num_microbatches=1)
     folder = step_dir(tmp_path / "ckpt", 2)
     folder.mkdir(parents=True)
-    (folder / STEP_FILE).write_text(json.dumps({"step": 2, "world_size": 2, "layout": layout_of(saved)}))
+    (folder / STEP_FILE).write_text(json.dumps({"step": 2, "world_size": 2, "layout": layout_of(saved), "files": {}}))
     gpus = changed.pop("gpus", None)
     plan = make_plan(TINY, num_microbatches=1, **changed)
     if gpus is not None:

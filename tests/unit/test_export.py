@@ -65,9 +65,17 @@ def make_plan(*, dp=2, tp=4, pp=2, vpp=1, cp=1, ep=1, sp=True, zero=1, schedule=
         parallelism=Parallelism(dp=dp, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sp=sp, zero_stage=zero),
         batch=Batch(global_batch_size=gbs, microbatch_size=mbs, num_microbatches=gbs // (mbs * dp), seq_len=seq_len),
         schedule=schedule, stages=tuple(stages), ranks=ranks,
-        prediction=Prediction(step_time_s=1.0, tokens_per_s=1.0, model_tflops_per_gpu=1.0, hardware_tflops_per_gpu=1.0, mfu=0.4, hfu=0.5, breakdown=Breakdown()),
+        prediction=Prediction(step_time_s=1.0, tokens_per_s=float(gbs * seq_len), model_tflops_per_gpu=1.0, hardware_tflops_per_gpu=1.0, mfu=0.4, hfu=0.5, breakdown=Breakdown()),
         memory=MemoryReport(peak_bytes=5, capacity_bytes=80 * GiB, fits=True, per_stage=(memory,)),
     )
+
+
+def honest(plan: LaunchPlan) -> LaunchPlan:
+    """The hand-built plan with the numbers its own request gives (planner.plan_verify re-derives them on load)."""
+    from planner.plan_verify import DERIVED, rederived
+
+    derived = rederived(plan)
+    return plan.model_copy(update={name: getattr(derived, name) for name in DERIVED})
 
 
 # ---- torchtitan ------------------------------------------------------------------------------------------

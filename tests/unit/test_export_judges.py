@@ -9,7 +9,7 @@ import os
 import sys
 
 import pytest
-from test_export import LLAMA, make_plan
+from test_export import LLAMA, honest, make_plan
 
 from planner.errors import BadInputError
 from planner.export import export_plan
@@ -194,7 +194,7 @@ def test_cli_export_refusal_exits_2_with_one_line(tmp_path):
     from planner.io import canonical_json
 
     path = tmp_path / "plan.json"
-    path.write_text(canonical_json(make_plan(dp=2, tp=4, pp=2, zero=1).model_dump(mode="json")))
+    path.write_text(canonical_json(honest(make_plan(dp=2, tp=4, pp=2, zero=1)).model_dump(mode="json")))
     result = CliRunner().invoke(app, ["export", str(path), "--to", "torchtitan"])
     assert result.exit_code == 2
     assert "zero_stage=1 is not run by framework 'torchtitan' with pp > 1" in result.output
