@@ -45,9 +45,15 @@ def _stage_problems(plan: LaunchPlan) -> list[str]:
     par, num_layers = plan.parallelism, plan.request.model.num_layers
     if len(plan.stages) != par.pp * par.vpp or [s.stage for s in plan.stages] != list(range(len(plan.stages))):
         return [f"stages must be 0..{par.pp * par.vpp - 1} (pp*vpp={par.pp}*{par.vpp}), got {len(plan.stages)} stages"]
-    empty = [stage.stage for stage in plan.stages if not any(LAYER.match(name) for name in stage.layers)]
-    if empty:
-        return [f"stages[{empty[0]}] holds no decoder layer (every stage runs at least one)"]
+    counts = [sum(1 for name in stage.layers if LAYER.match(name)) for stage in plan.stages]
+    if 0 in counts:  # end stages may hold only the embedding or the head where the stack runs that
+        from planner.frameworks import load_framework
+        from planner.frameworks_split import split_refusal
+
+        rule = split_refusal(load_framework(plan.request.framework), num_layers=num_layers, pp=par.pp, vpp=par.vpp,
+                             counts=counts)
+        if rule is not None:
+            return [f"stages[{counts.index(0)}] holds no decoder layer: {rule}"]
     layers = [int(m.group(1)) for stage in plan.stages for name in stage.layers if (m := LAYER.match(name))]
     if layers != list(range(num_layers)):
         return [f"the stages hold {len(layers)} decoder layers, not layers.0 .. layers.{num_layers - 1} once each in order"]

@@ -163,6 +163,25 @@ def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     return args
 
 
+def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
+    """The EP all-to-all overlap the megatron-core profile prices (behaviour.overlap.moe_all_to_all):
+    --overlap-moe-expert-parallel-comm where Megatron-Core runs it (transformer_config.py __post_init__: ep > 1, vpp
+    set when pp > 1, no full recompute, bf16/fp16, the alltoall dispatcher this export writes), else a warning that
+    the prediction assumed it."""
+    par, spec = plan.parallelism, plan.request.model
+    if spec.moe is None or par.ep <= 1:
+        return []
+    modes = {stage.recompute.mode for stage in plan.stages}
+    full = "full" in modes or any(stage.recompute.full_layers for stage in plan.stages)
+    why = ("pp > 1 without virtual stages" if par.pp > 1 and par.vpp == 1 else "full recompute" if full
+           else "fp32" if plan.request.precision == "fp32" else None)
+    if why is None:
+        return ["--overlap-moe-expert-parallel-comm"]
+    warnings.append(f"the prediction overlaps the EP all-to-all with another micro-batch's compute, which Megatron-Core "
+                    f"does not run with {why} (transformer_config.py): expect the all-to-all exposed")
+    return []
+
+
 def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     """(arguments, warnings) for `pretrain_gpt.py`; raises BadInputError for what Megatron cannot run."""
     check_exportable(plan, TARGET)
@@ -178,6 +197,7 @@ def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     if precision == "amp-bf16":
         warnings.append("amp-bf16 exported as Megatron --bf16 (bf16 params with fp32 main params in the optimizer)")
     args += model_arguments(plan.request.model, plan.batch.seq_len, warnings)
+    args += moe_overlap_args(plan, warnings)
     return args, warnings
 
 

@@ -44,7 +44,8 @@ def plans() -> dict[str, dict]:
 
 
 def _empty_stage(d: dict) -> None:
-    first, second = d["stages"][0], d["stages"][1]
+    """A middle chunk emptied (end chunks may hold only the embedding or the head where the stack runs that)."""
+    first, second = d["stages"][1], d["stages"][2]
     moved = [name for name in first["layers"] if name.startswith("layers.")]
     first["layers"] = [name for name in first["layers"] if not name.startswith("layers.")]
     second["layers"] = [*moved, *second["layers"]]
@@ -58,7 +59,7 @@ LIES = {  # name: (base plan, edit, words the one line must hold)
     "ep_not_dividing_experts": ("moe", lambda d: (d["parallelism"].update(ep=8), d["request"]["model"]["moe"].update(num_experts=12)),
                                 "ep=8 must divide num_experts=12"),
     "vpp2_on_1f1b": ("interleaved", lambda d: d.update(schedule="1f1b"), "vpp=2"),
-    "empty_stage": ("dense", _empty_stage, "stages[0]"),
+    "empty_stage": ("interleaved", _empty_stage, "stages[1]"),
     "sp_without_tp": ("moe", lambda d: d["parallelism"].update(sp=True), "sp needs tp>1"),
     "rank_on_missing_node": ("dense", lambda d: d["ranks"][3].update(node=5), "ranks[3].node is 5"),
     "fits_at_10x_capacity": ("dense", lambda d: (d["memory"].update(peak_bytes=10 * d["memory"]["capacity_bytes"], fits=True),
