@@ -1,5 +1,5 @@
 """Matmul rate of this CPU per dtype (one intra-op thread, process CPU time): the numbers behind the `cpu`
-topology's peak_*_tflops (topologies/cpu.yaml). Without native bf16/fp16 instructions (AVX512-BF16, AMX),
+topology's peak_*_tflops (planner/data/topologies/cpu.yaml). Without native bf16/fp16 instructions (AVX512-BF16, AMX),
 torch runs half-precision GEMMs tens of times slower than fp32; a plan in bf16 on this box must be priced so.
 
 Run: python benchmarks/cpu_matmul_rates.py [--size 512] [--repeats 20]

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "validation" / "h100_executor_runs.json"
 AUTOCAST_COMMITS = ("c162dfb",)  # executor code that ran bf16 as amp-bf16 (module docstring)
 C162DFB_FACTS = {"bf16_recipe": "autocast", "moe_expert_impl": "loop", "adamw_impl": "foreach"}
-"""The executor facts at c162dfb (frameworks/planner.yaml behaviour.executor cites where each is in its code)."""
+"""The executor facts at c162dfb (planner/data/frameworks/planner.yaml behaviour.executor cites where each is in its code)."""
 MUST = {"memory_under": -0.03, "time_median": 0.10, "time_max": 0.25}
 ABLATIONS = {
     "executor code off (generic formulas, bf16 as FSDP-style fp32 master + fused kernels)": {"executor_code": False,

@@ -69,7 +69,7 @@ VARIANTS = (
     # PipeDream-2BW (planner.executor.twobw; m >= pp): no flush, so its steady steps have no bubble
     Variant("pp4 2bw mb1", Configuration(parallelism=par(dp=1, tp=1, pp=4), microbatch_size=1, schedule="2bw")),
     Variant("dp2 pp2 2bw mb2", Configuration(parallelism=par(dp=2, tp=1, pp=2), microbatch_size=2, schedule="2bw")),
-    # no CP variant: the executor refuses cp > 1 on CPU (frameworks/planner.yaml, context_parallel.source)
+    # no CP variant: the executor refuses cp > 1 on CPU (planner/data/frameworks/planner.yaml, context_parallel.source)
 )
 
 

@@ -152,7 +152,7 @@ def recipe_of(precision: str) -> str:
 
 
 def executor_facts() -> dict:
-    """The implementation facts of the executor that runs the row (frameworks/planner.yaml behaviour.executor), so
+    """The implementation facts of the executor that runs the row (planner/data/frameworks/planner.yaml behaviour.executor), so
     --derive and the accuracy benchmark price each row as it ran even after the profile changes."""
     from planner.frameworks import load_framework
 

@@ -3,7 +3,7 @@
 The generic formulas (planner.cost.memory, compute) describe Megatron-style fused layers; the HuggingFace eager
 recipe (planner.cost.autocast, eager) describes transformers' modeling code. Our executor is neither: it runs
 planner/nn/model.py and planner/nn/moe.py under planner/executor/runtime.py. A stack profile with
-`behaviour.executor` (frameworks/planner.yaml) is priced here, operator by operator, from that code:
+`behaviour.executor` (planner/data/frameworks/planner.yaml) is priced here, operator by operator, from that code:
 
 Recipe. `amp` (fp32 parameters, torch.autocast bf16): runtime.parallelize_part sets autocast_dtype for every
 non-fp32 precision without FSDP2 and parallelize.mp_policy maps bf16 and amp-bf16 to the same policy (c162dfb:

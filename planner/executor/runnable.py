@@ -3,7 +3,7 @@
 `check_runnable(plan)` raises BadInputError naming the field, the value and the fix for anything the
 runtime would refuse, so `planner run` fails in a second instead of after torchrun start-up, and returns
 notes on what the runtime adjusts (said in the run report). The configuration rules are
-the `planner` framework profile (frameworks/planner.yaml), the rules the search applies with --framework planner.
+the `planner` framework profile (planner/data/frameworks/planner.yaml), the rules the search applies with --framework planner.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pipeline schedule geometry of the executor: which torch schedules it runs by torch's own name, which place two
 virtual stages per rank in a V, which split the backward (zero bubble), and which rank holds a virtual stage.
 
-What the executor runs at all is the `planner` framework profile (frameworks/planner.yaml); this module only
+What the executor runs at all is the `planner` framework profile (planner/data/frameworks/planner.yaml); this module only
 says where stages sit, for the runtime, the run report and the tests.
 """
 

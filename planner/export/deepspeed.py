@@ -19,7 +19,7 @@ without one it counts every rank of the world, so a config with tp or pp > 1 is 
 says how: pp > 1, a PipelineModule built with topology=PipeModelDataParallelTopology(num_pp, num_mp, num_dp)
 (deepspeed.initialize then takes `model.mpu()`, and refuses another mpu); tp > 1 alone, `mpu=` a Megatron-style
 parallel state (megatron.core.parallel_state after initialize_model_parallel). The plan is first re-checked
-against frameworks/deepspeed.yaml, whatever framework it was made for.
+against planner/data/frameworks/deepspeed.yaml, whatever framework it was made for.
 """
 
 from __future__ import annotations

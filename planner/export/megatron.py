@@ -1,6 +1,6 @@
 """LaunchPlan -> Megatron-LM `pretrain_gpt.py` arguments (a bash array in a script).
 
-The plan is first re-checked against the megatron-core profile (frameworks/megatron-core.yaml, whatever framework
+The plan is first re-checked against the megatron-core profile (planner/data/frameworks/megatron-core.yaml, whatever framework
 it was made for). Megatron's rules (megatron/training/arguments.py `validate_args`, checked here and refused with
 its reason; the acceptance judges run validate_args itself, planner.export.judges):
 - world_size divisible by tp * pp * cp; dp = world_size / (tp * pp * cp).

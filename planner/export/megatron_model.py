@@ -9,7 +9,7 @@ layernorm_epsilon -> --norm-epsilon, softmax_type -> --softmax-type, qk_layernor
 moe_router_score_function, moe_router_topk_scaling_factor, moe_router_num_groups, moe_router_group_topk,
 moe_router_pre_softmax, moe_router_enable_expert_bias, moe_shared_expert_intermediate_size, moe_shared_expert_gate).
 
-Refused before any flag is written, by the megatron-core profile's `unsupported_models` (frameworks/megatron-core.yaml,
+Refused before any flag is written, by the megatron-core profile's `unsupported_models` (planner/data/frameworks/megatron-core.yaml,
 each with its source; planner.frameworks.model_refusal, also at plan and estimate time): parallel attention/MLP residuals (GPT-NeoX, Falcon, Cohere);
 chunked attention (Llama-4 attention_chunk_size: no TransformerConfig field); bias-free LayerNorm (DBRX, Cohere:
 TENorm/FusedLayerNorm always carry a bias); an LM-head bias (PhiMoE: the output layer has none); a learned per-expert

@@ -226,7 +226,7 @@ def test_folded_expert_parallelism_is_priced_by_estimate():
         expert_fold({"dp": 32, "cp": 1, "tp": 2, "ep": 48})
 
 
-# Every capability frameworks/planner.yaml claims, and the executor test that runs it (file: test or layout name).
+# Every capability planner/data/frameworks/planner.yaml claims, and the executor test that runs it (file: test or layout name).
 EXECUTOR_EVIDENCE = {
     "schedule gpipe": ("test_executor_capabilities.py", "test_gpipe_with_partial_full_recompute_matches_single_process"),
     "schedule 1f1b": ("test_executor.py", "test_pp2_1f1b_matches_single_process_and_reports"),

@@ -105,7 +105,7 @@ def _model(framework: str, topology: str = "dgx-h100", **extra) -> CostModel:
 
 
 def test_megatron_core_on_hopper_runs_cudnn_attention_torchtitan_flash_attention_2():
-    """Transformer Engine prefers cuDNN fused attention on sm90 (frameworks/megatron-core.yaml); torchtitan's SDPA
+    """Transformer Engine prefers cuDNN fused attention on sm90 (planner/data/frameworks/megatron-core.yaml); torchtitan's SDPA
     takes the flash backend: the attention core of the same layer is priced at the two measured rates."""
     core, titan = _model("megatron-core"), _model("torchtitan")
     rates = {kernel: {dim: fraction for dim, fraction, _ in r} for kernel, r in core.cal.attention_kernels}

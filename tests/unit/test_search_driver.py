@@ -106,7 +106,7 @@ def test_fixed_degrees_narrow_the_space():
 
 def test_runnable_excludes_what_the_executor_refuses():
     """--runnable = --framework planner: 2BW only when stale weights are allowed and then with zero_stage 0
-    (frameworks/planner.yaml), Domino only without SP/MoE."""
+    (planner/data/frameworks/planner.yaml), Domino only without SP/MoE."""
     limits = SearchLimits(max_microbatch_size=1, zero_stages=(0, 1), runnable=True, top_k=5)
     result = search(small_request(limits=limits, framework="planner"))
     assert result.ranked and all(s.cand.schedule != "2bw" and not (s.cand.tp_overlap == "domino" and s.cand.sp)
