@@ -23,6 +23,7 @@ from planner.cost import autocast, comm, compression, contention, schedule, zero
 from planner.cost.arrays import ROWS
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
 from planner.errors import BadInputError
+from planner.frameworks_split import balanced_split
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
 from planner.units import GiB
 
@@ -79,17 +80,6 @@ class Evaluation:
             return ()
         return tuple(StageTime(forward_s=f, backward_s=b + r, recompute_s=r, tp_comm_s=t)
                      for f, b, r, t in self.raw_stage_times.T.tolist())
-
-
-def balanced_split(num_layers: int, stages: int) -> tuple[int, ...]:
-    """As even as possible; the remainder goes to the middle stages first (the first carries the embedding, the
-    last the head and logits), then the first, then the last."""
-    base, extra = divmod(num_layers, stages)
-    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 1 else [0]
-    counts = [base] * stages
-    for index in order[:extra]:
-        counts[index] += 1
-    return tuple(counts)
 
 
 def _check_split(model: "CostModel", cand: "Candidate", stage_layers, full_layers) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -172,13 +172,3 @@ def partition(problem: StageProblem) -> Partition | None:
     if not np.isfinite(best[-1][problem.num_layers]):
         return None
     return describe(problem, backtrack(choice, problem.num_layers))
-
-
-def balanced_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """As even as possible, the remainder on the middle stages (the first and last carry embedding and head)."""
-    base, extra = divmod(num_layers, num_stages)
-    counts = [base] * num_stages
-    order = sorted(range(num_stages), key=lambda s: (s in (0, num_stages - 1), s))
-    for s in order[:extra]:
-        counts[s] += 1
-    return tuple(counts)

@@ -19,7 +19,8 @@ import numpy as np
 
 from planner.errors import InfeasibleError
 from planner.frameworks import load_framework
-from planner.search.partition import StageProblem, balanced_split
+from planner.frameworks_split import balanced_split
+from planner.search.partition import StageProblem
 
 
 @dataclass

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
+from planner.frameworks_split import balanced_split
 from planner.search.brute import brute_partition, compositions
 from planner.search.partition import (
     StageProblem,
     backtrack,
-    balanced_split,
     describe,
     partition,
     solve_tables,
