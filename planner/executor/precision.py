@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from planner.errors import BadInputError
+from planner.executor.zero1 import clear_grads
 
 PRECISIONS = ("fp32", "amp-bf16", "bf16", "fp8")  # fp8: the bf16 recipe with torchao Float8Linear (planner.executor.fp8)
 MASTER_RECIPES = ("bf16", "fp8")
@@ -104,11 +105,7 @@ class MasterWeightOptimizer:
         self.masters, self.optim = other.masters, other.optim
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+        clear_grads(self.params, set_to_none)
 
     @torch.no_grad()
     def step(self) -> None:

@@ -50,11 +50,7 @@ class ShardedStateOptimizer:
         return self.optim.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+        clear_grads(self.params, set_to_none)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -67,3 +63,12 @@ class ShardedStateOptimizer:
 
     def load_state_dict(self, state: dict) -> None:
         self.optim.load_state_dict(state)
+
+
+def clear_grads(params, set_to_none: bool = True) -> None:
+    """torch.optim.Optimizer.zero_grad's rule for a wrapper that holds its own parameter list."""
+    for p in params:
+        if set_to_none:
+            p.grad = None
+        elif p.grad is not None:
+            p.grad.zero_()
