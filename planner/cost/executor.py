@@ -243,10 +243,11 @@ False): lerp_(m, g) 12, mul_(v) 8, addcmul_(v, g, g) 16, sqrt(v) -> tmp 8, div_(
 addcdiv_(p, m, tmp) 16: 76."""
 
 MOE_HOST_SYNCS = 3
-"""Host synchronisations per MoE block forward in planner/nn/moe.py: Router's torch.bincount and MoE._assign's
-torch.bincount (CUDA bincount reads the input's max to size its output: .item()), and counts.tolist(). The queue
-drains at each, so the operator after it starts with the device idle: each sync adds one operator's host time and
-one kernel's time to the block's forward (layers._executor_decoder_cost)."""
+"""Host synchronisations per MoE block forward in planner/nn/moe.py, loop or grouped experts alike: Router's
+torch.bincount and MoE._assign's torch.bincount (CUDA bincount reads the input's max to size its output: .item()),
+and MoE._run_experts' counts.tolist(). The queue drains at each, so the operator after it starts with the device
+idle: each sync adds one operator's host time and one kernel's time to the block's forward
+(layers._executor_decoder_cost)."""
 
 
 def _linear(in_elements: float, out_elements: float, *, input_cast: bool, recipe: Dtypes) -> OpCount:
@@ -355,6 +356,16 @@ def moe_expert_loop_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCoun
     per_bwd = OpCount(bwd_ops=2 * weights + weights * (2 + casts + 1) + 3 + 3 * casts,
                       bwd_bytes=select + 9 * c * rows * f + (3 * 6 * rows * h if casts else 0.0))
     return (per_fwd + per_bwd).times(int(round(local)))
+
+
+def moe_grouped_layout_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
+    """GroupedExperts.forward's padded layout around its grouped GEMMs (moe_expert_impl grouped, planner/nn/moe.py),
+    R = routed rows: the row indices (counts to the device, repeat_interleave, arange, cumsum, the slot and padded
+    offsets: ~12 small kernels), x.new_zeros + index_copy into the layout (c write, c read + c write) and the gather
+    back (2c); backward: the gather's zeros + index_put accumulate (4c) and index_copy's index_select (2c)."""
+    rows = shape.tokens * spec.moe.top_k * (spec.moe.capacity_factor or 1.0) * spec.hidden_size
+    c = recipe.compute
+    return OpCount(fwd_ops=15, bwd_ops=3, fwd_bytes=5 * c * rows, bwd_bytes=6 * c * rows)
 
 
 def head_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
