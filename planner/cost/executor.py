@@ -8,9 +8,10 @@ planner/nn/model.py and planner/nn/moe.py under planner/executor/runtime.py. A s
 Recipe. `amp` (fp32 parameters, torch.autocast bf16): runtime.parallelize_part sets autocast_dtype for every
 non-fp32 precision without FSDP2 and parallelize.mp_policy maps bf16 and amp-bf16 to the same policy (c162dfb:
 planner/executor/runtime.py, parallelize.py), so up to that code `bf16` ran as `amp`
-(behaviour.executor.bf16_recipe: autocast). `bf16-params` (bf16 parameters, no autocast) keeps a bf16 residual
-stream and no casts, as does ZeRO-2/3 with dp > 1 (FSDP2's bf16 MixedPrecisionPolicy, no autocast); ZeRO-2/3 on one
-data-parallel rank runs fp32 (recipe_for). Residual-stream bytes r = 4 under amp and fp32, 2 with bf16
+(behaviour.executor.bf16_recipe: autocast; ZeRO-2/3 ran FSDP2's bf16 policy with dp > 1, fp32 with dp = 1).
+The executor now (bf16-params, planner/executor/precision.py) runs one recipe per precision on every path: bf16
+holds bf16 parameters (a bf16 residual stream, no casts) with fp32 masters in MasterWeightOptimizer, amp-bf16 fp32
+parameters under autocast (recipe_for; bytes per parameter from behaviour.memory.recipes). Residual-stream bytes r = 4 under amp and fp32, 2 with bf16
 parameters; GEMM outputs, attention and MLP intermediates in the compute dtype c (2, or 4 for fp32).
 
 Saved per dense decoder layer (T tokens of this GPU, t = tp), following the forward of TransformerBlock:
@@ -36,7 +37,8 @@ until the micro-batch's backward ends; F.cross_entropy(logits.float()) makes an 
 fp32 output (4*T*V/t, a head activation); its backward writes nll_loss's gradient and log_softmax's input
 gradient (4 + 4)*T*V/t while the saved output lives: the loss phase holds (c + 12)*T*V/t, the layers' backward c*T*V/t.
 
-MoE blocks (moe_mlp_bytes, moe_router_ops, moe_expert_loop_ops): as planner/nn/moe.py runs them; with
+MoE blocks (moe_mlp_bytes, moe_router_ops, moe_expert_loop_ops, moe_grouped_layout_ops): as planner/nn/moe.py runs
+them (grouped now: one GEMM per stacked weight over a padded layout, priced as compute.mlp_gemms); with
 behaviour.executor.moe_expert_impl `loop` each expert is its own GEMMs over weight slices w[e] (per-call GEMM time
 from the measured t0), each slice's backward materialises the whole stacked weight's gradient (SelectBackward), and
 the block's forward syncs with the host three times. Time: operator counts and bytes per module, each phase
