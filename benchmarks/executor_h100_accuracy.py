@@ -40,7 +40,7 @@ from planner.units import GiB
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "validation" / "h100_executor_runs.json"
 AUTOCAST_COMMITS = ("c162dfb",)  # executor code that ran bf16 as amp-bf16 (module docstring)
-C162DFB_FACTS = {"bf16_recipe": "autocast", "moe_expert_impl": "loop", "adamw_impl": "foreach"}
+C162DFB_FACTS = {"bf16_recipe": "autocast", "moe_expert_impl": "loop", "adamw_impl": "foreach", "sdpa_gqa": "repeat"}
 """The executor facts at c162dfb (planner/data/frameworks/planner.yaml behaviour.executor cites where each is in its code)."""
 MUST = {"memory_under": -0.03, "time_median": 0.10, "time_max": 0.25}
 ABLATIONS = {
@@ -48,6 +48,7 @@ ABLATIONS = {
                                                                                              "bf16_autocast": False},
     "MoE priced as grouped GEMMs (no per-expert loop)": {"moe_expert_impl": "grouped"},
     "AdamW priced fused (not foreach)": {"adamw_impl": "fused"},
+    "GQA priced inside SDPA (k, v not repeated)": {"sdpa_gqa": "native"},
 }
 
 
@@ -74,14 +75,16 @@ def facts_as_run(row: dict) -> dict:
     from planner.frameworks import load_framework
 
     facts = load_framework("planner").behaviour.executor
-    return {"bf16_recipe": facts.bf16_recipe, "moe_expert_impl": facts.moe_expert_impl, "adamw_impl": facts.adamw_impl}
+    return {"bf16_recipe": facts.bf16_recipe, "moe_expert_impl": facts.moe_expert_impl, "adamw_impl": facts.adamw_impl,
+            "sdpa_gqa": facts.sdpa_gqa}
 
 
 def options_as_run(row: dict, request) -> object:
     """The stack's CostOptions with the row's executor facts (facts_as_run)."""
     facts = facts_as_run(row)
     return dataclasses.replace(options_for(request.framework, request.precision), bf16_autocast=facts["bf16_recipe"] == "autocast",
-                               moe_expert_impl=facts["moe_expert_impl"], adamw_impl=facts["adamw_impl"])
+                               moe_expert_impl=facts["moe_expert_impl"], adamw_impl=facts["adamw_impl"],
+                               sdpa_gqa=facts.get("sdpa_gqa", "repeat"))  # rows recorded before the fact: repeat
 
 
 def model_of(row: dict):

@@ -157,7 +157,8 @@ def executor_facts() -> dict:
     from planner.frameworks import load_framework
 
     facts = load_framework("planner").behaviour.executor
-    return {"bf16_recipe": facts.bf16_recipe, "moe_expert_impl": facts.moe_expert_impl, "adamw_impl": facts.adamw_impl}
+    return {"bf16_recipe": facts.bf16_recipe, "moe_expert_impl": facts.moe_expert_impl, "adamw_impl": facts.adamw_impl,
+            "sdpa_gqa": facts.sdpa_gqa}
 
 
 def classify_failure(message: str) -> str:

@@ -7,7 +7,11 @@ Each row's plan is made as the row says (`planner estimate` with its model, batc
 zero 0 on dgx-h100 x 1) and its step traced on fake CPU tensors with the CUDA contracts (memtrace's module docstring).
 Reading rule: every row was measured at commit c162dfb, where the executor ran `bf16` as it runs `amp-bf16` (fp32
 parameters + bf16 autocast: runtime.py set autocast_dtype for any non-fp32 precision, parallelize.py mapped both to one
-FSDP2 policy; `git show c162dfb:planner/executor/runtime.py`), so each row is traced as amp-bf16. Prints traced,
+FSDP2 policy; `git show c162dfb:planner/executor/runtime.py`), so each row is traced as amp-bf16. The trace runs the
+executor's code as it is now, which no longer repeats GQA's k and v before SDPA (planner/nn/model.py AttentionCore,
+enable_gqa) and steps AdamW fused: on the GQA rows it traces the (c*T*(a - kv)*d per layer) repeated copies c162dfb
+saved less, about 2-3% under those rows' measured peaks (benchmarks/executor_h100_accuracy.py's GQA ablation prices
+the same term on the same rows). Prints traced,
 measured (CUDA max allocated) and the formula's peak in GiB; for the OOM row, whether the trace exceeds the capacity,
 and for the row the search chose, what `planner plan --trace-memory` picks for that request instead.
 """

@@ -207,26 +207,32 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     if model.executor_recipe is not None and model.executor_recipe.autocast:
         expert_dp = max(1, cand.dp * cand.cp // cand.ep)
         weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.dp * cand.cp,
-                                                  expert_dp=expert_dp)
+                                                  expert_dp=expert_dp, autocast_under_fsdp=not model.options.bf16_autocast)
     if cand.schedule == "2bw":
         weights = weights * 2
     return weights, grads, optim
 
 
 def executor_uncast_bytes(dense: np.ndarray, expert: np.ndarray, *, recompute: str, zero_stage: int, dp: int,
-                          expert_dp: int = 1) -> np.ndarray:
-    """Bytes of the 2-byte autocast copies (executor.AUTOCAST_BYTES) that the executor does not hold at its peak
-    (planner.cost.executor): the embedding table is gathered in fp32 (autocast casts matmul inputs only), and a fully
-    recomputed layer's casts are cached only until the forward leaves autocast (torch clears the cast cache on exit;
-    the checkpoint saves none of them), so the loss and the backward see none of them. Under ZeRO-2/3 no autocast
-    runs at all (FSDP2's bf16 copies are its gathered working set, counted by zero3_working_bytes)."""
-    if zero_stage >= 2:
-        return 2 * (dense / (dp if zero_stage >= 3 else 1) + expert / (expert_dp if zero_stage >= 3 else 1))
-    uncast = np.zeros_like(dense)
-    uncast[0] = dense[0]
+                          expert_dp: int = 1, autocast_under_fsdp: bool = False) -> np.ndarray:
+    """Bytes of the 2-byte autocast copies counted among the weights (the recipe's 4 + 2, sharded with them under
+    ZeRO-3) less those the executor holds at its peak (planner.cost.executor), per module. Held: one bf16 copy of
+    every matmul weight used under autocast, whole (autocast casts the gathered parameter), saved by its linear
+    until that layer's backward; not the embedding table (autocast casts matmul inputs only), nor the weights of a
+    fully recomputed layer (torch clears the cast cache when the forward leaves autocast and the checkpoint saves
+    none of them). autocast_under_fsdp (the executor now: amp-bf16 autocasts on every path, FSDP2 without a
+    policy) holds them under ZeRO-2/3 too, whole, so there the held copies can exceed the sharded ones counted
+    (a negative result adds them); at c162dfb ZeRO-2/3 ran no autocast at all (FSDP2's bf16 copies are its gathered
+    working set, counted by zero3_working_bytes), so none is held."""
+    shard = (dp, expert_dp) if zero_stage >= 3 else (1, 1)
+    counted = 2 * (dense / shard[0] + expert / shard[1])
+    if zero_stage >= 2 and not autocast_under_fsdp:
+        return counted
+    held = 2 * (dense + expert)
+    held[0] = 2 * expert[0]
     if recompute == "full":
-        uncast[1:-1] = dense[1:-1] + expert[1:-1]
-    return 2 * uncast
+        held[1:-1] = 0.0
+    return counted - held
 
 
 def prefix_sums(detail: "Detail", recompute: str) -> np.ndarray:

@@ -199,6 +199,10 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         from planner.cost.executor import OPTIMIZER_BYTES_TOUCHED as EXECUTOR_OPTIMIZER_BYTES
 
         per_param = EXECUTOR_OPTIMIZER_BYTES[model.options.adamw_impl] / rate
+        if master_step(model):
+            from planner.cost.executor import MASTER_STEP_EXTRA_BYTES_TOUCHED
+
+            per_param += MASTER_STEP_EXTRA_BYTES_TOUCHED / rate
     sharded = cand.zero_stage >= 1
     dp_dense, dp_expert, gather_dense, gather_expert = dp_fits(model, cand)
     found = _Fixed(
@@ -312,10 +316,33 @@ def _step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.nd
     o = model.options
     if model.executor_recipe is not None and o.adamw_impl == "foreach":
         return _foreach_step_extra_bytes(cand, row)
+    if master_step(model):
+        return _master_step_extra_bytes(model, cand, row)
     if cand.zero_stage < 3 or o.zero3_grads_fp32 or not o.zero3_step_fp32_grad_params:
         return 0.0
     local = row["dense"] / (cand.dp * cand.cp) + row["expert"] / max(1, cand.dp * cand.cp // cand.ep)
     return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + reduce_bucket_bytes(o.zero3_reduce_bucket_params)
+
+
+def master_step(model: "CostModel") -> bool:
+    """The executor's bf16/fp8 step over fp32 masters (planner/executor/precision.py MasterWeightOptimizer): the
+    recipe with bf16 parameters (behaviour.executor.bf16_recipe bf16-params)."""
+    return (model.executor_recipe is not None and not model.options.bf16_autocast
+            and model.request.precision in ("bf16", "fp8"))
+
+
+def _master_step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray:
+    """MasterWeightOptimizer.step's fp32 gradient copies (executor.MASTER_STEP_CHUNK_ELEMENTS): 4 bytes x
+    min(local elements, max(2**26, the largest local parameter)); the bf16 gradient of a converted parameter is
+    dropped (p.grad = None) but stays referenced by DDP's bucket views, so none of it is counted as freed. Local:
+    TP shards, FSDP2 (ZeRO-2/3) shards over dp x cp; ZeRO-1 steps whole parameters of its share."""
+    from planner.cost.executor import MASTER_STEP_CHUNK_ELEMENTS, largest_parameter
+
+    edp = max(1, cand.dp * cand.cp // cand.ep)
+    shard = (cand.dp * cand.cp, edp) if cand.zero_stage >= 1 else (1, 1)
+    local = row["dense"] / shard[0] + row["expert"] / shard[1]
+    largest = largest_parameter(model.spec, ep=cand.ep) / cand.tp / (cand.dp * cand.cp if cand.zero_stage >= 2 else 1)
+    return 4 * np.minimum(local, max(MASTER_STEP_CHUNK_ELEMENTS, largest))
 
 
 def _foreach_step_extra_bytes(cand: "Candidate", row: dict) -> np.ndarray:

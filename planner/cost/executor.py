@@ -8,9 +8,10 @@ planner/nn/model.py and planner/nn/moe.py under planner/executor/runtime.py. A s
 Recipe. `amp` (fp32 parameters, torch.autocast bf16): runtime.parallelize_part sets autocast_dtype for every
 non-fp32 precision without FSDP2 and parallelize.mp_policy maps bf16 and amp-bf16 to the same policy (c162dfb:
 planner/executor/runtime.py, parallelize.py), so up to that code `bf16` ran as `amp`
-(behaviour.executor.bf16_recipe: autocast). `bf16-params` (bf16 parameters, no autocast) keeps a bf16 residual
-stream and no casts, as does ZeRO-2/3 with dp > 1 (FSDP2's bf16 MixedPrecisionPolicy, no autocast); ZeRO-2/3 on one
-data-parallel rank runs fp32 (recipe_for). Residual-stream bytes r = 4 under amp and fp32, 2 with bf16
+(behaviour.executor.bf16_recipe: autocast; ZeRO-2/3 ran FSDP2's bf16 policy with dp > 1, fp32 with dp = 1).
+The executor now (bf16-params, planner/executor/precision.py) runs one recipe per precision on every path: bf16
+holds bf16 parameters (a bf16 residual stream, no casts) with fp32 masters in MasterWeightOptimizer, amp-bf16 fp32
+parameters under autocast (recipe_for; bytes per parameter from behaviour.memory.recipes). Residual-stream bytes r = 4 under amp and fp32, 2 with bf16
 parameters; GEMM outputs, attention and MLP intermediates in the compute dtype c (2, or 4 for fp32).
 
 Saved per dense decoder layer (T tokens of this GPU, t = tp), following the forward of TransformerBlock:
@@ -19,8 +20,9 @@ Saved per dense decoder layer (T tokens of this GPU, t = tp), following the forw
   and h = x + attention), plus 4*T per norm;
 - wq, wk, wv, w1, w3: under autocast each nn.Linear casts the fp32 norm output itself and saves its own bf16 copy
   (autocast caches casts of leaf parameters only): 2*T*h each; without autocast they share one saved norm output;
-- q after RoPE, and k, v after repeat_interleave to all heads (Attention.attend expands GQA before SDPA): c*T*a*d/t
-  each (with qk_norm, the norms' inputs c*T*(a + kv)*d/t too); SDPA (flash/cuDNN/efficient) saves q, k, v, its
+- q after RoPE, and k, v after repeat_interleave to all heads (c162dfb: Attention.attend expanded GQA before SDPA;
+  now AttentionCore passes the kv heads with enable_gqa in 16-bit, behaviour.executor.sdpa_gqa native: c*T*kv*d/t
+  for k and v, no repeat kernels): c*T*a*d/t each (with qk_norm, the norms' inputs c*T*(a + kv)*d/t too); SDPA (flash/cuDNN/efficient) saves q, k, v, its
   output (also wo's input) and the fp32 log-sum-exp 4*b*a*s/t;
 - the MLP: gated keeps w1's output (SiLU's input), SiLU's output, w3's output and their product (w2's input):
   4*c*T*f/t; plain keeps fc1's output and the activation output: 2*c*T*f/t.
@@ -35,7 +37,8 @@ until the micro-batch's backward ends; F.cross_entropy(logits.float()) makes an 
 fp32 output (4*T*V/t, a head activation); its backward writes nll_loss's gradient and log_softmax's input
 gradient (4 + 4)*T*V/t while the saved output lives: the loss phase holds (c + 12)*T*V/t, the layers' backward c*T*V/t.
 
-MoE blocks (moe_mlp_bytes, moe_router_ops, moe_expert_loop_ops): as planner/nn/moe.py runs them; with
+MoE blocks (moe_mlp_bytes, moe_router_ops, moe_expert_loop_ops, moe_grouped_layout_ops): as planner/nn/moe.py runs
+them (grouped now: one GEMM per stacked weight over a padded layout, priced as compute.mlp_gemms); with
 behaviour.executor.moe_expert_impl `loop` each expert is its own GEMMs over weight slices w[e] (per-call GEMM time
 from the measured t0), each slice's backward materialises the whole stacked weight's gradient (SelectBackward), and
 the block's forward syncs with the host three times. Time: operator counts and bytes per module, each phase
@@ -68,27 +71,60 @@ class Dtypes:
     residual: int
     compute: int
     autocast: bool
+    repeat_kv: bool = True  # GQA's k and v repeated to every query head before SDPA (behaviour.executor.sdpa_gqa)
 
 
-def recipe_for(precision: str, *, bf16_autocast: bool, zero_stage: int = 0, dp: int = 1) -> Dtypes:
-    """The executor's recipe for a plan's precision (module docstring; behaviour.executor.bf16_recipe). With ZeRO-2/3
-    the executor enables no autocast (runtime.parallelize_part: autocast_dtype only for zero 0/1) and hands the bf16
-    recipes to FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): bf16 compute on bf16 copies of the
-    fp32 parameters, a bf16 residual stream, no per-linear casts. With dp = 1 parallelize_part returns the module
-    before apply_dp: no FSDP2 either, so ZeRO-2/3 on one data-parallel rank runs in fp32."""
-    if precision in ("bf16", "amp-bf16") and zero_stage >= 2:
-        return Dtypes(residual=2, compute=2, autocast=False) if dp > 1 else Dtypes(residual=FP32, compute=FP32, autocast=False)
-    if precision == "amp-bf16" or (precision == "bf16" and bf16_autocast):
-        return Dtypes(residual=FP32, compute=2, autocast=True)
-    if precision == "fp32":
-        return Dtypes(residual=FP32, compute=FP32, autocast=False)
-    return Dtypes(residual=2, compute=2, autocast=False)
+def recipe_for(precision: str, *, bf16_autocast: bool, zero_stage: int = 0, dp: int = 1, sdpa_gqa: str = "repeat") -> Dtypes:
+    """The executor's recipe for a plan's precision (module docstring; behaviour.executor.bf16_recipe, sdpa_gqa).
+
+    bf16_autocast (the code of c162dfb): with ZeRO-2/3 that executor enabled no autocast (runtime.parallelize_part:
+    autocast_dtype only for zero 0/1) and handed both bf16 recipes to FSDP2's MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32): bf16 compute on bf16 copies of the fp32 parameters, a bf16 residual stream, no per-linear
+    casts. With dp = 1 parallelize_part returns the module before apply_dp: no FSDP2 either, so ZeRO-2/3 on one
+    data-parallel rank ran in fp32.
+    bf16-params (the code now, planner/executor/precision.py): the recipe is the same on every path: amp-bf16 =
+    fp32 parameters under autocast (runtime.build_parts sets autocast_dtype for amp-bf16 on every path; mp_policy
+    gives FSDP2 no policy), bf16 and fp8 = bf16 parameters, no autocast (prepare_module), fp32 = fp32.
+    sdpa_gqa "native": AttentionCore passes k, v with their kv heads (enable_gqa) except fp32 on CUDA, which still
+    repeats them (planner/nn/model.py AttentionCore.forward); "repeat" (c162dfb): always repeated."""
+    if bf16_autocast and precision in ("bf16", "amp-bf16") and zero_stage >= 2:
+        found = Dtypes(residual=2, compute=2, autocast=False) if dp > 1 else Dtypes(residual=FP32, compute=FP32, autocast=False)
+    elif precision == "amp-bf16" or (precision == "bf16" and bf16_autocast):
+        found = Dtypes(residual=FP32, compute=2, autocast=True)
+    elif precision == "fp32":
+        found = Dtypes(residual=FP32, compute=FP32, autocast=False)
+    else:
+        found = Dtypes(residual=2, compute=2, autocast=False)
+    if sdpa_gqa == "native" and found.compute != FP32:
+        found = Dtypes(residual=found.residual, compute=found.compute, autocast=found.autocast, repeat_kv=False)
+    return found
 
 
 AUTOCAST_BYTES = Recipe(weight_bytes=4 + 2, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=2)
-"""Bytes per parameter of the executor's bf16 recipes with fp32 parameters: fp32 weights + the bf16 autocast copies
-(zero 0/1; arrays.executor_uncast_bytes takes out the copies it does not hold), fp32 gradients, AdamW m and v; DDP
-and FSDP2 reduce in fp32, FSDP2 gathers bf16 (parallelize.mp_policy)."""
+"""Bytes per parameter of the c162dfb executor's bf16 recipes (both ran fp32 parameters, behaviour.executor
+bf16_recipe autocast): fp32 weights + the bf16 autocast copies (zero 0/1; arrays.executor_uncast_bytes takes out the
+copies it does not hold), fp32 gradients, AdamW m and v; DDP and FSDP2 reduced in fp32, FSDP2 gathered bf16 (its
+parallelize.mp_policy). The executor now prices every precision from behaviour.memory.recipes (its amp-bf16 row is
+these bytes but for the gather: FSDP2 without a policy gathers fp32), the copies taken out the same way."""
+
+MASTER_STEP_CHUNK_ELEMENTS = 2**26
+"""planner/executor/precision.py MASTER_STEP_CHUNK_NUMEL: MasterWeightOptimizer.step converts the bf16 gradients to
+fp32 (master.grad = grad.float()) for at most this many elements at a time, or one parameter if larger, each chunk
+freed after its update: the bf16 step's transient is 4 bytes x min(local elements, max(2**26, largest parameter))."""
+MASTER_STEP_EXTRA_BYTES_TOUCHED = 2 + 4 + 4 + 2
+"""HBM bytes per parameter the bf16 step moves beside the AdamW update on the fp32 master (MasterWeightOptimizer.step):
+grad.float() reads 2 and writes 4, then `_local(p).copy_(_local(m))` reads the fp32 master 4 and writes bf16 2."""
+
+
+def largest_parameter(spec: ModelSpec, *, ep: int = 1) -> int:
+    """Elements of the executor's largest nn.Parameter (planner/nn/model.py: separate wq/wk/wv/wo, w1/w2/w3, the
+    embedding and output tables; planner/nn/moe.py GroupedExperts: w1, w2, w3 stacked over the E/ep local experts)."""
+    h = spec.hidden_size
+    largest = max(spec.vocab_size * h, spec.num_attention_heads * spec.dim_per_head * h, spec.ffn_hidden_size * h)
+    if spec.moe is not None:
+        largest = max(largest, spec.moe.num_experts // ep * spec.moe.expert_ffn_hidden_size * h,
+                      spec.moe.shared_ffn_hidden_size * h)
+    return largest
 
 
 def _norm_inputs(recipe: Dtypes, tokens: float, h: int, consumers: int) -> float:
@@ -100,7 +136,7 @@ def attention_bytes(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> tuple[floa
     """(replicated, sharded) bytes the attention half of a block saves (module docstring)."""
     tokens, h = shape.tokens, spec.hidden_size
     a, d = spec.num_attention_heads, spec.dim_per_head
-    kv_saved = a if a != spec.kv_heads else spec.kv_heads  # repeat_interleave to all heads before SDPA
+    kv_saved = a if recipe.repeat_kv else spec.kv_heads  # repeat_interleave to all heads before SDPA, or enable_gqa
     replicated = (recipe.residual + RMSNORM_RSTD_BYTES / h) * tokens * h + _norm_inputs(recipe, tokens, h, 3)
     sharded = recipe.compute * tokens * d * (a + 2 * kv_saved) + recipe.compute * tokens * a * d
     if spec.qk_norm:  # q_norm/k_norm (RMSNorm over head_dim) keep their inputs, the projections' outputs
@@ -209,10 +245,11 @@ False): lerp_(m, g) 12, mul_(v) 8, addcmul_(v, g, g) 16, sqrt(v) -> tmp 8, div_(
 addcdiv_(p, m, tmp) 16: 76."""
 
 MOE_HOST_SYNCS = 3
-"""Host synchronisations per MoE block forward in planner/nn/moe.py: Router's torch.bincount and MoE._assign's
-torch.bincount (CUDA bincount reads the input's max to size its output: .item()), and counts.tolist(). The queue
-drains at each, so the operator after it starts with the device idle: each sync adds one operator's host time and
-one kernel's time to the block's forward (layers._executor_decoder_cost)."""
+"""Host synchronisations per MoE block forward in planner/nn/moe.py, loop or grouped experts alike: Router's
+torch.bincount and MoE._assign's torch.bincount (CUDA bincount reads the input's max to size its output: .item()),
+and MoE._run_experts' counts.tolist(). The queue drains at each, so the operator after it starts with the device
+idle: each sync adds one operator's host time and one kernel's time to the block's forward
+(layers._executor_decoder_cost)."""
 
 
 def _linear(in_elements: float, out_elements: float, *, input_cast: bool, recipe: Dtypes) -> OpCount:
@@ -257,7 +294,7 @@ def attention_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
     q = tokens * spec.num_attention_heads * spec.dim_per_head / t
     kv = tokens * spec.kv_heads * spec.dim_per_head / t
     expand = OpCount()
-    if spec.num_attention_heads != spec.kv_heads:
+    if spec.num_attention_heads != spec.kv_heads and recipe.repeat_kv:
         expand = OpCount(fwd_ops=2, bwd_ops=2, fwd_bytes=2 * c * (kv + q), bwd_bytes=2 * c * (kv + q))
     fan = OpCount(bwd_ops=2, bwd_bytes=2 * 3 * recipe.residual * region)
     if spec.qk_norm:  # two more norms on the q and k heads (their dtype after autocast: counted at the residual's)
@@ -321,6 +358,16 @@ def moe_expert_loop_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCoun
     per_bwd = OpCount(bwd_ops=2 * weights + weights * (2 + casts + 1) + 3 + 3 * casts,
                       bwd_bytes=select + 9 * c * rows * f + (3 * 6 * rows * h if casts else 0.0))
     return (per_fwd + per_bwd).times(int(round(local)))
+
+
+def moe_grouped_layout_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:
+    """GroupedExperts.forward's padded layout around its grouped GEMMs (moe_expert_impl grouped, planner/nn/moe.py),
+    R = routed rows: the row indices (counts to the device, repeat_interleave, arange, cumsum, the slot and padded
+    offsets: ~12 small kernels), x.new_zeros + index_copy into the layout (c write, c read + c write) and the gather
+    back (2c); backward: the gather's zeros + index_put accumulate (4c) and index_copy's index_select (2c)."""
+    rows = shape.tokens * spec.moe.top_k * (spec.moe.capacity_factor or 1.0) * spec.hidden_size
+    c = recipe.compute
+    return OpCount(fwd_ops=15, bwd_ops=3, fwd_bytes=5 * c * rows, bwd_bytes=6 * c * rows)
 
 
 def head_ops(spec: ModelSpec, shape: Shape, recipe: Dtypes) -> OpCount:

@@ -302,11 +302,13 @@ def _executor_decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
         ffn = executor_cost.moe_block_ops(spec, shape, recipe)
         if env.moe_loop:
             ffn = ffn + executor_cost.moe_expert_loop_ops(spec, shape, recipe)
+        else:
+            ffn = ffn + executor_cost.moe_grouped_layout_ops(spec, shape, recipe)
     ops = attn + ffn
     dev_f, dev_b = _eager_device_s(env, ops, g_fwd, g_bwd, _layer_params_per_gpu(spec, shape, moe_layer))
     rates = {"kernel_s": env.cal.eager_kernel_s, "host_op_s": env.cal.eager_host_op_s}
     fwd = eager.phase_s(dev_f, ops.fwd_ops, **rates)
-    if moe_layer and env.moe_loop:  # segments separated by host syncs do not overlap
+    if moe_layer:  # segments separated by host syncs do not overlap (both expert implementations sync)
         fwd += executor_cost.MOE_HOST_SYNCS * (rates["kernel_s"] + rates["host_op_s"])
     bwd = eager.phase_s(dev_b, ops.bwd_ops, **rates)
     rec = eager.phase_s(dev_b + dev_f, ops.bwd_ops + ops.fwd_ops, **rates) - bwd

@@ -53,7 +53,8 @@ class CostModel:
         if options.executor_code:
             from planner.cost import executor
 
-            self.executor_recipe = executor.recipe_for(request.precision, bf16_autocast=options.bf16_autocast)
+            self.executor_recipe = executor.recipe_for(request.precision, bf16_autocast=options.bf16_autocast,
+                                                       sdpa_gqa=options.sdpa_gqa)
             self.fused_kernels = self.fused_kernels and self.executor_recipe.compute != 2  # its code is eager
         autocast_run = request.precision == "amp-bf16" or (self.executor_recipe is not None and self.executor_recipe.compute == 2)
         eager = autocast_run and not self.fused_kernels  # planner.cost.eager's (or the executor's) eager recipe
@@ -66,10 +67,10 @@ class CostModel:
         self.cal = dataclasses.replace(self.cal, attention_fraction=fraction, attention_seq_half=seq_half)
         if request.precision == "bf16" and not options.main_grads_fp32:
             self.recipe = memory.FP32_MASTER_PARAMS_BF16
-        if self.executor_recipe is not None and self.executor_recipe.autocast:  # bf16 run as fp32 params + autocast
+        if self.executor_recipe is not None and self.executor_recipe.autocast and options.bf16_autocast:
             from planner.cost import executor
 
-            self.recipe = executor.AUTOCAST_BYTES  # (the executor of c162dfb: frameworks' behaviour.executor)
+            self.recipe = executor.AUTOCAST_BYTES  # the executor of c162dfb (bf16 run as fp32 params + autocast)
         elif options.recipe_bytes is not None:  # the stack's own recipe (behaviour.memory.recipes)
             w, g, o, reduce, gather = options.recipe_bytes
             self.recipe = memory.Recipe(weight_bytes=w, grad_bytes=g, optimizer_bytes=o, grad_reduce_bytes=reduce,
@@ -115,7 +116,7 @@ class CostModel:
         from planner.cost import executor
 
         return executor.recipe_for(self.request.precision, bf16_autocast=self.options.bf16_autocast,
-                                   zero_stage=cand.zero_stage, dp=cand.dp)
+                                   zero_stage=cand.zero_stage, dp=cand.dp, sdpa_gqa=self.options.sdpa_gqa)
 
     # --- memory capacity -------------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ def options_for(framework: str, precision: str):
         zero3_grads_fp32=m.zero3_grads_fp32, zero3_step_fp32_grad_params=m.zero3_step_fp32_grad_params,
         executor_code=x is not None, bf16_autocast=x is not None and x.bf16_recipe == "autocast",
         moe_expert_impl=x.moe_expert_impl if x is not None else "grouped",
-        adamw_impl=x.adamw_impl if x is not None else "fused",
+        adamw_impl=x.adamw_impl if x is not None else "fused", sdpa_gqa=x.sdpa_gqa if x is not None else "native",
     )
 
 

@@ -91,7 +91,7 @@ class CostOptions:
         measured by benchmarks/gpu_memory.py).
     executor_code, bf16_autocast, moe_expert_impl, adamw_impl: the stack is the planner's executor, priced from its
         code (planner.cost.executor; behaviour.executor): bf16 run under autocast or not, MoE experts as a loop or
-        grouped GEMMs, AdamW foreach or fused.
+        grouped GEMMs, AdamW foreach or fused; sdpa_gqa: GQA's k/v repeated before SDPA or native (enable_gqa).
     Without explicit options the CostModel takes them from the request's framework (planner.cost.stack).
     """
 
@@ -130,6 +130,7 @@ class CostOptions:
     bf16_autocast: bool = False
     moe_expert_impl: str = "grouped"
     adamw_impl: str = "fused"
+    sdpa_gqa: str = "native"
     zero3_sync_per_tensor: bool = False
 
 

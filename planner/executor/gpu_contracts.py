@@ -1,6 +1,6 @@
 """The GPU's memory contracts that a trace on fake CPU tensors stands in (planner.executor.memtrace's docstring says
 each with its source): FlashAttention-2's and fused RMSNorm's saved tensors, DistributedDataParallel's gradient
-buckets, CUDA's foreach AdamW default. `counter` is the trace's LiveBytes: its pause() hides the reference
+buckets, the executor's fused AdamW on CUDA. `counter` is the trace's LiveBytes: its pause() hides the reference
 computations that give the stand-ins their exact values.
 """
 
@@ -155,23 +155,44 @@ def stand_in_ddp():
 
 
 def cuda_optimizer_defaults(optimizers) -> None:
-    """foreach=True where torch would choose it on CUDA (every parameter a plain tensor, not fused), as
-    torch.optim.optimizer._default_to_fused_or_foreach does for CUDA tensors; on CPU torch would take the loop."""
+    """The optimizer the executor builds on CUDA, on the trace's CPU tensors: AdamW groups get
+    parallelize.adamw_impl's answer for CUDA (fused=True, one kernel and no temporaries; the per-tensor loop where
+    DTensors and plain tensors mix); other optimizers (SGD) what torch would choose on CUDA, foreach for plain tensors
+    (torch.optim.optimizer _default_to_fused_or_foreach); on CPU torch would take the loop. MasterWeightOptimizer's
+    inner AdamW is reached through `.optim` (inner_optimizers)."""
     from torch.distributed.tensor import DTensor
+
+    from planner.executor.parallelize import adamw_impl
 
     for opt in optimizers:
         for inner in inner_optimizers(opt):
             for group in inner.param_groups:
-                if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+                if isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and "fused" in group:
+                    group.update({"fused": False, "foreach": None} | adamw_impl(group["params"], on_cuda=True))
+                elif "foreach" in group and group["foreach"] is None and not group.get("fused"):
                     group["foreach"] = not any(isinstance(p, DTensor) for p in group["params"])
 
 
 def inner_optimizers(opt) -> list:
-    """The torch optimizers inside the executor's wrappers (CombinedOptimizer.optimizers, ZeRO-1's .optim)."""
+    """The torch optimizers inside the executor's wrappers (CombinedOptimizer.optimizers; ZeRO-1's and
+    MasterWeightOptimizer's .optim, nested: ZeRO-1 over master weights wraps one in the other)."""
     if hasattr(opt, "optimizers"):
         return [o for each in opt.optimizers for o in inner_optimizers(each)]
     inner = getattr(opt, "optim", None)
-    return [inner] if isinstance(inner, torch.optim.Optimizer) else [opt]
+    if isinstance(inner, torch.optim.Optimizer):
+        return [inner]
+    return inner_optimizers(inner) if inner is not None else [opt]
+
+
+def master_weights(opt) -> list:
+    """The fp32 master copies the executor's bf16 recipe keeps in its optimizer (MasterWeightOptimizer.masters),
+    through the same wrappers: optimizer bytes (behaviour.memory.recipes bf16: optimizer 12 = master 4 + m, v 8)."""
+    if hasattr(opt, "optimizers"):
+        return [m for each in opt.optimizers for m in master_weights(each)]
+    if hasattr(opt, "masters"):
+        return list(opt.masters)
+    inner = getattr(opt, "optim", None)
+    return master_weights(inner) if inner is not None and not isinstance(inner, torch.optim.Optimizer) else []
 
 
 @contextlib.contextmanager

@@ -16,9 +16,10 @@ contracts stood in (planner.executor.gpu_contracts), each stated here with its s
   seq x seq scores; the backward allocates dq, dk, dv, an fp32 dq accumulator the size of q and the fp32 softmax_d
   (batch, heads, seq). `FlashContract` is that autograd function (its values are exact: the gradients come from the
   reference attention, computed out of the count);
-- optimizer: torch's default for CUDA (torch/optim/optimizer.py, _default_to_fused_or_foreach): the foreach
-  implementation when every parameter is a plain tensor (its full-size sqrt temporary included), the per-tensor loop
-  for DTensors (FSDP2, TP); an explicitly fused optimizer stays fused;
+- optimizer: what the executor builds on CUDA (parallelize.build_optimizer: AdamW fused=True, no temporaries; the
+  bf16 recipe's MasterWeightOptimizer steps fused AdamW on fp32 masters, its chunked grad.float() copies traced as
+  they run, the masters counted as optimizer bytes); SGD gets torch's CUDA default (torch/optim/optimizer.py,
+  _default_to_fused_or_foreach: foreach for plain tensors, the per-tensor loop for DTensors);
 - DDP: torch's C++ Reducer cannot run on fake tensors; DdpContract holds what it holds (one flat gradient buffer per
   25 MiB bucket, torch/csrc/distributed/c10d/reducer.cpp initialize_buckets, kept for the whole run);
 - allocator: the CUDA caching allocator rounds every block up to 512 bytes (kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp;
@@ -48,7 +49,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.executor.gpu_contracts import (
-    cuda_optimizer_defaults, gpu_contracts, inner_optimizers, pipeline_metadata, stand_in_ddp,
+    cuda_optimizer_defaults, gpu_contracts, inner_optimizers, master_weights, pipeline_metadata, stand_in_ddp,
 )
 from planner.schemas.plan import LaunchPlan
 
@@ -299,7 +300,8 @@ def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
     params = [p for part in job.parts for p in part.parameters()]
     owners = {"params": serials(params), "grads": serials(p.grad for p in params if p.grad is not None),
               "optimizer": serials(t for opt in job.optimizers for inner in inner_optimizers(opt)
-                                   for state in inner.state.values() for t in state.values())}
+                                   for state in inner.state.values() for t in state.values())
+              | serials(m for opt in job.optimizers for m in master_weights(opt))}
     by_phase = {"forward": "activations", "backward": "transient", "optimizer": "transient", "build": "other"}
     parts = dict.fromkeys(PARTS, 0)
     for serial, (nbytes, phase) in counter.peak_live().items():

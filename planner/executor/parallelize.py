@@ -266,6 +266,20 @@ class CombinedOptimizer:
             opt.step()
 
 
+def adamw_impl(params: list[nn.Parameter], *, on_cuda: bool) -> dict:
+    """torch.optim.AdamW's implementation kwargs: fused=True on CUDA (one kernel for the whole step), unless the
+    parameters mix DTensors and plain tensors (TP without FSDP2 leaves the norms plain): DTensor's dispatcher refuses
+    a multi-tensor op over such a list ("aten._fused_adamw_.default got mixed torch.Tensor and DTensor", and the same
+    for foreach's aten._foreach_mul_; measured with torch 2.13 on CPU tensors, the dispatch is device-independent),
+    so those run torch's per-tensor loop (foreach=False). On CPU: torch's default. planner.executor.memtrace asks
+    the same question for its CUDA stand-in."""
+    if not on_cuda:
+        return {}
+    if len({isinstance(p, DTensor) for p in params}) > 1:
+        return {"foreach": False}
+    return {"fused": True}
+
+
 def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.ProcessGroup | None = None,
                     lr: float = 1e-3, optimizer: str = "adamw", betas: tuple[float, float] = (0.9, 0.95),
                     weight_decay: float = 0.0, eps: float = 1e-8, precision: str = "fp32"):
@@ -279,8 +293,7 @@ def build_optimizer(model: nn.Module, *, zero_stage: int, dp_group: dist.Process
     check_precision(precision)
     if optimizer == "adamw":
         cls, kwargs = torch.optim.AdamW, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "eps": eps}
-        if any(p.is_cuda for p in model.parameters()):
-            kwargs["fused"] = True  # one CUDA kernel for the whole step (torch.optim.AdamW fused=True)
+        kwargs.update(adamw_impl(list(model.parameters()), on_cuda=any(p.is_cuda for p in model.parameters())))
     elif optimizer == "sgd":
         cls, kwargs = torch.optim.SGD, {"lr": lr, "weight_decay": weight_decay}
     else:

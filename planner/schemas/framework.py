@@ -275,6 +275,9 @@ class ExecutorCode(Schema):
                                                                     "GEMMs over weight slices, or grouped GEMMs")
     adamw_impl: Literal["foreach", "fused"] = Field(description="torch.optim.AdamW's implementation: the foreach "
                                                                 "multi-tensor passes (torch's CUDA default) or fused")
+    sdpa_gqa: Literal["repeat", "native"] = Field(description="GQA's k and v: repeated to every query head before "
+                                                              "SDPA, or passed with their kv heads (enable_gqa) in the "
+                                                              "16-bit recipes (fp32 on CUDA repeats either way)")
     source: str = Sourced
 
 

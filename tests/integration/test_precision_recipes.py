@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from executor_plans import CPU, TINY, make_plan  # noqa: E402
+from executor_plans import CPU, TINY, honest, make_plan  # noqa: E402
 
 from planner.schemas.plan import PlanRequest  # noqa: E402
 
@@ -140,14 +140,14 @@ def test_bf16_runs_track_fp32_and_hold_bf16_weights(spec, layout, tmp_path):
     from planner.executor.run import run_plan
 
     plan = make_plan(TINY if spec == "dense" else TINY_MOE, **layout)
-    plan = plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "bf16"})})
+    plan = honest(plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "bf16"})}))
     report = run_plan(plan, options=RunOptions(lr=LR, seed=SEED, timeout_s=90, steps=4), report_path=tmp_path / "run.json")
     fp32 = make_plan(TINY if spec == "dense" else TINY_MOE, **layout)
     reference = reference_2bw_losses(fp32, 4) if layout.get("schedule") == "2bw" else reference_losses(fp32, 4)
     worst = max(abs(g - r) / abs(r) for g, r in zip(report.losses, reference))
     print(f"bf16 vs fp32 ({layout}): largest relative difference {worst:.2e}")
     assert len(report.losses) == 4 and worst <= BF16_REL_TOL
-    fp32_report = run_plan(fp32, options=RunOptions(lr=LR, seed=SEED, timeout_s=90, steps=1), report_path=tmp_path / "fp32.json")
+    fp32_report = run_plan(honest(fp32), options=RunOptions(lr=LR, seed=SEED, timeout_s=90, steps=1), report_path=tmp_path / "fp32.json")
     for bf16_rank, fp32_rank in zip(report.memory, fp32_report.memory):
         assert bf16_rank.weights_bytes * 2 == fp32_rank.weights_bytes > 0
 
@@ -164,7 +164,7 @@ def test_fp8_is_refused_on_cpu_and_on_gpus_without_fp8_with_the_reason(tmp_path)
     from planner.executor.runnable import check_runnable
 
     plan = make_plan(TINY, num_microbatches=1)
-    plan = plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "fp8"})})
+    plan = honest(plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "fp8"})}))
     check_runnable(plan)  # the profile lists fp8: the device decides
     with pytest.raises(BadInputError, match=r"^precision='fp8' needs fp8 tensor cores .* this run is on cpu, which has no fp8 matmul"):
         run_plan(plan, options=RunOptions(device="cpu", steps=1), report_path=tmp_path / "run.json")
@@ -226,7 +226,7 @@ def test_bf16_resume_restores_the_fp32_masters(tmp_path):
     from planner.executor.run import run_plan
 
     plan = make_plan(TINY, dp=2, zero_stage=1)
-    plan = plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "bf16"})})
+    plan = honest(plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "bf16"})}))
 
     def run(steps, **kw):
         return run_plan(plan, options=RunOptions(lr=LR, seed=SEED, timeout_s=90, steps=steps, **kw),

@@ -125,24 +125,43 @@ def test_calibration_holds_what_derive_fits_from_the_rows_and_holds_out_of_sampl
 
 
 def test_recipe_follows_the_executor_code_path():
-    """runtime.parallelize_part: autocast for zero 0/1 (both bf16 precisions while bf16_recipe is autocast); ZeRO-2/3
-    hands bf16 to FSDP2 without autocast when dp > 1, and runs fp32 when dp = 1 (it returns before apply_dp)."""
+    """c162dfb (bf16_autocast): runtime.parallelize_part autocast for zero 0/1 (both bf16 precisions); ZeRO-2/3 handed
+    bf16 to FSDP2 without autocast when dp > 1, and ran fp32 when dp = 1 (it returns before apply_dp). Now
+    (planner/executor/precision.py): one recipe per precision on every path: amp-bf16 autocasts fp32 parameters
+    (runtime.build_parts), bf16 holds bf16 parameters; GQA k/v are repeated only at c162dfb and in fp32."""
     auto = executor.recipe_for("bf16", bf16_autocast=True)
     assert auto == executor.recipe_for("amp-bf16", bf16_autocast=False) and auto.autocast and auto.residual == 4
     assert executor.recipe_for("bf16", bf16_autocast=False) == executor.Dtypes(residual=2, compute=2, autocast=False)
     fsdp = executor.recipe_for("amp-bf16", bf16_autocast=True, zero_stage=3, dp=8)
     assert fsdp == executor.Dtypes(residual=2, compute=2, autocast=False)
     assert executor.recipe_for("bf16", bf16_autocast=True, zero_stage=2, dp=1).compute == 4
+    for zero, dp in ((0, 1), (2, 1), (3, 8)):
+        now = {p: executor.recipe_for(p, bf16_autocast=False, zero_stage=zero, dp=dp, sdpa_gqa="native")
+               for p in ("amp-bf16", "bf16", "fp32")}
+        assert now["amp-bf16"] == executor.Dtypes(residual=4, compute=2, autocast=True, repeat_kv=False)
+        assert now["bf16"] == executor.Dtypes(residual=2, compute=2, autocast=False, repeat_kv=False)
+        assert now["fp32"] == executor.Dtypes(residual=4, compute=4, autocast=False, repeat_kv=True)
 
 
-def test_one_gpu_zero_2_is_priced_as_the_fp32_run_it_is():
+def test_one_gpu_zero_2_is_priced_as_the_run_it_is():
+    """c162dfb's executor ran ZeRO-2 on one GPU in fp32 (no FSDP2, no autocast): > 4x the time of zero 0. The
+    executor now runs the bf16 recipe (bf16 parameters) on every path: the same GEMM time."""
+    import dataclasses
+
     from planner import api
+    from planner.cost.model import CostModel
+    from planner.cost.notes import candidate_of
+    from planner.cost.stack import options_for
     from planner.schemas.plan import Configuration, Parallelism
 
     request = api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=1, global_batch_size=32, seq_len=2048)
-    times = [api.estimate(request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1, zero_stage=z), microbatch_size=4))
-             .prediction.step_time_s for z in (0, 2)]
-    assert times[1] > 4 * times[0]  # fp32 GEMMs without tensor cores
+    old = dataclasses.replace(options_for("planner", "bf16"), **{k: v for k, v in _bench().C162DFB_FACTS.items() if k != "bf16_recipe"},
+                              bf16_autocast=True)
+    for options, ratio in ((old, (4, 100)), (options_for("planner", "bf16"), (0.9, 1.2))):
+        model = CostModel(request, options=options)
+        times = [model.evaluate(candidate_of(request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1, zero_stage=z),
+                                                                       microbatch_size=4))).step_time_s for z in (0, 2)]
+        assert ratio[0] < times[1] / times[0] < ratio[1], (options.bf16_autocast, times)  # fp32 GEMMs: no tensor cores
 
 
 GPU_REPORTS = sorted((ROOT / "profiles").glob("executor-*.json"))
@@ -167,7 +186,8 @@ def test_operator_counts_are_the_executor_block_s(tmp_path):
     """The forward operators executor.attention_ops + mlp_ops count for one dense block are the non-view aten operators
     planner/nn/model.py's TransformerBlock dispatches under autocast (traced on the CPU with
     benchmarks/eager_op_count.py's recorder), but for RMSNorm: on the CPU it is composite (pow, mean, add, rsqrt, mul,
-    mul: 6 operators), on CUDA torch's fused kernel (1). The backward, without AccumulateGrad's adds (a first
+    mul: 6 operators), on CUDA torch's fused kernel (1). GQA inside SDPA (sdpa_gqa native: no repeat_interleave of k
+    and v, two kernels fewer than c162dfb's block). The backward, without AccumulateGrad's adds (a first
     micro-batch has no .grad yet), within 15% (the CPU's composite RMSNorm backward is not counted exactly)."""
     torch = pytest.importorskip("torch")
     import sys
@@ -187,7 +207,7 @@ def test_operator_counts_are_the_executor_block_s(tmp_path):
         record.phase = "bwd"
         y.float().sum().backward()
     traced = {phase: sum(1 for p, *_ in record.ops if p == phase) for phase in ("fwd", "bwd")}
-    recipe = executor.recipe_for("amp-bf16", bf16_autocast=True)
+    recipe = executor.recipe_for("amp-bf16", bf16_autocast=False, sdpa_gqa="native")  # the block as it is now
     counted = executor.attention_ops(spec, Shape(microbatch_size=1, seq_len=seq), recipe) + \
         executor.mlp_ops(spec, Shape(microbatch_size=1, seq_len=seq), recipe)
     norms = spec.norms_per_layer

@@ -4,7 +4,7 @@ What is compared: the same optimizer steps of the same executor code (runtime.bu
 run once on fake tensors and once on real CPU tensors, both counted by LiveBytes (every op output's storage, alive
 until torch frees it). The trace is right when fake tensors reproduce the real run's storages and lifetimes: views,
 in-place ops, FSDP2's resize_, DTensor's local ops, the optimizer's state; both runs take the GPU contracts
-(FlashAttention's and fused RMSNorm's saved tensors, CUDA's foreach AdamW) so the comparison covers them too.
+(FlashAttention's and fused RMSNorm's saved tensors, the executor's fused AdamW on CUDA) so the comparison covers them too.
 """
 
 from __future__ import annotations
