@@ -1,4 +1,4 @@
-"""The `planner` stack priced as the executor now runs (frameworks/planner.yaml behaviour.executor: bf16-params, grouped,
+"""The `planner` stack priced as the executor now runs (planner/data/frameworks/planner.yaml behaviour.executor: bf16-params, grouped,
 fused, sdpa_gqa native), each mechanism against the executor's own code: planner/executor/precision.py
 (MasterWeightOptimizer), parallelize.py (build_optimizer, mp_policy), planner/nn/model.py (AttentionCore)."""
 
