@@ -65,10 +65,16 @@ class TimedCostModel:
 
 def run_case(case: Case, framework: str) -> dict:
     from planner.api import build_request
+    from planner.errors import BadInputError
     from planner.search.driver import make_cost_model, search
 
-    request = build_request(model=case.model, topology=case.topology, gpus=case.gpus,
-                            global_batch_size=case.global_batch_size, seq_len=case.seq_len, framework=framework)
+    try:
+        request = build_request(model=case.model, topology=case.topology, gpus=case.gpus,
+                                global_batch_size=case.global_batch_size, seq_len=case.seq_len, framework=framework)
+    except BadInputError as exc:  # the stack cannot build the model (its profile's unsupported_models): no search
+        return dict(case=case.name, framework=framework, gpus=case.gpus, considered=0, evaluated=0, pruned=0,
+                    wall_s=0.0, cpu_s=0.0, cost_model_cpu_s=0.0, cost_model_calls=0, dp_calls=0, ilp_calls=0,
+                    accounted=True, chosen=f"(refused: {str(exc).split(':')[0]})", step_time_s=None)
     start, cpu_start = time.perf_counter(), time.process_time()
     cost = TimedCostModel(make_cost_model(request))
     result = search(request, cost=cost)
