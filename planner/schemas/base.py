@@ -14,3 +14,13 @@ class InputSchema(Schema):
     size computed from them is meaningless (`time_limit_s: Infinity` would never stop)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
+
+
+def without(data, **absent: bool):
+    """A serialised model (`data`) less the keys whose flag is true: optional fields are left out while they hold
+    their default, so files written before the field existed serialise byte-identically (the golden plans)."""
+    if isinstance(data, dict):
+        for key, drop in absent.items():
+            if drop:
+                data.pop(key, None)
+    return data

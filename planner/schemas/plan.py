@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, model_serializer, model_validator
 
 from planner.schemas import limits as L
-from planner.schemas.base import InputSchema, Schema
+from planner.schemas.base import InputSchema, Schema, without
 from planner.schemas.calibration import CalibrationOverlay
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.model import ModelSpec
@@ -58,10 +58,7 @@ class SearchLimits(InputSchema):
     @model_serializer(mode="wrap")
     def _omit_no_compression(self, handler):
         """Leave compression out when it is none, so requests without it serialise byte-identically to before."""
-        data = handler(self)
-        if isinstance(data, dict) and self.compression == NONE:
-            data.pop("compression", None)
-        return data
+        return without(handler(self), compression=self.compression == NONE)
 
 
 class PlanRequest(InputSchema):
@@ -84,10 +81,7 @@ class PlanRequest(InputSchema):
     @model_serializer(mode="wrap")
     def _omit_shipped_calibration(self, handler):
         """Leave calibration out when None, so plans priced with the shipped constants serialise as before."""
-        data = handler(self)
-        if self.calibration is None and isinstance(data, dict):
-            data.pop("calibration", None)
-        return data
+        return without(handler(self), calibration=self.calibration is None)
 
 
 class Parallelism(Schema):
@@ -120,13 +114,7 @@ class Parallelism(Schema):
     def _omit_plain_dp(self, handler):
         """Leave dp_replicate out when it is 1 and compression when it is none, so plans without HSDP or
         compression serialise byte-identically to before."""
-        data = handler(self)
-        if isinstance(data, dict):
-            if self.dp_replicate == 1:
-                data.pop("dp_replicate", None)
-            if not self.compression.methods:
-                data.pop("compression", None)
-        return data
+        return without(handler(self), dp_replicate=self.dp_replicate == 1, compression=not self.compression.methods)
 
     @property
     def world_size(self) -> int:
@@ -239,10 +227,7 @@ class MemoryReport(Schema):
     @model_serializer(mode="wrap")
     def _omit_untraced(self, handler):
         """Leave `traced` out when absent, so plans made without the trace serialise byte-identically to before."""
-        data = handler(self)
-        if self.traced is None and isinstance(data, dict):
-            data.pop("traced", None)
-        return data
+        return without(handler(self), traced=self.traced is None)
 
 
 class Alternative(Schema):
@@ -257,10 +242,7 @@ class Alternative(Schema):
 
     @model_serializer(mode="wrap")
     def _omit_untraced(self, handler):
-        data = handler(self)
-        if self.traced_peak_bytes is None and isinstance(data, dict):
-            data.pop("traced_peak_bytes", None)
-        return data
+        return without(handler(self), traced_peak_bytes=self.traced_peak_bytes is None)
 
 
 class SolverStats(Schema):

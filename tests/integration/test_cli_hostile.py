@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_refusals import refused
 from typer.testing import CliRunner
 
 from planner import api
@@ -38,19 +39,6 @@ seq_len: 8192
 activation: swiglu
 moe: {num_experts: 4096, top_k: 8, expert_ffn_hidden_size: 2048}
 """
-
-
-def refused(args: list[str], code: int = 2, within_s: float = 20.0) -> str:
-    """Run the CLI in-process; assert exit `code`, exactly one `error:` line, no exception, in time."""
-    started = time.monotonic()
-    result = runner.invoke(app, args)
-    elapsed = time.monotonic() - started
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == code, result.output
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    assert elapsed < within_s
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_refusals import refused
 
 from planner import api
 from planner.errors import BadInputError
@@ -19,17 +20,6 @@ from planner.io import atomic_write_text, canonical_json, check_writable
 from planner.schemas.plan import Configuration, Parallelism
 from planner.cli import app
 from typer.testing import CliRunner
-
-
-def refused(args: list[str], within_s: float) -> str:
-    """Run the CLI in-process; assert exit 2 and exactly one `error:` line, in time; return the line."""
-    started = time.monotonic()
-    result = CliRunner().invoke(app, args)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), result.output
-    assert time.monotonic() - started < within_s
-    return lines[0]
 
 
 @pytest.fixture()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_refusals import refused
 from typer.testing import CliRunner
 
 from planner import api
@@ -20,16 +21,6 @@ from planner.schemas.plan import Configuration, LaunchPlan, Parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = sorted([*ROOT.glob("examples/plans/*.json"), ROOT / "docs/plan.json", *ROOT.glob("tests/golden/*.json")])
-
-
-def refused(args: list[str], within_s: float = 20.0) -> str:
-    started = time.monotonic()
-    result = CliRunner().invoke(app, args)
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), result.output
-    assert time.monotonic() - started < within_s
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
