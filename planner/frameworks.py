@@ -161,7 +161,28 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
         return "zero_stage_not_in_framework", f"zero_stage={c.zero_stage} is not run by framework {name!r}{with_pp}: choose one of {list(zero_ok)}"
     if c.tp_overlap not in caps.tp_overlap:
         return "tp_overlap_not_in_framework", f"tp_overlap={c.tp_overlap!r} is not run by framework {name!r}: use {list(caps.tp_overlap)}"
-    return compression_refusal(profile, c) or parallel_refusal(profile, c) or _exclusion(profile, c)
+    return (hsdp_refusal(profile, c) or compression_refusal(profile, c) or parallel_refusal(profile, c)
+            or _exclusion(profile, c))
+
+
+def hsdp_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
+    """HSDP (dp_replicate > 1) needs the stack's hybrid sharding (capabilities.zero.hsdp) and ZeRO-2/3 (FSDP
+    shards); with experts (ep > 1) the planner prices no HSDP layout (how the experts' shards split over
+    replicas differs per stack), so it is refused rather than guessed."""
+    if c.dp_replicate <= 1:
+        return None
+    if c.dp % c.dp_replicate:
+        return "hsdp_not_dividing_dp", f"dp_replicate={c.dp_replicate} must divide dp={c.dp}: choose a divisor of dp, or 1"
+    if not profile.capabilities.zero.hsdp:
+        return "hsdp_not_in_framework", (f"dp_replicate={c.dp_replicate}: framework {profile.name!r} has no hybrid sharding "
+                                         f"(HSDP): use dp_replicate=1")
+    if c.zero_stage not in (2, 3):
+        return "hsdp_without_fsdp", (f"dp_replicate={c.dp_replicate} (HSDP) shards ZeRO-2/3 state within replicas: "
+                                     f"zero_stage={c.zero_stage} has no shards; use zero_stage 2 or 3, or dp_replicate=1")
+    if c.ep > 1:
+        return "hsdp_with_ep_not_priced", (f"dp_replicate={c.dp_replicate} (HSDP) with ep={c.ep}: the planner prices no "
+                                           f"HSDP expert layout; use dp_replicate=1 or ep=1")
+    return None
 
 
 def compression_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:

@@ -23,7 +23,7 @@ from planner.topology.placement import rank_map
 def parallelism_of(cand: Candidate) -> Parallelism:
     return Parallelism(dp=cand.dp, tp=cand.tp, pp=cand.pp, ep=cand.ep, cp=cand.cp, sp=cand.sp, vpp=cand.vpp,
                        zero_stage=cand.zero_stage, tp_overlap=cand.tp_overlap, axis_order=tuple(cand.axis_order),
-                       compression=cand.compression)
+                       compression=cand.compression, dp_replicate=cand.dp_replicate)
 
 
 def batch_of(request: PlanRequest, cand: Candidate) -> Batch:

@@ -141,12 +141,14 @@ def stage_layers_of(text: str | None, first: int | None, last: int | None, *, nu
 
 def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep: int, cp: int, sp: bool, vpp: int,
                   zero: int, tp_overlap: str, microbatch_size: int, schedule: str, recompute: str,
-                  compression: Compression = NONE, stage_layers: tuple[int, ...] | None = None) -> Configuration:
+                  compression: Compression = NONE, stage_layers: tuple[int, ...] | None = None,
+                  dp_replicate: int = 1) -> Configuration:
     """The Configuration of the flags; dp defaults to gpus / (tp*pp*cp), which must divide."""
     for name, value in (("recompute", recompute), ("schedule", schedule), ("tp_overlap", tp_overlap), ("zero", zero)):
         if value not in CHOICES[name]:
             raise BadInputError(f"--{name.replace('_', '-')}={value}: choose one of {', '.join(map(str, CHOICES[name]))}")
-    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp), ("vpp", vpp), ("microbatch-size", microbatch_size)):
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp), ("vpp", vpp), ("microbatch-size", microbatch_size),
+                        ("dp-replicate", dp_replicate)):
         if value < 1:
             raise BadInputError(f"--{name}={value} must be at least 1")
     model_parallel = tp * pp * cp
@@ -159,9 +161,11 @@ def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep:
         dp = request.gpus // model_parallel
     if dp * model_parallel != request.gpus:
         raise BadInputError(f"dp*tp*pp*cp={dp}*{tp}*{pp}*{cp}={dp * model_parallel} must equal gpus={request.gpus}: drop --dp or fix it")
+    if dp % dp_replicate:
+        raise BadInputError(f"--dp-replicate={dp_replicate} must divide dp={dp}: choose a divisor of dp, or 1")
     try:
         parallelism = Parallelism(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap,
-                                  compression=compression)
+                                  compression=compression, dp_replicate=dp_replicate)
         return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                              stage_layers=stage_layers)
     except ValidationError as exc:
@@ -199,6 +203,8 @@ def estimate(
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0 | 1 | 2 | 3."),
+    dp_replicate: int = typer.Option(1, "--dp-replicate", help="HSDP: dp as dp_replicate x dp_shard, ZeRO-2/3 state "
+                                     "sharded within a replica and replicated across them (needs --zero 2|3; 1 = plain)."),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
     tp_overlap: str = typer.Option("none", "--tp-overlap", help="none | domino."),
     compression: str = typer.Option("none", "--compression", help=(
@@ -231,7 +237,8 @@ def estimate(
                             pp=pp, vpp=vpp)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
                            microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
-                           compression=api.compression(compression, request.topology), stage_layers=split)
+                           compression=api.compression(compression, request.topology), stage_layers=split,
+                           dp_replicate=dp_replicate)
     plan = api.estimate(request, config, trace_memory=trace_memory)
     _emit(plan, json_output=json_output, output=output)
     if not plan.feasible:

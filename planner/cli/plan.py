@@ -63,6 +63,8 @@ def plan_command(
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Fix recomputation: none | selective | full."),
     tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
+    dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="Fix HSDP replicas (dp = dp_replicate x dp_shard, "
+                                     "ZeRO-2/3 only; not searched otherwise)."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
@@ -79,7 +81,8 @@ def plan_command(
     check_writable(output)
     limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule, fastest=fastest,
                      degrees=dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep),
-                     fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap))
+                     fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap,
+                                dp_replicate=dp_replicate))
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
@@ -129,7 +132,7 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
             if fixed[name] not in allowed:
                 raise BadInputError(f"--{name.replace('_', '-')}={fixed[name]!r}: choose one of {', '.join(allowed)}")
             fields[key] = (fixed[name],)
-    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size") if fixed[k] is not None})
+    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate") if fixed.get(k) is not None})
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:

@@ -145,13 +145,13 @@ class CostModel:
 
     def layout_key(self, cand: Candidate) -> tuple:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
-        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.tp_overlap,
+        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.dp_replicate, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, cand.compression.has("fp8-dispatch"), cand.axis_order,
                 cand.schedule == "2bw")
 
     def links(self, cand: Candidate) -> L.Links:
         """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""
-        key = (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.axis_order)
+        key = (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.axis_order, cand.dp_replicate)
         found = self._links.get(key)
         if found is None:
             from planner.cost.links import candidate_links

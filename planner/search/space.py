@@ -74,6 +74,7 @@ class Options:
     min_layers_per_chunk: int = 1  # interleaved: decoder layers per virtual stage at least (a stack's practice)
     compression: Compression = NONE  # fixed compression of every member (planner.search.compression_space)
     compression_auto: bool = False  # each member with the compression that makes it fastest
+    dp_replicate: int = 1  # HSDP replicas fixed by the request (SearchLimits.dp_replicate), not searched
 
     def zero_stages_for(self, pp: int) -> tuple[int, ...]:
         """The ZeRO stages the framework runs at this pp (bounds need hold only for members it can run)."""
@@ -96,9 +97,12 @@ class Options:
         if (limits.vpp or 1) > 1 and "interleaved" not in schedules:
             raise BadInputError(f"vpp={limits.vpp} needs the interleaved schedule, which is not among {list(schedules)}: "
                                 f"drop --vpp or allow --schedule interleaved")
+        zeros = tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp
+                             and (limits.dp_replicate == 1 or z >= 2)))
+        _check_hsdp(profile, limits.dp_replicate, pinned)
         return Options(
             schedules=_narrowed("schedule", limits.schedules, schedules, profile),
-            zero_stages=_narrowed("zero_stage", limits.zero_stages, tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp)), profile),
+            zero_stages=_narrowed("zero_stage", limits.zero_stages, zeros, profile),
             recompute_modes=_narrowed("recompute", limits.recompute_modes, tuple(r for r in limits.recompute_modes if r in caps.recompute.modes), profile),
             tp_overlap=tuple(o for o in limits.tp_overlap if o in caps.tp_overlap) or ("none",),
             max_microbatch_size=limits.max_microbatch_size,
@@ -108,7 +112,19 @@ class Options:
             sp=limits.sp, vpp=limits.vpp, microbatch_size=limits.microbatch_size,
             compression=NONE if limits.compression == "auto" else limits.compression,
             compression_auto=limits.compression == "auto",
+            dp_replicate=limits.dp_replicate,
         )
+
+
+def _check_hsdp(profile: FrameworkProfile, dp_replicate: int, fixed: dict[str, int]) -> None:
+    """A fixed dp_replicate (HSDP) the stack cannot run, or that cannot divide the fixed dp, has no answer."""
+    if dp_replicate == 1:
+        return
+    if not profile.capabilities.zero.hsdp:
+        raise BadInputError(f"dp_replicate={dp_replicate}: framework {profile.name!r} has no hybrid sharding (HSDP): "
+                            f"drop --dp-replicate or choose another --framework")
+    if "dp" in fixed and fixed["dp"] % dp_replicate:
+        raise BadInputError(f"dp_replicate={dp_replicate} must divide dp={fixed['dp']}: choose a divisor of dp, or drop --dp-replicate")
 
 
 def framework_of(request: PlanRequest) -> FrameworkProfile:
@@ -290,6 +306,8 @@ class Space:
             return "ffn_not_divisible_by_tp"
         if r.global_batch_size % fact.dp:
             return "global_batch_not_divisible_by_dp"
+        if fact.dp % self.opts.dp_replicate or (self.opts.dp_replicate > 1 and fact.ep > 1):
+            return "hsdp_not_dividing_dp" if fact.dp % self.opts.dp_replicate else "hsdp_with_ep_not_priced"
         if fact.cp > 1 and r.seq_len % (2 * fact.cp):
             return "seq_len_not_divisible_by_2cp"
         if m.moe is not None and m.moe.num_experts % fact.ep:
