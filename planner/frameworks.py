@@ -176,9 +176,9 @@ def hsdp_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None
     if not profile.capabilities.zero.hsdp:
         return "hsdp_not_in_framework", (f"dp_replicate={c.dp_replicate}: framework {profile.name!r} has no hybrid sharding "
                                          f"(HSDP): use dp_replicate=1")
-    if c.zero_stage not in (2, 3):
-        return "hsdp_without_fsdp", (f"dp_replicate={c.dp_replicate} (HSDP) shards ZeRO-2/3 state within replicas: "
-                                     f"zero_stage={c.zero_stage} has no shards; use zero_stage 2 or 3, or dp_replicate=1")
+    if c.zero_stage not in (2, 3):  # the stack's own wording where its profile has the rule
+        return _exclusion(profile, c) or ("hsdp_without_fsdp", (f"dp_replicate={c.dp_replicate} (HSDP) shards ZeRO-2/3 state within replicas: "
+                                     f"zero_stage={c.zero_stage} has no shards; use zero_stage 2 or 3, or dp_replicate=1"))
     if c.ep > 1:
         return "hsdp_with_ep_not_priced", (f"dp_replicate={c.dp_replicate} (HSDP) with ep={c.ep}: the planner prices no "
                                            f"HSDP expert layout; use dp_replicate=1 or ep=1")

@@ -28,6 +28,7 @@ def _summary_table(plan: LaunchPlan) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} ep={par.ep} cp={par.cp} sp={par.sp} vpp={par.vpp} zero={par.zero_stage}"
+    degrees += f" dp_replicate={par.dp_replicate} (HSDP)" if par.dp_replicate > 1 else ""
     table.add_row("parallelism", degrees + f" tp_overlap={par.tp_overlap} order={'/'.join(par.axis_order)}")
     table.add_row("batch", f"global {batch.global_batch_size} x seq {batch.seq_len}; micro-batch {batch.microbatch_size} x {batch.num_microbatches}")
     table.add_row("schedule / recompute / precision", f"{plan.schedule} / {plan.stages[0].recompute.mode} / {plan.request.precision}")

@@ -173,6 +173,7 @@ def _render(plan, output: Optional[Path]) -> None:
               f"({plan.request.topology.name}), global batch {plan.batch.global_batch_size} x {plan.batch.seq_len}, "
               f"for framework {plan.request.framework}")
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep} vpp={par.vpp} sp={'on' if par.sp else 'off'}"
+    degrees += f" dp_replicate={par.dp_replicate}" if par.dp_replicate > 1 else ""
     out.print(f"[bold green]{degrees}[/] zero={par.zero_stage} schedule={plan.schedule} mbs={plan.batch.microbatch_size} "
               f"x {plan.batch.num_microbatches} micro-batches; {describe_axis_order(par.axis_order)}")
     band = f" (+/-{pred.error_band:.0%}, 9 in 10 published runs)" if pred.error_band else ""
