@@ -113,6 +113,8 @@ def torch_schedule_rule(class_name: str, *, pp: int, num_microbatches: int) -> s
         return None
     if class_name in ("1F1B", "Schedule1F1B") and n < pp:
         return f"{class_name} needs num_microbatches={n} >= the number of stages {pp}"
+    if class_name == "ScheduleDualPipeV" and n < 2 * pp:  # two stages per rank: 2 pp stages
+        return f"schedule=dualpipev needs num_microbatches={n} >= pp*vpp={2 * pp} ({class_name}: at least one per stage)"
     if "Interleaved" in class_name:
         rounds = max(1, n // pp)
         if n % rounds:
@@ -152,7 +154,8 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
     if caps.torch_pipelining and c.pp > 1 and c.num_microbatches and c.schedule in profile.schedule_names():
         rule = torch_schedule_rule(profile.native_schedule(c.schedule), pp=c.pp, num_microbatches=c.num_microbatches)
         if rule is not None:
-            return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives a multiple of pp={c.pp} micro-batches"
+            fix = (f"at least 2*pp={2 * c.pp}" if "dualpipev" in rule else f"a multiple of pp={c.pp}") + " micro-batches"
+            return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives {fix}"
     if c.recompute not in caps.recompute.modes:
         return "recompute_not_in_framework", f"recompute={c.recompute!r} is not run by framework {name!r}: choose one of {list(caps.recompute.modes)}"
     zero_ok = caps.zero.stages_with_pp if c.pp > 1 else caps.zero.stages

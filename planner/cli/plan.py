@@ -65,7 +65,8 @@ def plan_command(
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="Fix HSDP replicas (dp = dp_replicate x dp_shard, "
                                      "ZeRO-2/3 only; not searched otherwise)."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble "
+                                    "| interleaved-zero-bubble | zbv | dualpipev."),
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
         "lossy, so opt-in) | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch.")),
@@ -136,7 +137,7 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:
-        allowed = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
+        allowed = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
         if schedule not in allowed:
             raise BadInputError(f"--schedule={schedule!r}: choose one of {', '.join(allowed)}")
         fields["schedules"] = (schedule,)

@@ -119,11 +119,16 @@ def rows_of(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
 
 
 def module_params_of(model: "CostModel", cand: "Candidate") -> tuple[np.ndarray, np.ndarray]:
-    """(dense, expert) parameters per module held by one GPU, memoised per (tp, ep, pp > 1)."""
+    """(dense, expert) parameters per module held by one GPU, memoised per (tp, ep, a tied copy). A tied head
+    keeps its own copy of the embedding where it runs on another rank than the embedding (pp > 1), not in a V
+    (zbv, dualpipev: both on rank 0, planner.executor.pipeline shares the one matrix)."""
+    from planner.cost.schedule import V_SCHEDULES
+
     ep = expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp)
-    key = ("params", cand.tp, ep, cand.pp > 1)
+    tied_copy = cand.pp > 1 and cand.schedule not in V_SCHEDULES
+    key = ("params", cand.tp, ep, tied_copy)
     if key not in model.memo:
-        model.memo[key] = module_params(model.spec, tp=cand.tp, ep=ep, tied_copy=cand.pp > 1)
+        model.memo[key] = module_params(model.spec, tp=cand.tp, ep=ep, tied_copy=tied_copy)
     return model.memo[key]
 
 
@@ -131,7 +136,7 @@ def zero3_working_bytes(model: "CostModel", cand: "Candidate") -> float:
     """What the stack's ZeRO-3 holds gathered at once (memory.zero3_working_set_bytes): two whole blocks, or
     per sub-module (the largest nn.Linear or embedding on this GPU) within the resident-parameter limit; plus the
     contiguous gradient bucket a DeepSpeed-style stack allocates once."""
-    key = ("zero3_working", cand.tp, cand.ep, cand.pp > 1)
+    key = ("zero3_working", cand.tp, cand.ep, cand.pp > 1 and cand.schedule not in ("zbv", "dualpipev"))
     found = model.memo.get(key)
     if found is None:
         o = model.options
@@ -182,7 +187,7 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
     row = rows_of(module_table(model, cand, links), cand.recompute)
     key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.dp_replicate,
-           cand.schedule == "2bw")
+           cand.schedule == "2bw" if cand.schedule not in ("zbv", "dualpipev") else "v")
     static = model.memo.get(key)
     if static is None:
         static = model.memo[key] = sum(static_parts(model, cand, *module_params_of(model, cand)))

@@ -279,7 +279,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     fixed = _fixed(model, cand)
     sums = _stage_sums(detail.prefix, split, full, len(detail.costs.names))
     pp, m = cand.pp, cand.num_microbatches
-    ranks = sums.reshape(len(ROWS), cand.vpp, pp).sum(axis=1) if cand.vpp > 1 else sums
+    ranks = schedule.rank_sums(sums, pp=pp, vpp=cand.vpp, schedule=cand.schedule)
     row = dict(zip(ROWS, ranks))
     rank_time = row["fwd"] + row["bwd"] + row["rec"]
     b = int(np.argmax(rank_time))
