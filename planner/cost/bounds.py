@@ -127,7 +127,8 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
     (memory arrays and static bytes are the candidate's). Shared by every axis order."""
     from planner.cost.arrays import layer_costs_with
 
-    key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), cand.schedule == "2bw")
+    key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), cand.schedule == "2bw",
+           cand.schedule in ("zbv", "dualpipev"))  # a V keeps no tied copy (arrays.module_params_of)
     return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand)))
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
 V_SCHEDULES = ("zbv", "dualpipev")  # two stages per rank in a V (planner.executor.schedules.stage_rank)
+CHUNKED = ("interleaved", "zero-bubble", "interleaved-zero-bubble", *V_SCHEDULES)  # p2p per virtual stage
 ZERO_BUBBLE = ("zero-bubble", "interleaved-zero-bubble")  # torch's ScheduleInterleavedZeroBubble (ZB1P)
 ZB_H1_BUBBLE_FRACTION = 1.0 / 3.0
 DUALPIPE_CHUNK_BUBBLE_FRACTION = 1.0 / 3.0  # (F&B + B - 3W) / t with per-chunk F = W = t/6, B = t/3, F&B = F + B

@@ -112,3 +112,72 @@ def test_dualpipev_needs_2pp_microbatches():
     assert result.exit_code == 2, result.output  # dp 2: 2 micro-batches
     assert "schedule=dualpipev needs num_microbatches=2 >= pp*vpp=8 (ScheduleDualPipeV" in result.output
     assert "gives at least 2*pp=8 micro-batches" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+ALL = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
+
+
+def _small_request(fixed: dict, schedules=ALL, gpus: int = 8, gbs: int = 16):
+    from pathlib import Path
+
+    from planner.schemas.model import ModelSpec
+    from planner.schemas.plan import SearchLimits
+
+    small = ModelSpec(name="small", num_layers=8, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
+                      num_kv_heads=4, vocab_size=8000, seq_len=1024, activation="swiglu", norm="rmsnorm",
+                      tied_embeddings=True)
+    everything = str(Path(__file__).resolve().parents[1] / "data" / "frameworks" / "everything.yaml")
+    limits = SearchLimits(max_microbatch_size=2, zero_stages=(0, 1, 3), top_k=3, tp_overlap=("none",), schedules=schedules,
+                          fixed=fixed)
+    return api.build_request(model=small, topology="dgx-h100", gpus=gpus, global_batch_size=gbs, seq_len=1024,
+                             search=limits, framework=everything)
+
+
+@pytest.mark.parametrize("schedules", [ALL, ("zbv", "dualpipev"), ("interleaved-zero-bubble",)])
+@pytest.mark.parametrize("fixed", [{"pp": 2, "tp": 1}, {"pp": 4}, {}])
+def test_search_with_torch_schedules_equals_exhaustive(fixed, schedules):
+    """With the three names asked for (SearchLimits.schedules) and run by the stack, the pruned search keeps the
+    same ranking as evaluating everything: the V placement's bounds (rank of each module, memory, pp and dp
+    keys) stay below what evaluate returns (a tied model: the V keeps no tied copy)."""
+    from planner.search.driver import search
+
+    request = _small_request(fixed, schedules)
+    pruned, full = search(request), search(request, exhaustive=True)
+    summary = lambda r: [(s.key, s.stage_layers, s.full_recompute_layers) for s in r.ranked]  # noqa: E731
+    assert pruned.ranked and summary(pruned) == summary(full)
+    assert pruned.considered == full.considered
+    if fixed.get("pp", 1) > 1 and schedules != ALL:
+        assert {s.cand.schedule for s in full.ranked} <= set(schedules)
+        assert all(s.cand.vpp == 2 for s in full.ranked if s.cand.schedule in ("zbv", "dualpipev"))
+
+
+def test_search_proposes_v_schedules_only_when_asked():
+    from planner.search.driver import search
+
+    asked = search(_small_request({"pp": 2, "tp": 1}, schedules=("zbv",)))
+    assert asked.ranked and all(s.cand.schedule == "zbv" and s.cand.vpp == 2 for s in asked.ranked)
+    default = search(_small_request({"pp": 2, "tp": 1}, schedules=("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")))
+    assert all(s.cand.schedule not in ("zbv", "dualpipev", "interleaved-zero-bubble") for s in default.ranked)
+
+
+def test_bounds_of_torch_schedule_variants_are_below_evaluate():
+    from planner.cost.model import Candidate
+    from planner.search.driver import _Search, make_cost_model
+    from planner.search.space import Options, Space
+
+    request = _small_request({"pp": 2}, schedules=("interleaved-zero-bubble", "zbv", "dualpipev"))
+    cost = make_cost_model(request)
+    space = Space(request, Options.from_request(request))
+    state = _Search(request, cost, Options.from_request(request), exhaustive=False, progress=None)
+    checked = 0
+    for group in space.groups():
+        for schedule, vpp, _ in space.variants(group):
+            lower = state.variant_bound(group, schedule, vpp)
+            for member in space.members(group, schedule, vpp):
+                c = Candidate(**group.candidate_fields(), zero_stage=member.zero_stage, schedule=schedule, vpp=vpp,
+                              axis_order=member.axis_order)
+                if cost.validity_reasons(c):
+                    continue
+                assert lower <= cost.evaluate(c).step_time_s * (1 + 1e-9)
+                checked += 1
+    assert checked > 20
