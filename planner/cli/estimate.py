@@ -59,9 +59,11 @@ def _memory_table(plan: LaunchPlan) -> Table:
     table = Table(title="Memory per pipeline rank (GiB)", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("rank", "params", "grads", "optimizer", "activations", "other", "peak", "layers"):
         table.add_column(header, justify="right" if header not in ("layers",) else "left")
+    from planner.cost.schedule import stage_rank
+
     layers_of: dict[int, int] = {}
     for stage in plan.stages:
-        rank = stage.stage % plan.parallelism.pp
+        rank = stage_rank(stage.stage, pp=plan.parallelism.pp, schedule=plan.schedule)
         layers_of[rank] = layers_of.get(rank, 0) + sum(name.startswith("layers.") for name in stage.layers)
     for mem in plan.memory.per_stage:
         style = "red" if mem.peak_bytes > plan.memory.capacity_bytes else None

@@ -145,3 +145,25 @@ def test_a_stack_without_hsdp_is_refused(tmp_path, command):
                                  "--framework", str(profile), *extra])
     assert result.exit_code == 2, result.output
     assert "has no hybrid sharding (HSDP)" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("fixed", [{}, {"pp": 2}])
+def test_search_with_dp_replicate_equals_exhaustive(fixed):
+    """dp_replicate fixed by the request: every member the search keeps is HSDP over ZeRO-2/3 with dp a multiple
+    of it, and the pruned search ranks as evaluating everything does (two nodes: shard and replicate groups)."""
+    from pathlib import Path
+
+    from planner.schemas.model import ModelSpec
+    from planner.schemas.plan import SearchLimits
+    from planner.search.driver import search
+
+    small = ModelSpec(name="small", num_layers=8, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
+                      num_kv_heads=4, vocab_size=8000, seq_len=1024, activation="swiglu", norm="rmsnorm")
+    everything = str(Path(__file__).resolve().parents[1] / "data" / "frameworks" / "everything.yaml")
+    limits = SearchLimits(max_microbatch_size=2, top_k=3, tp_overlap=("none",), dp_replicate=2, fixed=fixed)
+    request = api.build_request(model=small, topology="dgx-h100", gpus=16, global_batch_size=32, seq_len=1024,
+                                search=limits, framework=everything)
+    pruned, full = search(request), search(request, exhaustive=True)
+    summary = lambda r: [(s.key, s.stage_layers, s.full_recompute_layers) for s in r.ranked]  # noqa: E731
+    assert pruned.ranked and summary(pruned) == summary(full)
+    assert all(s.cand.dp_replicate == 2 and s.cand.zero_stage in (2, 3) and s.cand.dp % 2 == 0 for s in full.ranked)
