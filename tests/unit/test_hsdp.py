@@ -167,3 +167,19 @@ def test_search_with_dp_replicate_equals_exhaustive(fixed):
     summary = lambda r: [(s.key, s.stage_layers, s.full_recompute_layers) for s in r.ranked]  # noqa: E731
     assert pruned.ranked and summary(pruned) == summary(full)
     assert all(s.cand.dp_replicate == 2 and s.cand.zero_stage in (2, 3) and s.cand.dp % 2 == 0 for s in full.ranked)
+
+
+def test_exports_write_hsdp_or_refuse_it(tmp_path):
+    """torchtitan spells HSDP (data_parallel_replicate_degree x data_parallel_shard_degree, mesh [pp, dp_replicate,
+    dp_shard, cp, tp]); the Megatron and DeepSpeed exporters write no hybrid-sharding flags, so they refuse."""
+    out = tmp_path / "plan.json"
+    made = RUNNER.invoke(app, ["estimate", "--model", "tinyllama-1.1b", "--gpus", "16", "--zero", "3", "--dp-replicate", "2",
+                               "--framework", "torchtitan", "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    exported = RUNNER.invoke(app, ["export", str(out), "--to", "torchtitan"])
+    assert exported.exit_code == 0, exported.output
+    assert "--parallelism.data_parallel_replicate_degree 2" in exported.output
+    assert "--parallelism.data_parallel_shard_degree 8" in exported.output
+    for target in ("megatron", "deepspeed"):
+        refused = RUNNER.invoke(app, ["export", str(out), "--to", target])
+        assert refused.exit_code == 2 and "dp_replicate=2 (HSDP)" in refused.output, refused.output
