@@ -113,7 +113,7 @@ def torch_schedule_rule(class_name: str, *, pp: int, num_microbatches: int) -> s
         return None
     if class_name in ("1F1B", "Schedule1F1B") and n < pp:
         return f"{class_name} needs num_microbatches={n} >= the number of stages {pp}"
-    if class_name == "ScheduleDualPipeV" and n < 2 * pp:  # two stages per rank: 2 pp stages
+    if class_name in ("ScheduleDualPipeV", "DualPipeV") and n < 2 * pp:  # two stages per rank: 2 pp stages (torchtitan: DualPipeV)
         return f"schedule=dualpipev needs num_microbatches={n} >= pp*vpp={2 * pp} ({class_name}: at least one per stage)"
     if "Interleaved" in class_name:
         rounds = max(1, n // pp)
