@@ -79,7 +79,8 @@ def degrees_text(par: Parallelism) -> str:
     text += f" cp={par.cp}" if par.cp > 1 else ""
     text += f" ep={par.ep}" if par.ep > 1 else ""
     text += " sp" if par.sp else ""
-    return text + f" zero={par.zero_stage}" + (f" {par.tp_overlap}" if par.tp_overlap != "none" else "")
+    text += f" zero={par.zero_stage}" + (f" dp_replicate={par.dp_replicate}" if par.dp_replicate > 1 else "")
+    return text + (f" {par.tp_overlap}" if par.tp_overlap != "none" else "")
 
 
 def _group(plan: LaunchPlan, axis: str) -> str:

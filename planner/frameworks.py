@@ -113,6 +113,8 @@ def torch_schedule_rule(class_name: str, *, pp: int, num_microbatches: int) -> s
         return None
     if class_name in ("1F1B", "Schedule1F1B") and n < pp:
         return f"{class_name} needs num_microbatches={n} >= the number of stages {pp}"
+    if class_name in ("ScheduleDualPipeV", "DualPipeV") and n < 2 * pp:  # two stages per rank: 2 pp stages (torchtitan: DualPipeV)
+        return f"schedule=dualpipev needs num_microbatches={n} >= pp*vpp={2 * pp} ({class_name}: at least one per stage)"
     if "Interleaved" in class_name:
         rounds = max(1, n // pp)
         if n % rounds:
@@ -152,7 +154,8 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
     if caps.torch_pipelining and c.pp > 1 and c.num_microbatches and c.schedule in profile.schedule_names():
         rule = torch_schedule_rule(profile.native_schedule(c.schedule), pp=c.pp, num_microbatches=c.num_microbatches)
         if rule is not None:
-            return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives a multiple of pp={c.pp} micro-batches"
+            fix = (f"at least 2*pp={2 * c.pp}" if "dualpipev" in rule else f"a multiple of pp={c.pp}") + " micro-batches"
+            return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives {fix}"
     if c.recompute not in caps.recompute.modes:
         return "recompute_not_in_framework", f"recompute={c.recompute!r} is not run by framework {name!r}: choose one of {list(caps.recompute.modes)}"
     zero_ok = caps.zero.stages_with_pp if c.pp > 1 else caps.zero.stages
@@ -161,7 +164,28 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
         return "zero_stage_not_in_framework", f"zero_stage={c.zero_stage} is not run by framework {name!r}{with_pp}: choose one of {list(zero_ok)}"
     if c.tp_overlap not in caps.tp_overlap:
         return "tp_overlap_not_in_framework", f"tp_overlap={c.tp_overlap!r} is not run by framework {name!r}: use {list(caps.tp_overlap)}"
-    return compression_refusal(profile, c) or parallel_refusal(profile, c) or _exclusion(profile, c)
+    return (hsdp_refusal(profile, c) or compression_refusal(profile, c) or parallel_refusal(profile, c)
+            or _exclusion(profile, c))
+
+
+def hsdp_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:
+    """HSDP (dp_replicate > 1) needs the stack's hybrid sharding (capabilities.zero.hsdp) and ZeRO-2/3 (FSDP
+    shards); with experts (ep > 1) the planner prices no HSDP layout (how the experts' shards split over
+    replicas differs per stack), so it is refused rather than guessed."""
+    if c.dp_replicate <= 1:
+        return None
+    if c.dp % c.dp_replicate:
+        return "hsdp_not_dividing_dp", f"dp_replicate={c.dp_replicate} must divide dp={c.dp}: choose a divisor of dp, or 1"
+    if not profile.capabilities.zero.hsdp:
+        return "hsdp_not_in_framework", (f"dp_replicate={c.dp_replicate}: framework {profile.name!r} has no hybrid sharding "
+                                         f"(HSDP): use dp_replicate=1")
+    if c.zero_stage not in (2, 3):  # the stack's own wording where its profile has the rule
+        return _exclusion(profile, c) or ("hsdp_without_fsdp", (f"dp_replicate={c.dp_replicate} (HSDP) shards ZeRO-2/3 state within replicas: "
+                                     f"zero_stage={c.zero_stage} has no shards; use zero_stage 2 or 3, or dp_replicate=1"))
+    if c.ep > 1:
+        return "hsdp_with_ep_not_priced", (f"dp_replicate={c.dp_replicate} (HSDP) with ep={c.ep}: the planner prices no "
+                                           f"HSDP expert layout; use dp_replicate=1 or ep=1")
+    return None
 
 
 def compression_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:

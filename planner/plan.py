@@ -1,7 +1,8 @@
 """Evaluation + request -> LaunchPlan: stages as module FQN lists, rank map, process groups, prediction, memory.
 
 Stages name the executor model's modules (planner.nn): "tok_embeddings" opens virtual stage 0, "layers.<i>" the
-decoder layers, and "norm", "output" close the last virtual stage. Virtual stage v runs on pipeline rank v % pp;
+decoder layers, and "norm", "output" close the last virtual stage. Virtual stage v runs on pipeline rank v % pp
+(zbv, dualpipev: in a V, planner.cost.schedule.stage_rank);
 each stage's `memory` is the memory of the pipeline rank that runs it. Ranks come from
 planner.topology.placement.rank_map, process groups from the links the cost model used.
 """
@@ -12,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from planner.cost.evaluate import Evaluation
 from planner.cost.model import Candidate, CostModel
+from planner.cost.schedule import stage_rank
 from planner.schemas.plan import (
     Alternative, Batch, LaunchPlan, MemoryReport, Parallelism, PlanRequest, Prediction, ProcessGroup, Recompute,
     SolverStats, Stage,
@@ -23,7 +25,7 @@ from planner.topology.placement import rank_map
 def parallelism_of(cand: Candidate) -> Parallelism:
     return Parallelism(dp=cand.dp, tp=cand.tp, pp=cand.pp, ep=cand.ep, cp=cand.cp, sp=cand.sp, vpp=cand.vpp,
                        zero_stage=cand.zero_stage, tp_overlap=cand.tp_overlap, axis_order=tuple(cand.axis_order),
-                       compression=cand.compression)
+                       compression=cand.compression, dp_replicate=cand.dp_replicate)
 
 
 def batch_of(request: PlanRequest, cand: Candidate) -> Batch:
@@ -99,7 +101,7 @@ def build_launch_plan(
     memories = evaluation.stage_memory
     stages = tuple(
         Stage(stage=v, layers=names, recompute=Recompute(mode=cand.recompute, full_layers=evaluation.full_recompute_layers[v]),
-              memory=memories[v % cand.pp], time=evaluation.stage_times[v])
+              memory=memories[stage_rank(v, pp=cand.pp, schedule=cand.schedule)], time=evaluation.stage_times[v])
         for v, names in enumerate(modules)
     )
     sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp}

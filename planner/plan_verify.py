@@ -15,9 +15,9 @@ plan states and the value its request gives.
 A plan written by another planner version (`solver.version`) may have been costed by another cost model: it is
 compared within OTHER_VERSION_TOLERANCE instead (still catches a 0 s step or a 10x memory claim), and
 `planner check` is the tool that reports how the numbers moved. A plan whose measured profile or framework
-file is not on this machine, or whose schedule is one of torch's the executor runs but the cost model does not
-price (zbv, dualpipev, interleaved-zero-bubble), cannot be re-derived: only its shape and the agreement of its
-numbers with each other are checked, and `unverified_reason` says why.
+file is not on this machine, or whose schedule the cost model does not price, cannot be re-derived: only its
+shape and the agreement of its numbers with each other are checked, and `unverified_reason` says why. (torch's
+zbv, dualpipev and interleaved-zero-bubble are priced: planner.cost.schedule.)
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def unverified_reason(plan: LaunchPlan) -> str | None:
 
     from planner.cost.schedule import SCHEDULES
 
-    if plan.schedule not in SCHEDULES:  # torch's zbv, dualpipev, interleaved-zero-bubble: run, not yet costed
+    if plan.schedule not in SCHEDULES:  # a schedule name of a newer version
         return f"its schedule {plan.schedule!r} is run by the executor but not costed by the planner"
     if plan.request.profile is not None and not Path(plan.request.profile).expanduser().is_file():
         return f"its measured profile {plan.request.profile} is not on this machine"

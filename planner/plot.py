@@ -135,6 +135,8 @@ def _draw_timeline(ax, plan: LaunchPlan) -> None:
     ax.set_xlabel("time (s)")
     shown = f"{m} of {plan.batch.num_microbatches} micro-batches" + (" (capped)" if m < plan.batch.num_microbatches else "")
     drawn_as = f" (drawn in 1F1B order; {DRAWN_AS_1F1B[plan.schedule]})" if plan.schedule in DRAWN_AS_1F1B and vpp == 1 else ""
+    if vpp > 1 and plan.schedule != "interleaved":  # zero-bubble / torch's names: their own orders are not drawn
+        drawn_as = " (drawn in interleaved 1F1B order, stages looped; its own order and V placement not drawn)"
     kind = "no pipeline (pp=1)" if pp == 1 else f"{plan.schedule} pipeline, pp={pp}" + (f" vpp={vpp}" if vpp > 1 else "") + drawn_as
     ax.set_title(kind +
                  f": {shown}; idle (bubble) {1 - busy / (end * pp):.0%} in this window", fontsize=9)

@@ -28,6 +28,7 @@ def _summary_table(plan: LaunchPlan) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} ep={par.ep} cp={par.cp} sp={par.sp} vpp={par.vpp} zero={par.zero_stage}"
+    degrees += f" dp_replicate={par.dp_replicate} (HSDP)" if par.dp_replicate > 1 else ""
     table.add_row("parallelism", degrees + f" tp_overlap={par.tp_overlap} order={'/'.join(par.axis_order)}")
     table.add_row("batch", f"global {batch.global_batch_size} x seq {batch.seq_len}; micro-batch {batch.microbatch_size} x {batch.num_microbatches}")
     table.add_row("schedule / recompute / precision", f"{plan.schedule} / {plan.stages[0].recompute.mode} / {plan.request.precision}")
@@ -58,9 +59,11 @@ def _memory_table(plan: LaunchPlan) -> Table:
     table = Table(title="Memory per pipeline rank (GiB)", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("rank", "params", "grads", "optimizer", "activations", "other", "peak", "layers"):
         table.add_column(header, justify="right" if header not in ("layers",) else "left")
+    from planner.cost.schedule import stage_rank
+
     layers_of: dict[int, int] = {}
     for stage in plan.stages:
-        rank = stage.stage % plan.parallelism.pp
+        rank = stage_rank(stage.stage, pp=plan.parallelism.pp, schedule=plan.schedule)
         layers_of[rank] = layers_of.get(rank, 0) + sum(name.startswith("layers.") for name in stage.layers)
     for mem in plan.memory.per_stage:
         style = "red" if mem.peak_bytes > plan.memory.capacity_bytes else None
@@ -96,7 +99,7 @@ def plan_tables(plan: LaunchPlan) -> list[Table]:
 
 CHOICES = {
     "recompute": ("none", "selective", "full"),
-    "schedule": ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble"),
+    "schedule": ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev"),
     "tp_overlap": ("none", "domino"),
     "zero": (0, 1, 2, 3),
     "precision": ("bf16", "amp-bf16", "fp32", "fp8"),
@@ -141,12 +144,14 @@ def stage_layers_of(text: str | None, first: int | None, last: int | None, *, nu
 
 def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep: int, cp: int, sp: bool, vpp: int,
                   zero: int, tp_overlap: str, microbatch_size: int, schedule: str, recompute: str,
-                  compression: Compression = NONE, stage_layers: tuple[int, ...] | None = None) -> Configuration:
+                  compression: Compression = NONE, stage_layers: tuple[int, ...] | None = None,
+                  dp_replicate: int = 1) -> Configuration:
     """The Configuration of the flags; dp defaults to gpus / (tp*pp*cp), which must divide."""
     for name, value in (("recompute", recompute), ("schedule", schedule), ("tp_overlap", tp_overlap), ("zero", zero)):
         if value not in CHOICES[name]:
             raise BadInputError(f"--{name.replace('_', '-')}={value}: choose one of {', '.join(map(str, CHOICES[name]))}")
-    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp), ("vpp", vpp), ("microbatch-size", microbatch_size)):
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp), ("vpp", vpp), ("microbatch-size", microbatch_size),
+                        ("dp-replicate", dp_replicate)):
         if value < 1:
             raise BadInputError(f"--{name}={value} must be at least 1")
     model_parallel = tp * pp * cp
@@ -159,9 +164,11 @@ def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep:
         dp = request.gpus // model_parallel
     if dp * model_parallel != request.gpus:
         raise BadInputError(f"dp*tp*pp*cp={dp}*{tp}*{pp}*{cp}={dp * model_parallel} must equal gpus={request.gpus}: drop --dp or fix it")
+    if dp % dp_replicate:
+        raise BadInputError(f"--dp-replicate={dp_replicate} must divide dp={dp}: choose a divisor of dp, or 1")
     try:
         parallelism = Parallelism(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap,
-                                  compression=compression)
+                                  compression=compression, dp_replicate=dp_replicate)
         return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                              stage_layers=stage_layers)
     except ValidationError as exc:
@@ -199,7 +206,10 @@ def estimate(
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0 | 1 | 2 | 3."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
+    dp_replicate: int = typer.Option(1, "--dp-replicate", help="HSDP: dp as dp_replicate x dp_shard, ZeRO-2/3 state "
+                                     "sharded within a replica and replicated across them (needs --zero 2|3; 1 = plain)."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | 2bw | zero-bubble | "
+                                  "interleaved-zero-bubble | zbv | dualpipev (zbv, dualpipev: --vpp 2, a V)."),
     tp_overlap: str = typer.Option("none", "--tp-overlap", help="none | domino."),
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, "
@@ -231,7 +241,8 @@ def estimate(
                             pp=pp, vpp=vpp)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
                            microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
-                           compression=api.compression(compression, request.topology), stage_layers=split)
+                           compression=api.compression(compression, request.topology), stage_layers=split,
+                           dp_replicate=dp_replicate)
     plan = api.estimate(request, config, trace_memory=trace_memory)
     _emit(plan, json_output=json_output, output=output)
     if not plan.feasible:

@@ -63,7 +63,10 @@ def plan_command(
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Fix recomputation: none | selective | full."),
     tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble."),
+    dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="Fix HSDP replicas (dp = dp_replicate x dp_shard, "
+                                     "ZeRO-2/3 only; not searched otherwise)."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble "
+                                    "| interleaved-zero-bubble | zbv | dualpipev."),
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
         "lossy, so opt-in) | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch.")),
@@ -79,7 +82,8 @@ def plan_command(
     check_writable(output)
     limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule, fastest=fastest,
                      degrees=dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep),
-                     fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap))
+                     fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap,
+                                dp_replicate=dp_replicate))
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
@@ -129,11 +133,11 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
             if fixed[name] not in allowed:
                 raise BadInputError(f"--{name.replace('_', '-')}={fixed[name]!r}: choose one of {', '.join(allowed)}")
             fields[key] = (fixed[name],)
-    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size") if fixed[k] is not None})
+    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate") if fixed.get(k) is not None})
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:
-        allowed = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
+        allowed = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
         if schedule not in allowed:
             raise BadInputError(f"--schedule={schedule!r}: choose one of {', '.join(allowed)}")
         fields["schedules"] = (schedule,)
@@ -170,6 +174,7 @@ def _render(plan, output: Optional[Path]) -> None:
               f"({plan.request.topology.name}), global batch {plan.batch.global_batch_size} x {plan.batch.seq_len}, "
               f"for framework {plan.request.framework}")
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} cp={par.cp} ep={par.ep} vpp={par.vpp} sp={'on' if par.sp else 'off'}"
+    degrees += f" dp_replicate={par.dp_replicate}" if par.dp_replicate > 1 else ""
     out.print(f"[bold green]{degrees}[/] zero={par.zero_stage} schedule={plan.schedule} mbs={plan.batch.microbatch_size} "
               f"x {plan.batch.num_microbatches} micro-batches; {describe_axis_order(par.axis_order)}")
     band = f" (+/-{pred.error_band:.0%}, 9 in 10 published runs)" if pred.error_band else ""

@@ -119,11 +119,16 @@ def rows_of(table: np.ndarray, recompute: str) -> dict[str, np.ndarray]:
 
 
 def module_params_of(model: "CostModel", cand: "Candidate") -> tuple[np.ndarray, np.ndarray]:
-    """(dense, expert) parameters per module held by one GPU, memoised per (tp, ep, pp > 1)."""
+    """(dense, expert) parameters per module held by one GPU, memoised per (tp, ep, a tied copy). A tied head
+    keeps its own copy of the embedding where it runs on another rank than the embedding (pp > 1), not in a V
+    (zbv, dualpipev: both on rank 0, planner.executor.pipeline shares the one matrix)."""
+    from planner.cost.schedule import V_SCHEDULES
+
     ep = expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp)
-    key = ("params", cand.tp, ep, cand.pp > 1)
+    tied_copy = cand.pp > 1 and cand.schedule not in V_SCHEDULES
+    key = ("params", cand.tp, ep, tied_copy)
     if key not in model.memo:
-        model.memo[key] = module_params(model.spec, tp=cand.tp, ep=ep, tied_copy=cand.pp > 1)
+        model.memo[key] = module_params(model.spec, tp=cand.tp, ep=ep, tied_copy=tied_copy)
     return model.memo[key]
 
 
@@ -131,7 +136,7 @@ def zero3_working_bytes(model: "CostModel", cand: "Candidate") -> float:
     """What the stack's ZeRO-3 holds gathered at once (memory.zero3_working_set_bytes): two whole blocks, or
     per sub-module (the largest nn.Linear or embedding on this GPU) within the resident-parameter limit; plus the
     contiguous gradient bucket a DeepSpeed-style stack allocates once."""
-    key = ("zero3_working", cand.tp, cand.ep, cand.pp > 1)
+    key = ("zero3_working", cand.tp, cand.ep, cand.pp > 1 and cand.schedule not in ("zbv", "dualpipev"))
     found = model.memo.get(key)
     if found is None:
         o = model.options
@@ -181,7 +186,8 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
 def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "LayerCosts":
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
     row = rows_of(module_table(model, cand, links), cand.recompute)
-    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.schedule == "2bw")
+    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.dp_replicate,
+           cand.schedule == "2bw" if cand.schedule not in ("zbv", "dualpipev") else "v")
     static = model.memo.get(key)
     if static is None:
         static = model.memo[key] = sum(static_parts(model, cand, *module_params_of(model, cand)))
@@ -194,20 +200,20 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
 
 
 def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO,
-    routed experts over their dp*cp/ep expert-data-parallel ranks. PipeDream-2BW keeps a second weight version.
+    """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO (HSDP: the
+    dp*cp/dp_replicate ranks of a shard group, Candidate.zero_shard), routed experts over their dp*cp/ep
+    expert-data-parallel ranks. PipeDream-2BW keeps a second weight version.
     A stack whose ZeRO-3 gradient partition is 16-bit (options.zero3_grads_fp32 False) holds 2 bytes per
     parameter there; its optimizer step's fp32 copies are checked by evaluate (the step peak)."""
     recipe, zero = model.recipe, cand.zero_stage
     if zero >= 3 and not model.options.zero3_grads_fp32:  # the 16-bit gradient partition (DeepSpeed stage 3)
         recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, recipe.gather_bytes))
-    d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.dp * cand.cp)
-    e = memory.static_split(expert, recipe, zero_stage=zero, dp=max(1, cand.dp * cand.cp // cand.ep))
+    d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.zero_shard)
+    e = memory.static_split(expert, recipe, zero_stage=zero, dp=cand.expert_shard)
     weights, grads, optim = (d[i] + e[i] for i in range(3))
     if model.executor_recipe is not None and model.executor_recipe.autocast:
-        expert_dp = max(1, cand.dp * cand.cp // cand.ep)
-        weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.dp * cand.cp,
-                                                  expert_dp=expert_dp, autocast_under_fsdp=not model.options.bf16_autocast)
+        weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.zero_shard,
+                                                  expert_dp=cand.expert_shard, autocast_under_fsdp=not model.options.bf16_autocast)
     if cand.schedule == "2bw":
         weights = weights * 2
     return weights, grads, optim

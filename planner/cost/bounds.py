@@ -127,7 +127,8 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
     (memory arrays and static bytes are the candidate's). Shared by every axis order."""
     from planner.cost.arrays import layer_costs_with
 
-    key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), cand.schedule == "2bw")
+    key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), cand.schedule == "2bw",
+           cand.schedule in ("zbv", "dualpipev"))  # a V keeps no tied copy (arrays.module_params_of)
     return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand)))
 
 
@@ -230,21 +231,25 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
 
     row = _memo(model, ("dp_rows", cand.tp, cand.cp, cand.ep, cand.pp, cand.microbatch_size, cand.sp,
                         cand.tp_overlap, ranks.tobytes()), rows)
+    if floor and cand.dp_replicate > 1:  # HSDP: no footprint floor derived for its two groups; 0 is a floor
+        return 0.0
     if not floor:
         links = model.links(cand)
-        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp), row))
+        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
     edp = max(1, cand.dp * cand.cp // cand.ep)
     return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
                                                       dataclasses.replace(link, size=edp)), row))
                for link in _footprints(model, cand, cand.dp))
 
 
-def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink) -> _DpTerms:
+def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink,
+              replicate: GroupLink | None = None) -> _DpTerms:
     from planner.cost.evaluate import dp_fits
 
-    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp)  # dp_comm_s reads dp, expert_dp
+    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp, dp_replicate=replicate)  # what dp_comm_s reads
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
-    return _memo(model, ("dp_terms", cand.zero_stage, m, dp, expert_dp), lambda: _DpTerms(*dp_fits(model, cand, links)))
+    key = ("dp_terms", cand.zero_stage, m, dp, expert_dp) + ((replicate,) if replicate is not None else ())
+    return _memo(model, key, lambda: _DpTerms(*dp_fits(model, cand, links)))
 
 
 def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:

@@ -130,6 +130,10 @@ def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float
     re-runs the module's fetch hook), three all-gathers under full recompute. Where the stack's ZeRO-3 collectives
     are flat rings over the dp ranks (options.zero3_hierarchical False), each rank moves (n-1)/n of the buffer
     through its own NIC share (comm.flat_ring_s), so the time does not shrink as dp grows.
+    HSDP (links.dp_replicate; ZeRO-2/3 only): the above runs within the shard group (links.dp, dp*cp/dp_replicate
+    ranks), and each reduce-scatter is followed by an all-reduce of its 1/shard output across the dp_replicate
+    replicas (Zhao et al. 2023, PyTorch FSDP sec. 3.2.2; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+    foreach_reduce: reduce_scatter on the shard group then all_reduce on the replicate group, per backward).
     """
     links = model.links(cand) if links is None else links  # another layout's links (CostModel.dp_exposed_s)
     r, m, z, comp = model.recipe, cand.num_microbatches, cand.zero_stage, cand.compression
@@ -149,6 +153,8 @@ def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float
             total += m * comm.reduce_scatter_s(grads, group=link) + comm.all_gather_s(weights, group=link)
         else:
             total += m * compression.zero3_microbatch_s(model.options, cand, params, grads, weights, link)
+        if z >= 2 and links.dp_replicate is not None and links.dp_replicate.size > 1:
+            total += m * comm.ring_all_reduce_s(grads / link.size, group=links.dp_replicate)
         reductions = m if z >= 2 else 1
         gathers = m * compression.zero3_gathers(model.options, cand) if z == 3 else 0
         total += compression.compute_s(comp, model.spec, params, gathers=gathers, reductions=reductions,
@@ -192,7 +198,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         return found
     from planner.cost.compute import peak_tflops
 
-    edp = max(1, cand.dp * cand.cp // cand.ep)
+    edp = cand.expert_shard
     rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
     if model.executor_recipe is not None:  # AdamW over fp32 parameters as the executor builds it (foreach or fused)
@@ -210,7 +216,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         other=model.other_per_rank(cand),
         pp_comm_s=model.pp_comm_s(cand),
         dp_dense=dp_dense, dp_expert=dp_expert, gather_dense=gather_dense, gather_expert=gather_expert,
-        optimizer_per_param_s=(per_param / (cand.dp * cand.cp if sharded else 1), per_param / (edp if sharded else 1)),
+        optimizer_per_param_s=(per_param / (cand.zero_shard if sharded else 1), per_param / (edp if sharded else 1)),
         peak_tflops=peak_tflops(model.device, model.request.precision),
     )
     cache[cand] = found
@@ -273,7 +279,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     fixed = _fixed(model, cand)
     sums = _stage_sums(detail.prefix, split, full, len(detail.costs.names))
     pp, m = cand.pp, cand.num_microbatches
-    ranks = sums.reshape(len(ROWS), cand.vpp, pp).sum(axis=1) if cand.vpp > 1 else sums
+    ranks = schedule.rank_sums(sums, pp=pp, vpp=cand.vpp, schedule=cand.schedule)
     row = dict(zip(ROWS, ranks))
     rank_time = row["fwd"] + row["bwd"] + row["rec"]
     b = int(np.argmax(rank_time))
@@ -320,7 +326,7 @@ def _step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.nd
         return _master_step_extra_bytes(model, cand, row)
     if cand.zero_stage < 3 or o.zero3_grads_fp32 or not o.zero3_step_fp32_grad_params:
         return 0.0
-    local = row["dense"] / (cand.dp * cand.cp) + row["expert"] / max(1, cand.dp * cand.cp // cand.ep)
+    local = row["dense"] / cand.zero_shard + row["expert"] / cand.expert_shard
     return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + reduce_bucket_bytes(o.zero3_reduce_bucket_params)
 
 
@@ -338,10 +344,10 @@ def _master_step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -
     TP shards, FSDP2 (ZeRO-2/3) shards over dp x cp; ZeRO-1 steps whole parameters of its share."""
     from planner.cost.executor import MASTER_STEP_CHUNK_ELEMENTS, largest_parameter
 
-    edp = max(1, cand.dp * cand.cp // cand.ep)
-    shard = (cand.dp * cand.cp, edp) if cand.zero_stage >= 1 else (1, 1)
+    edp = cand.expert_shard
+    shard = (cand.zero_shard, edp) if cand.zero_stage >= 1 else (1, 1)
     local = row["dense"] / shard[0] + row["expert"] / shard[1]
-    largest = largest_parameter(model.spec, ep=cand.ep) / cand.tp / (cand.dp * cand.cp if cand.zero_stage >= 2 else 1)
+    largest = largest_parameter(model.spec, ep=cand.ep) / cand.tp / (cand.zero_shard if cand.zero_stage >= 2 else 1)
     return 4 * np.minimum(local, max(MASTER_STEP_CHUNK_ELEMENTS, largest))
 
 
@@ -349,16 +355,16 @@ def _foreach_step_extra_bytes(cand: "Candidate", row: dict) -> np.ndarray:
     """The executor's foreach AdamW step (torch/optim/adam.py _multi_tensor_adam): exp_avg_sq_sqrt =
     torch._foreach_sqrt(exp_avg_sqs) is an fp32 copy of v for every parameter the optimizer steps, alive until the
     final addcdiv_; the autocast bf16 copies counted among the weights are gone by then (freed with the backward)."""
-    edp = max(1, cand.dp * cand.cp // cand.ep)
-    held = (cand.dp * cand.cp, edp) if cand.zero_stage >= 3 else (1, 1)
+    edp = cand.expert_shard
+    held = (cand.zero_shard, edp) if cand.zero_stage >= 3 else (1, 1)
     fp32_weights = 4 * (row["dense"] / held[0] + row["expert"] / held[1])
     return _foreach_temp_bytes(cand, row) - np.maximum(0.0, row["weights"] - fp32_weights)
 
 
 def _foreach_temp_bytes(cand: "Candidate", row: dict) -> np.ndarray:
     """foreach AdamW's fp32 sqrt(v): 4 bytes per parameter the optimizer steps on this rank."""
-    edp = max(1, cand.dp * cand.cp // cand.ep)
-    shard = (cand.dp * cand.cp, edp) if cand.zero_stage >= 1 else (1, 1)
+    edp = cand.expert_shard
+    shard = (cand.zero_shard, edp) if cand.zero_stage >= 1 else (1, 1)
     return 4 * (row["dense"] / shard[0] + row["expert"] / shard[1])
 
 

@@ -34,6 +34,8 @@ class Links:
     dp: GroupLink  # gradient reduction of dense parameters: the dp x cp ranks
     expert_dp: GroupLink  # gradient reduction of routed experts: dp x cp / ep ranks
     pp: GroupLink
+    dp_replicate: GroupLink | None = None  # HSDP: the all-reduce of the gradient shard across replicas (dp, expert_dp
+    # are then the shard groups); None without HSDP
 
 
 @dataclass(frozen=True, kw_only=True)

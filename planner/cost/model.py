@@ -22,6 +22,7 @@ from planner.cost.calibration import (DeviceCalibration, attention_rate_for, dev
 from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
 from planner.cost.overlay import apply_overlay
+from planner.cost.schedule import V_SCHEDULES, loss_rank
 from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
 from planner.cost.validity import validity_reasons as _validity
 from planner.schemas.plan import PlanRequest
@@ -145,13 +146,13 @@ class CostModel:
 
     def layout_key(self, cand: Candidate) -> tuple:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
-        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.tp_overlap,
+        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.dp_replicate, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, cand.compression.has("fp8-dispatch"), cand.axis_order,
-                cand.schedule == "2bw")
+                cand.schedule == "2bw" if cand.schedule not in V_SCHEDULES else "v")
 
     def links(self, cand: Candidate) -> L.Links:
         """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""
-        key = (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.axis_order)
+        key = (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.axis_order, cand.dp_replicate)
         found = self._links.get(key)
         if found is None:
             from planner.cost.links import candidate_links
@@ -205,16 +206,17 @@ class CostModel:
         from planner.cost.arrays import layer_working_bytes, zero3_working_bytes
 
         other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
+        last = loss_rank(pp=cand.pp, vpp=cand.vpp, schedule=cand.schedule)  # pp - 1, or rank 0 in a V
         if self.executor_recipe is not None:  # planner.cost.executor: logits held, the loss phase, cuBLAS workspaces
             from planner.cost import executor
 
-            if stage == cand.pp - 1:
+            if stage == last:
                 shape, recipe = self.shape(cand), self.executor_recipe_for(cand)
                 held = executor.logits_held_bytes(self.spec, shape, recipe)
                 other = max(other + held, held + executor.loss_transient_bytes(self.spec, shape, recipe))
             if self.cal.family != "cpu":
                 other += executor.CUBLAS_WORKSPACES_BYTES
-        elif stage == cand.pp - 1:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
+        elif stage == last:  # the loss's logits exist before the layers' backward starts, unless the loop holds them
             logits = memory.logits_buffer_bytes(self.spec, self.shape(cand))
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
         if cand.zero_stage >= 3:
@@ -235,11 +237,12 @@ class CostModel:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
         key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp,
-               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap)
+               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap, cand.schedule in V_SCHEDULES)
         found = self.memo.get(key)
         if found is None:
-            found = np.full(cand.pp, float(self.stage_other_bytes(cand, 0)))
-            found[-1] = float(self.stage_other_bytes(cand, cand.pp - 1))
+            last = loss_rank(pp=cand.pp, vpp=cand.vpp, schedule=cand.schedule)
+            found = np.full(cand.pp, float(self.stage_other_bytes(cand, (last + 1) % cand.pp)))
+            found[last] = float(self.stage_other_bytes(cand, last))
             found.setflags(write=False)
             self.memo[key] = found
         return found

@@ -33,7 +33,7 @@ def candidate_of(request: PlanRequest, config: Configuration) -> Candidate:
         dp=par.dp, tp=par.tp, pp=par.pp, ep=par.ep, cp=par.cp, sp=par.sp, vpp=par.vpp, zero_stage=par.zero_stage,
         tp_overlap=par.tp_overlap, microbatch_size=config.microbatch_size,
         num_microbatches=request.global_batch_size // per_step, schedule=config.schedule, recompute=config.recompute,
-        axis_order=tuple(par.axis_order), compression=par.compression,
+        axis_order=tuple(par.axis_order), compression=par.compression, dp_replicate=par.dp_replicate,
     )
 
 

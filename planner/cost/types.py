@@ -34,10 +34,24 @@ class Candidate:
     recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
     axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")  # outermost -> innermost
     compression: Compression = NONE  # communication compression (planner.cost.compression)
+    dp_replicate: int = 1  # HSDP: replicas of the ZeRO-2/3 shard group (1: plain FSDP/DDP over all dp ranks)
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def zero_shard(self) -> int:
+        """Ranks dense ZeRO state shards over: dp x cp, or under HSDP (dp_replicate > 1; Zhao et al. 2023, PyTorch
+        FSDP sec. 3.2.2 hybrid sharding, FSDP2 fully_shard on a (replicate, shard) mesh) the shard group's
+        dp x cp / dp_replicate; the dp_replicate replicas each hold the whole sharded state."""
+        return self.dp * self.cp // self.dp_replicate
+
+    @property
+    def expert_shard(self) -> int:
+        """Ranks routed experts' ZeRO state shards over: the expert-data-parallel dp x cp / ep ranks (/ dp_replicate
+        under HSDP)."""
+        return max(1, self.dp * self.cp // self.ep // self.dp_replicate)
 
 
 @dataclass(frozen=True, kw_only=True)

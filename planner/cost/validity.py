@@ -86,11 +86,15 @@ def _schedule_reasons(c: "Candidate") -> list[str]:
     if c.schedule == "interleaved":
         if c.pp < 2 or c.vpp < 2:
             out.append(f"the interleaved schedule needs pp>1 and vpp>1 (got pp={c.pp}, vpp={c.vpp}): use 1f1b or raise vpp")
-    elif c.vpp > 1 and c.schedule == "zero-bubble":
+    elif c.vpp > 1 and c.schedule in ("zero-bubble", "interleaved-zero-bubble"):
         if c.pp < 2:  # torch's ScheduleInterleavedZeroBubble runs vpp stages per rank, as the executor does
             out.append(f"vpp={c.vpp} with pp={c.pp}: virtual stages need pp>1; set vpp=1")
+    elif c.schedule in ("zbv", "dualpipev") and c.pp > 1:
+        if c.vpp != 2:  # torch's ScheduleZBVZeroBubble / ScheduleDualPipeV: exactly two stages per rank
+            out.append(f"schedule={c.schedule} places exactly 2 stages per rank in a V (got vpp={c.vpp}): set vpp=2")
     elif c.vpp > 1:
-        out.append(f"vpp={c.vpp} needs schedule=interleaved or zero-bubble (got {c.schedule})")
+        out.append(f"vpp={c.vpp} needs schedule=interleaved, zero-bubble or interleaved-zero-bubble (zbv, dualpipev: "
+                   f"vpp=2 with pp>1) (got {c.schedule})")
     if c.schedule == "2bw" and c.pp > 1 and c.num_microbatches < c.pp:
         # Narayanan et al. 2021 (PipeDream-2BW) Sec. 3.1: two weight versions suffice only when each update
         # accumulates m >= d micro-batches (d = pipeline depth); with fewer, in-flight inputs span more versions.

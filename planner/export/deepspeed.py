@@ -36,6 +36,9 @@ TARGET = "deepspeed"
 
 def _check(plan: LaunchPlan, warnings: list[str]) -> None:
     par = plan.parallelism
+    if par.dp_replicate > 1:  # no HSDP spelling written for this stack yet: refused, not exported as plain FSDP
+        raise refuse(TARGET, f"dp_replicate={par.dp_replicate} (HSDP): this exporter writes no hybrid-sharding flags yet",
+                     "re-plan with --dp-replicate 1, or export to torchtitan")
     if par.pp > 1 and par.zero_stage >= 2:
         raise refuse(
             TARGET,

@@ -70,12 +70,14 @@ def base_config(plan: LaunchPlan, warnings: list[str]) -> tuple[str, str, str | 
 
 
 def _data_parallel(plan: LaunchPlan) -> dict[str, object]:
-    """ZeRO-0 -> DDP (replicate), ZeRO-2 -> FSDP2 without resharding after forward, ZeRO-3 -> FSDP2 default."""
+    """ZeRO-0 -> DDP (replicate), ZeRO-2 -> FSDP2 without resharding after forward, ZeRO-3 -> FSDP2 default;
+    HSDP (dp_replicate > 1) -> data_parallel_replicate_degree x data_parallel_shard_degree."""
     par = plan.parallelism
     if par.zero_stage == 0:
         return {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
-    reshard = "default" if par.zero_stage == 3 else "never"
-    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": par.dp, "fsdp_reshard_after_forward": reshard}
+    reshard = "default" if par.zero_stage == 3 else "never"  # HSDP: replicas outer, shards inner, as the plan splits dp
+    return {"data_parallel_replicate_degree": par.dp_replicate, "data_parallel_shard_degree": par.dp // par.dp_replicate,
+            "fsdp_reshard_after_forward": reshard}
 
 
 def _check_rules(plan: LaunchPlan, shard: int) -> None:

@@ -54,11 +54,15 @@ class SearchLimits(InputSchema):
     compression: Compression | Literal["auto"] = Field(default=NONE, description=(
         "communication compression fixed (none by default), or 'auto': each configuration with the compression "
         "the framework runs that makes it fastest (planner.search.compression_space; lossy methods are opt-in)"))
+    dp_replicate: int = Field(default=1, gt=0, le=L.MAX_GPUS, description=(
+        "HSDP replicas fixed for every configuration (Parallelism.dp_replicate; ZeRO-2/3 only, dp a multiple of it); "
+        "not searched. Written only when > 1"))
 
     @model_serializer(mode="wrap")
     def _omit_no_compression(self, handler):
-        """Leave compression out when it is none, so requests without it serialise byte-identically to before."""
-        return without(handler(self), compression=self.compression == NONE)
+        """Leave compression out when it is none and dp_replicate when it is 1, so requests without them serialise
+        byte-identically to before."""
+        return without(handler(self), compression=self.compression == NONE, dp_replicate=self.dp_replicate == 1)
 
 
 class PlanRequest(InputSchema):

@@ -97,6 +97,7 @@ class _Search:
         fields = group.candidate_fields()
         fields.update(member)
         fields.setdefault("compression", self.opts.compression)
+        fields.setdefault("dp_replicate", self.opts.dp_replicate)
         return Candidate(**fields)
 
     def compressions(self, cand) -> tuple:

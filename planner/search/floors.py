@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search import bounds
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
@@ -41,8 +42,9 @@ class Floors(BoundsState):
     def order(self, fact: Factorisation) -> tuple[str, ...]:
         return self._cached(("order", fact), lambda: axis_orders(fact, self.opts.profile)[0])
 
-    def shape(self, pp: int, vpp: int):
-        return self._cached(("shape", pp, vpp), lambda: variant_shape(self.num_layers, pp, vpp))
+    def shape(self, pp: int, vpp: int, schedule: str = "1f1b"):
+        v = schedule in V_SCHEDULES  # zbv, dualpipev: stages in a V, not looped
+        return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v))
 
     def candidate(self, group: Group, **member):
         member.setdefault("axis_order", self.order(group.fact))
@@ -104,22 +106,22 @@ class Floors(BoundsState):
         return out
 
     def variants(self, group: Group) -> list[tuple[int, tuple[str, ...]]]:
-        """The group's valid variants as (vpp, schedules); PipeDream-2BW only where validity_reasons allows it
-        (it needs num_microbatches >= pp: only then is it asked). The same for every group of a factorisation
-        with this num_microbatches."""
+        """The group's valid variants as (vpp, schedules), the schedules of one entry sharing a stage placement
+        (looped, or a V); PipeDream-2BW only where validity_reasons allows it (it needs num_microbatches >= pp:
+        only then is it asked). The same for every group of a factorisation with this num_microbatches."""
         f = group.fact
         key = ("variants", f, group.num_microbatches)
         found = self.memo.get(key)
         if found is None:
-            by_vpp: dict[int, list[str]] = {}
+            by_vpp: dict[tuple[int, bool], list[str]] = {}
             for schedule, vpp in schedule_variants(f.pp, self.num_layers, self.opts):
                 if self.state.space.variant_reason(group, schedule, vpp) is not None:
                     continue
                 if schedule == "2bw" and group.num_microbatches < f.pp and self.cost.validity_reasons(
                         self.candidate(group, schedule=schedule)):
                     continue
-                by_vpp.setdefault(vpp, []).append(schedule)
-            found = self.memo[key] = [(vpp, tuple(schedules)) for vpp, schedules in by_vpp.items()]
+                by_vpp.setdefault((vpp, schedule in V_SCHEDULES), []).append(schedule)
+            found = self.memo[key] = [(vpp, tuple(schedules)) for (vpp, _), schedules in by_vpp.items()]
         return found
 
     def time(self, group: Group) -> float:
@@ -129,10 +131,11 @@ class Floors(BoundsState):
         akey = self.arrays_key(group)
         lower = np.inf
         for vpp, schedules in self.variants(group):
-            rank_s = memo.get(("rank", akey, f.pp, vpp))
+            rkey = ("rank", akey, f.pp, vpp, schedules[0] in V_SCHEDULES)
+            rank_s = memo.get(rkey)
             if rank_s is None:
-                rank_s = memo[("rank", akey, f.pp, vpp)] = float(
-                    rank_sums(self.arrays(group).time_s, self.shape(f.pp, vpp).ranks, f.pp).max())
+                rank_s = memo[rkey] = float(
+                    rank_sums(self.arrays(group).time_s, self.shape(f.pp, vpp, schedules[0]).ranks, f.pp).max())
             ppc = self.pp_comm_floor_s(group, vpp, schedules[0])
             lower = min(lower, min(step_lower_s(m, rank_s, s, f.pp, vpp, ppc) for s in schedules))
         return lower
@@ -149,8 +152,8 @@ class Floors(BoundsState):
         if not zeros:
             return np.inf
         for vpp, schedules in self.variants(group):
-            ranks = self.shape(f.pp, vpp).ranks
-            inflight, fixed = self._cached(("least", f, m, group.microbatch_size, group.sp, vpp), lambda: (
+            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
+            inflight, fixed = self._cached(("least", f, m, group.microbatch_size, group.sp, vpp, v), lambda: (
                 np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
                     self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]),
                 np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
@@ -162,7 +165,7 @@ class Floors(BoundsState):
             if self.state.partial(group):
                 excess = fixed + inflight * rank_sums(arrays.activation_bytes, ranks, f.pp)
                 rank_s = rank_s + recompute_floor_s(arrays, ranks, f.pp, excess, inflight, self.memo,
-                                                    ("ratio", self.arrays_key(group), f.pp, vpp))
+                                                    ("ratio", self.arrays_key(group), f.pp, vpp, v))
             tb = float(rank_s.max())
             best = min(best, min(step_lower_s(m, tb, s, f.pp, vpp, self.pp_comm_floor_s(group, vpp, s)) for s in schedules))
         return best
@@ -174,7 +177,7 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
         arrays, out = self.arrays(group), []
         for vpp, schedules in self.variants(group):
-            ranks = self.shape(f.pp, vpp).ranks
+            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
             times = rank_sums(arrays.time_s, ranks, f.pp)
             act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
             bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
@@ -191,7 +194,7 @@ class Floors(BoundsState):
                     rank_s = np.broadcast_to(times, fixed.shape)
                     if self.state.partial(group):
                         rank_s = times + recompute_floor_s(arrays, ranks, f.pp, fixed + inflight * act, inflight, self.memo,
-                                                            ("ratio", self.arrays_key(group), f.pp, vpp))
+                                                            ("ratio", self.arrays_key(group), f.pp, vpp, v))
                     bottleneck[key] = rank_s.max(axis=1)
                 lowers = step_lower_s(m, bottleneck[key], schedule, f.pp, vpp, 0.0)
                 out.extend((float(lower), vpp, schedule, zero) for lower, zero, ok in zip(lowers, zeros, fits) if ok)
@@ -207,7 +210,7 @@ class Floors(BoundsState):
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
         """CostModel.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""
         f, m = group.fact, group.num_microbatches
-        key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule == "interleaved")
+        key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
         found = self.memo.get(key)
         if found is None:
             found = self.memo[key] = self.cost.pp_comm_floor_s(self.candidate(group, schedule=schedule, vpp=vpp))
@@ -222,34 +225,37 @@ class Floors(BoundsState):
             time_s += self.pp_comm_floor_s(group, vpp, schedule)
             if time_s >= best:
                 continue
-            dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp), lambda: self.cost.dp_exposed_s(
-                self.candidate(group, zero_stage=zero, vpp=vpp), self.shape(f.pp, vpp).ranks, floor=True))
+            v = schedule in V_SCHEDULES
+            dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: self.cost.dp_exposed_s(
+                self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": schedule} if v else {})),
+                self.shape(f.pp, vpp, schedule).ranks, floor=True))
             best = min(best, time_s + dp)
         return best
 
-    def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple]]:
+    def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple, bool]]:
         """`coupled` plus each axis order's pp communication (CostModel.pp_comm_s): (bound, vpp, zero, order),
         sorted."""
         f, m = group.fact, group.num_microbatches
         out = []
         for time_s, vpp, schedule, zero in bounds:
             for order in axis_orders(f, self.opts.profile):
-                key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule == "interleaved")
+                key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
                 ppc = self._cached(key, lambda: self.cost.pp_comm_s(
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
-                out.append((time_s + ppc, vpp, zero, order))
+                out.append((time_s + ppc, vpp, zero, order, schedule in V_SCHEDULES))
         return sorted(out)
 
-    def dp_refined(self, group: Group, bounds: list[tuple[float, int, int, tuple]]) -> float:
+    def dp_refined(self, group: Group, bounds: list[tuple[float, int, int, tuple, bool]]) -> float:
         """The least over the entries of `pp_refined` of the bound plus that order's exposed dp time at that
         ZeRO stage (CostModel.dp_exposed_s)."""
         f, m = group.fact, group.num_microbatches
         best = np.inf
-        for time_s, vpp, zero, order in bounds:
+        for time_s, vpp, zero, order, v in bounds:
             if time_s >= best:
                 break
-            ranks = self.shape(f.pp, vpp).ranks
-            dp = self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp), lambda: (
-                self.cost.dp_exposed_s(self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order), ranks)))
+            ranks = self.shape(f.pp, vpp, V_SCHEDULES[0] if v else "1f1b").ranks
+            dp = self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: (
+                self.cost.dp_exposed_s(self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order,
+                                                      **({"schedule": V_SCHEDULES[0]} if v else {})), ranks)))
             best = min(best, time_s + dp)
         return best

@@ -95,9 +95,9 @@ class VariantShape:
     ranks: np.ndarray
 
 
-def variant_shape(num_layers: int, pp: int, vpp: int) -> VariantShape:
+def variant_shape(num_layers: int, pp: int, vpp: int, v_placed: bool = False) -> VariantShape:
     split = split_for(num_layers, _Probe(pp, vpp))
-    return VariantShape(split, rank_of_modules(split, pp))
+    return VariantShape(split, rank_of_modules(split, pp, v_placed))
 
 
 @dataclass(frozen=True)

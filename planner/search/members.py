@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
                                          step_lower_s, variant_shape)
@@ -23,8 +24,9 @@ from planner.search.space import Group, axis_orders
 class Members(BoundsState):
     """Phase-2 bounds for one search (`state`: the driver's _Search)."""
 
-    def shape(self, pp: int, vpp: int):
-        return self._cached(("shape", pp, vpp), lambda: variant_shape(self.num_layers, pp, vpp))
+    def shape(self, pp: int, vpp: int, schedule: str = "1f1b"):
+        v = schedule in V_SCHEDULES  # zbv, dualpipev: stages in a V, not looped
+        return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v))
 
     def order_arrays(self, group: Group) -> list[tuple[tuple[str, ...], ModuleArrays]]:
         """ModuleArrays of the group under each axis order (its own links)."""
@@ -37,11 +39,11 @@ class Members(BoundsState):
     def variant_bounds(self, group: Group, schedule: str, vpp: int, arrays) -> list[tuple[float, np.ndarray, float]]:
         """Per axis order: bound (3) with x = 0, the rank times and the pp communication."""
         f, m = group.fact, group.num_microbatches
-        ranks = self.shape(f.pp, vpp).ranks
+        ranks = self.shape(f.pp, vpp, schedule).ranks
         out = []
         for order, arr in arrays:
             times = rank_sums(arr.time_s, ranks, f.pp)
-            key = ("ppc", f, order, m, group.microbatch_size, group.sp, schedule == "interleaved", vpp)
+            key = ("ppc", f, order, m, group.microbatch_size, group.sp, schedule in CHUNKED, vpp)
             ppc = self._cached(key, lambda: self.cost.pp_comm_s(
                 self.state.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
             out.append((step_lower_s(m, float(times.max()), schedule, f.pp, vpp, ppc), times, ppc))
@@ -57,17 +59,17 @@ class Members(BoundsState):
             cand = cand or self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)
             return cand
 
-        ranks = self.shape(f.pp, vpp).ranks
-        static = self._cached(("static", f, zero, schedule == "2bw", group.num_microbatches == 1, vpp), lambda: rank_sums(
+        ranks, v = self.shape(f.pp, vpp, schedule).ranks, schedule in V_SCHEDULES
+        static = self._cached(("static", f, zero, schedule == "2bw", group.num_microbatches == 1, vpp, v), lambda: rank_sums(
             self.cost.held_static_bytes(probe()), ranks, f.pp))
-        other = self._cached(("other", f, zero, group.microbatch_size, group.sp),
+        other = self._cached(("other", f, zero, group.microbatch_size, group.sp, v),
                              lambda: self.cost.other_per_rank(probe()))
         return static + other - self.state.capacity
 
     def rank_fixed_rows(self, group: Group, schedule: str, vpp: int, zeros) -> np.ndarray:
         """rank_fixed_bytes for each ZeRO stage in `zeros`, as rows (memoised on what they read)."""
         key = ("rows", group.fact, schedule == "2bw", group.num_microbatches == 1, vpp, group.microbatch_size,
-               group.sp, tuple(zeros))
+               group.sp, tuple(zeros), schedule in V_SCHEDULES)
         return self._cached(key, lambda: np.stack([self.rank_fixed_bytes(group, schedule, vpp, z) for z in zeros]))
 
     def expand(self, group: Group, schedule: str, vpp: int, count: int, arrays, push) -> None:
@@ -80,7 +82,7 @@ class Members(BoundsState):
         if least > state.ranking.threshold_s:
             pruned["time_lower_bound"] += count
             return
-        ranks = self.shape(f.pp, vpp).ranks
+        ranks = self.shape(f.pp, vpp, schedule).ranks
         inflight = self.cost.inflight_per_rank(state.candidate(group, schedule=schedule, vpp=vpp))
         act = rank_sums(arrays[0][1].activation_bytes, ranks, f.pp)  # activations read no link
         act_floor = rank_sums(arrays[0][1].floor_bytes, ranks, f.pp)
@@ -111,5 +113,5 @@ class Members(BoundsState):
     def dp_exposed_s(self, group: Group, cand) -> float:
         """The member's exact exposed dp time (shared by members that differ in schedule, recompute, overlap)."""
         key = ("dp", group.fact, cand.axis_order, cand.zero_stage, cand.num_microbatches, cand.microbatch_size,
-               cand.sp, cand.vpp, cand.compression)
-        return self._cached(key, lambda: self.cost.dp_exposed_s(cand, self.shape(cand.pp, cand.vpp).ranks))
+               cand.sp, cand.vpp, cand.compression, cand.schedule in V_SCHEDULES)
+        return self._cached(key, lambda: self.cost.dp_exposed_s(cand, self.shape(cand.pp, cand.vpp, cand.schedule).ranks))

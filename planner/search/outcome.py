@@ -14,7 +14,8 @@ from typing import Any
 
 from planner.units import GiB
 
-SCHEDULE_RANK = {"1f1b": 0, "interleaved": 1, "zero-bubble": 2, "gpipe": 3, "2bw": 4}
+SCHEDULE_RANK = {"1f1b": 0, "interleaved": 1, "zero-bubble": 2, "gpipe": 3, "2bw": 4, "interleaved-zero-bubble": 5,
+                 "zbv": 6, "dualpipev": 7}
 RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
 OVERLAP_RANK = {"none": 0, "domino": 1}
 BREAKDOWN_WORDS = {

@@ -15,7 +15,9 @@ schedule, recompute, axis_order). The space, and what bounds it:
   some layers per stage is chosen by the ILP for configurations that do not fit otherwise.
 - schedule: with pp = 1 every pipeline schedule is the same computation, so one stands for all (1f1b when
   allowed); with pp > 1 gpipe, 1f1b, 2bw, zero-bubble (vpp = 1) and interleaved with every vpp in 2..L/pp
-  ((L+2)/pp where the stack lets the end chunks hold only the embedding and the loss).
+  ((L+2)/pp where the stack lets the end chunks hold only the embedding and the loss); where SearchLimits.schedules
+  names them (not by default) and the stack runs them, torch's interleaved-zero-bubble with every vpp in 1..that
+  and zbv, dualpipev with vpp = 2 (two stages per rank in a V).
 - axis_order: tp innermost; every order of the other axes whose size is > 1 (orders that differ only in where a
   size-1 axis sits are the same layout and are not counted twice).
 
@@ -48,6 +50,7 @@ from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
 
 FLAT_SCHEDULES = ("gpipe", "1f1b", "2bw", "zero-bubble")
+V_SCHEDULES = ("zbv", "dualpipev")  # planner.cost.schedule.V_SCHEDULES: vpp 2 in a V
 
 
 def divisors(n: int) -> list[int]:
@@ -74,6 +77,7 @@ class Options:
     min_layers_per_chunk: int = 1  # interleaved: decoder layers per virtual stage at least (a stack's practice)
     compression: Compression = NONE  # fixed compression of every member (planner.search.compression_space)
     compression_auto: bool = False  # each member with the compression that makes it fastest
+    dp_replicate: int = 1  # HSDP replicas fixed by the request (SearchLimits.dp_replicate), not searched
 
     def zero_stages_for(self, pp: int) -> tuple[int, ...]:
         """The ZeRO stages the framework runs at this pp (bounds need hold only for members it can run)."""
@@ -93,12 +97,15 @@ class Options:
         runs = set(profile.schedule_names())
         schedules = tuple(s for s in limits.schedules if s in runs and (s != "2bw" or stale))
         caps = profile.capabilities
-        if (limits.vpp or 1) > 1 and "interleaved" not in schedules:
+        if (limits.vpp or 1) > 1 and not {"interleaved", "interleaved-zero-bubble", *V_SCHEDULES} & set(schedules):
             raise BadInputError(f"vpp={limits.vpp} needs the interleaved schedule, which is not among {list(schedules)}: "
                                 f"drop --vpp or allow --schedule interleaved")
+        zeros = tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp
+                             and (limits.dp_replicate == 1 or z >= 2)))
+        _check_hsdp(profile, limits.dp_replicate, pinned)
         return Options(
             schedules=_narrowed("schedule", limits.schedules, schedules, profile),
-            zero_stages=_narrowed("zero_stage", limits.zero_stages, tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp)), profile),
+            zero_stages=_narrowed("zero_stage", limits.zero_stages, zeros, profile),
             recompute_modes=_narrowed("recompute", limits.recompute_modes, tuple(r for r in limits.recompute_modes if r in caps.recompute.modes), profile),
             tp_overlap=tuple(o for o in limits.tp_overlap if o in caps.tp_overlap) or ("none",),
             max_microbatch_size=limits.max_microbatch_size,
@@ -108,7 +115,19 @@ class Options:
             sp=limits.sp, vpp=limits.vpp, microbatch_size=limits.microbatch_size,
             compression=NONE if limits.compression == "auto" else limits.compression,
             compression_auto=limits.compression == "auto",
+            dp_replicate=limits.dp_replicate,
         )
+
+
+def _check_hsdp(profile: FrameworkProfile, dp_replicate: int, fixed: dict[str, int]) -> None:
+    """A fixed dp_replicate (HSDP) the stack cannot run, or that cannot divide the fixed dp, has no answer."""
+    if dp_replicate == 1:
+        return
+    if not profile.capabilities.zero.hsdp:
+        raise BadInputError(f"dp_replicate={dp_replicate}: framework {profile.name!r} has no hybrid sharding (HSDP): "
+                            f"drop --dp-replicate or choose another --framework")
+    if "dp" in fixed and fixed["dp"] % dp_replicate:
+        raise BadInputError(f"dp_replicate={dp_replicate} must divide dp={fixed['dp']}: choose a divisor of dp, or drop --dp-replicate")
 
 
 def framework_of(request: PlanRequest) -> FrameworkProfile:
@@ -233,9 +252,12 @@ def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str
         flat = [s for s in opts.schedules if s != "interleaved"]
         return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat and opts.vpp in (None, 1) else []
     variants = [(s, 1) for s in FLAT_SCHEDULES if s in opts.schedules]
-    if "interleaved" in opts.schedules:  # end chunks may hold only the embedding / the loss where the stack allows
-        ends = 2 if opts.min_layers_per_chunk == 1 and opts.profile.capabilities.interleaved_split.empty_chunks != "none" else 0
-        variants += [("interleaved", v) for v in range(2, (num_layers + ends) // (pp * opts.min_layers_per_chunk) + 1)]
+    ends = 2 if opts.min_layers_per_chunk == 1 and opts.profile.capabilities.interleaved_split.empty_chunks != "none" else 0
+    most = (num_layers + ends) // (pp * opts.min_layers_per_chunk)  # end chunks may hold only the embedding / the loss
+    for name in ("interleaved", "interleaved-zero-bubble"):  # where the stack allows
+        if name in opts.schedules:
+            variants += [(name, v) for v in range(1 if name != "interleaved" else 2, most + 1)]
+    variants += [(s, 2) for s in V_SCHEDULES if s in opts.schedules and most >= 2]  # two stages per rank, a V
     return [(s, v) for s, v in variants if opts.vpp in (None, v)]
 
 
@@ -290,6 +312,8 @@ class Space:
             return "ffn_not_divisible_by_tp"
         if r.global_batch_size % fact.dp:
             return "global_batch_not_divisible_by_dp"
+        if fact.dp % self.opts.dp_replicate or (self.opts.dp_replicate > 1 and fact.ep > 1):
+            return "hsdp_not_dividing_dp" if fact.dp % self.opts.dp_replicate else "hsdp_with_ep_not_priced"
         if fact.cp > 1 and r.seq_len % (2 * fact.cp):
             return "seq_len_not_divisible_by_2cp"
         if m.moe is not None and m.moe.num_experts % fact.ep:
@@ -352,7 +376,7 @@ class Space:
 
     def variant_reason(self, group: Group, schedule: str, vpp: int) -> str | None:
         """The interleaving rule a (schedule, vpp) variant of the group breaks, as a `pruned` key; None if valid."""
-        if schedule != "interleaved":
+        if vpp == 1:
             return None
         found = interleaved_split_reason(self.opts.profile, num_layers=self.model.num_layers, pp=group.fact.pp, vpp=vpp,
                                          num_microbatches=group.num_microbatches)

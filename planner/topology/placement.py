@@ -305,6 +305,29 @@ def axis_link(
     return make_link(topology, size=size, num_nodes=num_nodes, ranks_per_node=ranks_per_node)
 
 
+def hsdp_links(topology: Topology, sizes: Mapping[str, int], axis_order: Sequence[str], dp_replicate: int
+               ) -> tuple[GroupLink, GroupLink]:
+    """(shard, replicate) links of HSDP's 2-D dp mesh: the dp coordinate d splits into (d // dp_shard, d % dp_shard)
+    with dp_shard = dp / dp_replicate (planner.executor.parallelize.hsdp_mesh, torchtitan's [dp_replicate,
+    dp_shard] mesh), so a shard group is dp_shard consecutive dp coordinates (stride: dp's) and a replicate group
+    steps dp_shard dp coordinates at a time. Worst group of each, as axis_link."""
+    order = _check_order(axis_order)
+    dims = _sizes_tuple(sizes, order)
+    _check_fits(topology, math.prod(dims))
+    dp = dims[order.index("dp")]
+    if dp_replicate < 1 or dp % dp_replicate:
+        raise BadInputError(f"dp_replicate={dp_replicate} must divide dp={dp}: choose a divisor of dp, or 1")
+    at = order.index("dp")
+    split_order = (*order[:at], "dp_replicate", "dp_shard", *order[at + 1:])
+    split_dims = (*dims[:at], dp_replicate, dp // dp_replicate, *dims[at + 1:])
+    links = []
+    for axis in ("dp_shard", "dp_replicate"):
+        num_nodes, ranks_per_node = _footprint(topology.gpus_per_node, split_dims, split_order, axis, 1)
+        links.append(make_link(topology, size=split_dims[split_order.index(axis)], num_nodes=num_nodes,
+                               ranks_per_node=ranks_per_node))
+    return links[0], links[1]
+
+
 def worst_link_key(link: GroupLink) -> tuple[int, int]:
     """Order in which groups are 'worse': more nodes, then more ranks on one node."""
     return (link.num_nodes, link.ranks_per_node)
