@@ -62,7 +62,7 @@ EXECUTOR_HEAD = "output"  # the plan's (our executor's) name of the output proje
 def base_config(plan: LaunchPlan, warnings: list[str]) -> tuple[str, str, str | None]:
     """The `--module/--config` pair for the plan's model and the generated config module, if one is needed
     (planner.export.torchtitan_model: the model itself, never a stand-in)."""
-    module, function, generated = model_choice(plan.request.model)
+    module, function, generated = model_choice(plan.request.model, plan.parallelism.cp)
     if function in BASE_NOTES:
         warnings.append(f"{BASE_NOTES[function]}, which the plan (precision={plan.request.precision}) did not assume: "
                         "derive a config without them for the predicted step time")

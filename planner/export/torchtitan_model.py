@@ -84,8 +84,9 @@ def llama_family_gap(spec: ModelSpec) -> str | None:
     return next((what for what, present in gaps.items() if present), None)
 
 
-def model_choice(spec: ModelSpec) -> tuple[str, str, str | None]:
-    """(module, config function, generated module text or None) for the plan's model; refuses what 0.3 cannot build."""
+def model_choice(spec: ModelSpec, cp: int = 1) -> tuple[str, str, str | None]:
+    """(module, config function, generated module text or None) for the plan's model (trained with context
+    parallelism of `cp`); refuses what 0.3 cannot build."""
     pair = _same_as_preset(spec)
     if pair is not None:
         return pair[0], pair[1], None
@@ -95,7 +96,7 @@ def model_choice(spec: ModelSpec) -> tuple[str, str, str | None]:
             raise refuse(TARGET, f"torchtitan 0.3 has no model for {spec.name!r} with {gap} (it builds MoE as its qwen3 "
                                  "(GQA + MoE), deepseek_v3 (MLA + MoE) and gpt_oss (sinks, biases, windows) families)",
                          "train this model with another --framework")
-        return GENERATED_MODULE, GENERATED_CONFIG, moe_module(spec, family, GENERATED_MODULE)
+        return GENERATED_MODULE, GENERATED_CONFIG, moe_module(spec, family, GENERATED_MODULE, cp)
     gap = llama_family_gap(spec)
     if gap is not None:
         raise refuse(TARGET, f"torchtitan 0.3 has no model for {spec.name!r} with {gap} (its llama3 family builds dense "

@@ -165,7 +165,7 @@ def _norm(width):
     return RMSNorm.Config(normalized_shape=width, eps=EPS)
 
 
-def model_config(attn_backend="flex", moe_comm_backend="standard"):
+def model_config(attn_backend=ATTN_BACKEND, moe_comm_backend="standard"):
     rope = CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA)
     output_init, experts_init = _residual_output_init(N_LAYERS), _moe_experts_init(N_LAYERS)
     layers = []
@@ -203,7 +203,7 @@ from torchtitan.models.deepseek_v3 import (_EMBEDDING_INIT, _build_dsv3_layers, 
 from torchtitan.models.deepseek_v3.model import DeepSeekV3Model
 
 
-def model_config(attn_backend="flex", moe_comm_backend="standard"):
+def model_config(attn_backend=ATTN_BACKEND, moe_comm_backend="standard"):
     assert MOE_LAYERS == tuple(range(N_DENSE, N_LAYERS)), "deepseek_v3 builds leading dense layers, then MoE"
     layers = _build_dsv3_layers(
         n_layers=N_LAYERS, n_dense_layers=N_DENSE, dim=DIM, n_heads=N_HEADS, q_lora_rank=Q_LORA_RANK,
@@ -229,7 +229,7 @@ from torchtitan.models.gpt_oss.model import GptOssModel, GptOssTransformerBlock
 from torchtitan.models.gpt_oss.moe import GptOssMoE
 
 
-def model_config(attn_backend="varlen", moe_comm_backend="standard"):
+def model_config(attn_backend=ATTN_BACKEND, moe_comm_backend="standard"):
     rope = CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA)
     layers = []
     for layer_id in range(N_LAYERS):
@@ -250,9 +250,12 @@ def model_config(attn_backend="varlen", moe_comm_backend="standard"):
 '''
 
 
-def moe_module(spec: ModelSpec, family: str, module_name: str) -> str:
-    """Python source of a torchtitan 0.3 config module building exactly `spec` with `family`'s builders."""
+def moe_module(spec: ModelSpec, family: str, module_name: str, cp: int = 1) -> str:
+    """Python source of a torchtitan 0.3 config module building exactly `spec` with `family`'s builders. Attention is
+    FlexAttention, except gpt_oss's own varlen default without context parallelism (torchtitan 0.3
+    distributed/context_parallel/api.py apply_cp_to_forward: "Variable-length attention CP is not yet supported")."""
     extra = _moe_constants(spec)
+    extra["ATTN_BACKEND"] = "varlen" if family == "gpt_oss" and cp == 1 else "flex"
     if family == "qwen3":
         extra.update(N_KV_HEADS=spec.kv_heads, HEAD_DIM=spec.dim_per_head, FFN_DIM=spec.ffn_hidden_size,
                      QK_NORM=spec.qk_norm)

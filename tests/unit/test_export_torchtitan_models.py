@@ -185,3 +185,28 @@ def test_a_changed_architecture_is_caught_by_torchtitans_parameter_count():
     broken = Export(target=export.target, text=export.text.replace("N_SHARED = 2", "N_SHARED = 3"), suffix=export.suffix)
     verdict = judge(plan, broken)
     assert not verdict.accepted and "parameters, the plan's" in verdict.reason
+
+
+def test_gpt_oss_with_context_parallelism_gets_flex_attention_and_varlen_is_caught():
+    """torchtitan 0.3's CP wraps FlexAttention and SDPA only (distributed/context_parallel/api.py apply_cp_to_forward):
+    the gpt_oss module keeps the family's varlen default without CP and takes flex with it; the judge rejects varlen
+    under CP."""
+    pytest.importorskip("torchtitan.config")
+    from planner.export.common import Export
+    from planner.export.judges import judge
+
+    spec = load_model(str(HF / "gpt-oss-20b"))
+    exports = {}
+    for cp in (1, 2):
+        request = api.build_request(model=spec, topology="dgx-h100", gpus=64, global_batch_size=128, seq_len=8192,
+                                    framework="torchtitan")
+        plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=16 // cp * 2, tp=2, pp=1, cp=cp, ep=8,
+                                                                           sp=True, zero_stage=3)))
+        exports[cp] = (plan, export_plan(plan, "torchtitan"))
+        assert judge(*exports[cp]).accepted
+    assert "ATTN_BACKEND = 'varlen'" in exports[1][1].text and "ATTN_BACKEND = 'flex'" in exports[2][1].text
+    plan, export = exports[2]
+    broken = Export(target=export.target, text=export.text.replace("ATTN_BACKEND = 'flex'", "ATTN_BACKEND = 'varlen'"),
+                    suffix=export.suffix)
+    verdict = judge(plan, broken)
+    assert not verdict.accepted and "Variable-length attention CP" in verdict.reason
