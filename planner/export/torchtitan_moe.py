@@ -14,8 +14,9 @@ torchtitan 0.3 builds mixture-of-experts decoders in three families (site-packag
 Each generated module returns the family's registered Trainer.Config with the model replaced by one of the plan's
 sizes and the loss vocabulary set to the model's. What a family's builders cannot express is refused, naming it.
 The model spec carries no RoPE scaling (YaRN): the generated RoPE is plain, with the spec's theta (no parameters
-depend on it). Parameter buffers that torchtitan keeps for load balancing (MoE expert_bias, tokens_per_expert) are
-buffers, as HF's e_score_correction_bias is.
+depend on it). Load balancing is each family's own: auxiliary-loss-free expert bias (common/moe.py MoE,
+load_balance_coeff=1e-3, a buffer as HF's e_score_correction_bias is); HF's auxiliary losses (Mixtral, Qwen3-MoE
+router_aux_loss_coef) are a training recipe torchtitan's families replace with it, so no parameter differs.
 """
 
 from __future__ import annotations
