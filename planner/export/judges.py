@@ -85,6 +85,7 @@ def judge_torchtitan(plan: LaunchPlan, export: Export) -> Verdict:
             _titan_batch(config, dims, plan)
             _titan_pipeline(config, dims, plan)
             config.model_spec.model.update_from_config(config=config)  # heads vs tp, tying vs PP, RoPE vs seq_len
+            _titan_context_parallel(config, dims)
             built = _titan_params(config)
         except (AssertionError, ValueError, RuntimeError, NotImplementedError) as exc:
             return Verdict(False, first_line(exc))
@@ -121,6 +122,18 @@ def _generated_module_on_path(script: str):
         finally:
             sys.path.remove(folder)
             sys.modules.pop(name, None)
+
+
+def _titan_context_parallel(config, dims) -> None:
+    """distributed/context_parallel/api.py apply_cp_to_forward (run by the models' parallelize functions): CP wraps
+    FlexAttention and SDPA only; varlen attention raises "Variable-length attention CP is not yet supported"."""
+    from torchtitan.models.common.attention import VarlenAttention
+
+    layers = getattr(config.model_spec.model, "layers", None) or []
+    inner = [getattr(getattr(layer, "attention", None), "inner_attention", None) for layer in layers]
+    if dims.cp > 1 and any(isinstance(attention, VarlenAttention.Config) for attention in inner):
+        raise NotImplementedError("context_parallel_degree > 1 with varlen attention: torchtitan 0.3's "
+                                  "apply_cp_to_forward says 'Variable-length attention CP is not yet supported'")
 
 
 def _titan_params(config) -> int:

@@ -62,10 +62,15 @@ EXECUTOR_HEAD = "output"  # the plan's (our executor's) name of the output proje
 def base_config(plan: LaunchPlan, warnings: list[str]) -> tuple[str, str, str | None]:
     """The `--module/--config` pair for the plan's model and the generated config module, if one is needed
     (planner.export.torchtitan_model: the model itself, never a stand-in)."""
-    module, function, generated = model_choice(plan.request.model)
+    module, function, generated = model_choice(plan.request.model, plan.parallelism.cp)
     if function in BASE_NOTES:
         warnings.append(f"{BASE_NOTES[function]}, which the plan (precision={plan.request.precision}) did not assume: "
                         "derive a config without them for the predicted step time")
+    if generated is not None:
+        theta = plan.request.model.rope_theta or 10000.0
+        warnings.append(f"the generated {GENERATED_MODULE}.py uses unscaled RoPE with theta={theta:g}: the model spec does "
+                        "not carry HF rope_scaling (YaRN in gpt-oss and DeepSeek, llama3 scaling in Llama 3.1); if the "
+                        "checkpoint uses one, set it in the module's RoPE config (scaling=..., torchtitan/models/common/rope.py)")
     return module, function, generated
 
 

@@ -13,8 +13,11 @@ config module of its own. Three cases:
    torchtitan's own builders (torchtitan/models/common/config_utils.py make_gqa_config, make_ffn_config;
    torchtitan/models/llama3/model.py Llama3TransformerBlock; common RMSNorm(eps), ComplexRoPE(theta), Embedding,
    Linear; Decoder.Config.enable_weight_tying), and the loss's vocabulary set to the model's.
-3. Anything else (MoE or MLA models other than case 1, and the features of the torchtitan profile's
-   unsupported_models): refused, naming what is missing; no stand-in is ever exported.
+3. An MoE or MLA model one of torchtitan's MoE families builds (qwen3: GQA + MoE; deepseek_v3: MLA + MoE; gpt_oss:
+   sinks, biases, sliding windows): a generated module from that family's own builders
+   (planner.export.torchtitan_moe).
+4. Anything else (and the features of the torchtitan profile's unsupported_models): refused, naming what is
+   missing; no stand-in is ever exported.
 
 Module names are the 0.3 Decoder's: tok_embeddings, layers.<i>, norm, lm_head (stage FQNs name the model's real
 layers: the generated model has exactly the plan's num_layers).
@@ -23,6 +26,7 @@ layers: the generated model has exactly the plan's num_layers).
 from __future__ import annotations
 
 from planner.export.common import refuse
+from planner.export.torchtitan_moe import family_gaps, moe_module
 from planner.models import load_model
 from planner.schemas.model import ModelSpec
 
@@ -80,16 +84,24 @@ def llama_family_gap(spec: ModelSpec) -> str | None:
     return next((what for what, present in gaps.items() if present), None)
 
 
-def model_choice(spec: ModelSpec) -> tuple[str, str, str | None]:
-    """(module, config function, generated module text or None) for the plan's model; refuses what 0.3 cannot build."""
+def model_choice(spec: ModelSpec, cp: int = 1) -> tuple[str, str, str | None]:
+    """(module, config function, generated module text or None) for the plan's model (trained with context
+    parallelism of `cp`); refuses what 0.3 cannot build."""
     pair = _same_as_preset(spec)
     if pair is not None:
         return pair[0], pair[1], None
+    if spec.moe is not None or spec.mla is not None:
+        family, gap = family_gaps(spec)
+        if family is None:
+            raise refuse(TARGET, f"torchtitan 0.3 has no model for {spec.name!r} with {gap} (it builds MoE as its qwen3 "
+                                 "(GQA + MoE), deepseek_v3 (MLA + MoE) and gpt_oss (sinks, biases, windows) families)",
+                         "train this model with another --framework")
+        return GENERATED_MODULE, GENERATED_CONFIG, moe_module(spec, family, GENERATED_MODULE, cp)
     gap = llama_family_gap(spec)
     if gap is not None:
         raise refuse(TARGET, f"torchtitan 0.3 has no model for {spec.name!r} with {gap} (its llama3 family builds dense "
-                             "RMSNorm/SwiGLU/RoPE decoders; MoE and MLA only as its registered qwen3, deepseek_v3 and "
-                             "gpt_oss flavors)", "train this model with another --framework")
+                             "RMSNorm/SwiGLU/RoPE decoders; MoE and MLA as its qwen3, deepseek_v3 and gpt_oss "
+                             "families)", "train this model with another --framework")
     return GENERATED_MODULE, GENERATED_CONFIG, generated_module(spec)
 
 
