@@ -22,6 +22,7 @@ import numpy as np
 from planner.cost import autocast, comm, compression, contention, schedule, zero3_legacy
 from planner.cost.arrays import ROWS
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
+from planner.cost.p2p import pp_comm_s
 from planner.errors import BadInputError
 from planner.frameworks_split import balanced_split
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
@@ -135,7 +136,7 @@ def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float
     replicas (Zhao et al. 2023, PyTorch FSDP sec. 3.2.2; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
     foreach_reduce: reduce_scatter on the shard group then all_reduce on the replicate group, per backward).
     """
-    links = model.links(cand) if links is None else links  # another layout's links (CostModel.dp_exposed_s)
+    links = model.links(cand) if links is None else links  # another layout's links (planner.cost.bounds.dp_exposed_s)
     r, m, z, comp = model.recipe, cand.num_microbatches, cand.zero_stage, cand.compression
     total = 0.0
     for params, link in ((dense, links.dp), (expert, links.expert_dp)):
@@ -214,7 +215,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     found = _Fixed(
         inflight=model.inflight_per_rank(cand),
         other=model.other_per_rank(cand),
-        pp_comm_s=model.pp_comm_s(cand),
+        pp_comm_s=pp_comm_s(model, cand),
         dp_dense=dp_dense, dp_expert=dp_expert, gather_dense=gather_dense, gather_expert=gather_expert,
         optimizer_per_param_s=(per_param / (cand.zero_shard if sharded else 1), per_param / (edp if sharded else 1)),
         peak_tflops=peak_tflops(model.device, model.request.precision),

@@ -4,8 +4,8 @@ The search builds `Candidate`s, asks `validity_reasons`, `layer_costs` (per-modu
 `evaluate` (the step time, breakdown and memory of one partition). Everything is memoised per CostModel
 instance; evaluate works on numpy prefix sums and builds pydantic objects only for its result.
 Per pipeline rank r: memory = sum(static) + inflight(r) * sum(activations) + stage_other_bytes(r) <= capacity.
-For the search's bounds it also answers single terms of `evaluate` (pp_comm_s, dp_exposed_s) and floors that no
-placement, micro-batch size or recompute mode goes below (planner.cost.bounds).
+The search's bounds (single terms of `evaluate` and floors that no placement, micro-batch size or recompute mode
+goes below) are free functions of planner.cost.bounds that take the CostModel; this module does not import them.
 """
 
 from __future__ import annotations
@@ -246,51 +246,6 @@ class CostModel:
             found.setflags(write=False)
             self.memo[key] = found
         return found
-
-    # --- what the search's bounds ask for (planner.cost.bounds) --------------------------------------------
-
-    def floor_costs(self, cand: Candidate) -> LayerCosts:
-        """layer_costs at most the candidate's under every placement of its cp, ep, dp and pp groups."""
-        from planner.cost import bounds
-
-        return bounds.floor_costs(self, cand)
-
-    def floor_time_sum_s(self, cand: Candidate) -> float:
-        """Sum of the modules' time floors, the least over the recompute modes."""
-        from planner.cost import bounds
-
-        return bounds.floor_time_sum_s(self, cand)
-
-    def per_sample_floor_s(self, cand: Candidate) -> float:
-        """Per-sequence floor of the modules' forward + backward time over every micro-batch size and placement."""
-        from planner.cost import bounds
-
-        return bounds.per_sample_floor_s(self, cand)
-
-    def held_static_bytes(self, cand: Candidate) -> np.ndarray:
-        """Per-module static bytes held at the memory peak together with the activations."""
-        from planner.cost import bounds
-
-        return bounds.held_static_bytes(self, cand)
-
-    def pp_comm_s(self, cand: Candidate) -> float:
-        """The breakdown's pp_comm_s."""
-        from planner.cost import bounds
-
-        return bounds.pp_comm_s(self, cand)
-
-    def pp_comm_floor_s(self, cand: Candidate) -> float:
-        """pp_comm_s at most the candidate's under every placement of its pp groups."""
-        from planner.cost import bounds
-
-        return bounds.pp_comm_floor_s(self, cand)
-
-    def dp_exposed_s(self, cand: Candidate, ranks: np.ndarray, *, floor: bool = False) -> float:
-        """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i]; with `floor`, at most it
-        under every placement of the dp groups."""
-        from planner.cost import bounds
-
-        return bounds.dp_exposed_s(self, cand, ranks, floor=floor)
 
     def evaluate(self, cand: Candidate, *, stage_layers: Sequence[int] | None = None,
                  full_recompute_layers: Sequence[int] | None = None) -> Evaluation:
