@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cost import bounds as cost_bounds
-from planner.cost.p2p import pp_comm_s
+from planner.cost import p2p
 from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search import bounds
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
@@ -242,7 +242,7 @@ class Floors(BoundsState):
         for time_s, vpp, schedule, zero in bounds:
             for order in axis_orders(f, self.opts.profile):
                 key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
-                ppc = self._cached(key, lambda: pp_comm_s(self.cost,
+                ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
                 out.append((time_s + ppc, vpp, zero, order, schedule in V_SCHEDULES))
         return sorted(out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cost import bounds as cost_bounds
-from planner.cost.p2p import pp_comm_s
+from planner.cost import p2p
 from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
@@ -46,7 +46,7 @@ class Members(BoundsState):
         for order, arr in arrays:
             times = rank_sums(arr.time_s, ranks, f.pp)
             key = ("ppc", f, order, m, group.microbatch_size, group.sp, schedule in CHUNKED, vpp)
-            ppc = self._cached(key, lambda: pp_comm_s(self.cost,
+            ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                 self.state.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
             out.append((step_lower_s(m, float(times.max()), schedule, f.pp, vpp, ppc), times, ppc))
         return out
