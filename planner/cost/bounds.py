@@ -1,5 +1,6 @@
 """What the search's bounds ask of the cost model: single terms of `evaluate` without building a Detail, and
-per-module costs that are at most a candidate's under every placement of its groups (CostModel wraps them).
+per-module costs that are at most a candidate's under every placement of its groups. The top of planner/cost:
+nothing in it imports this module; planner/search calls these functions with the CostModel.
 
 Placement floor. A module's cost reads the links of the tp, cp and ep groups only (planner.cost.layers). tp is
 innermost in every axis order of the search's space, so its groups are the same ranks under every order (the
@@ -22,8 +23,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.cost import autocast, comm, compute, p2p
 from planner.cost import layers as L
+from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, module_params_of, module_table, rows_of, static_parts
+from planner.cost.evaluate import dp_exposed, dp_fits
+from planner.models import counting
 from planner.topology.groups import GroupLink
+from planner.topology.placement import axis_link, make_link
 
 if TYPE_CHECKING:
     from planner.cost.model import CostModel
@@ -59,8 +65,6 @@ def _alone(like: GroupLink) -> GroupLink:
 
 def _footprints(model: "CostModel", cand: "Candidate", size: int) -> tuple[GroupLink, ...]:
     """A link for every (rpn, fewest nodes) a group of `size` ranks of one tp coordinate can have (docstring)."""
-    from planner.topology.placement import make_link
-
     def make() -> tuple[GroupLink, ...]:
         topo = model.topology
         gpn = topo.gpus_per_node
@@ -99,8 +103,6 @@ def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:
 
 
 def _tp_link(model: "CostModel", cand: "Candidate") -> GroupLink:
-    from planner.topology.placement import axis_link
-
     sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
     return _memo(model, ("tp_link", cand.tp, cand.world_size, _order(cand)),
                  lambda: axis_link(model.topology, sizes, tuple(cand.axis_order), "tp"))
@@ -125,8 +127,6 @@ def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
 def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
     """layer_costs under floor_links: every time at most the candidate's under any placement of its groups
     (memory arrays and static bytes are the candidate's). Shared by every axis order."""
-    from planner.cost.arrays import layer_costs_with
-
     key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), cand.schedule == "2bw",
            cand.schedule in ("zbv", "dualpipev"))  # a V keeps no tied copy (arrays.module_params_of)
     return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand)))
@@ -134,8 +134,6 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
 
 def compute_rows(model: "CostModel", cand: "Candidate") -> np.ndarray:
     """(forward, backward) compute seconds per module (no communication): the same under every layout."""
-    from planner.cost.arrays import MODULE_FIELDS, module_table
-
     key = ("compute_rows", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.tp_overlap)
     rows = [MODULE_FIELDS.index("compute_fwd_s"), MODULE_FIELDS.index("compute_bwd_s")]
     return _memo(model, key, lambda: module_table(model, cand, floor_links(model, cand))[rows])
@@ -145,9 +143,6 @@ def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     """Per-module static bytes held at the memory peak with the activations: params + grads + optimizer states,
     less the grads where the amp-bf16 peak comes before any exist (planner.cost.autocast); what a rank holds at
     least besides in-flight activations and other bytes."""
-    from planner.cost import autocast
-    from planner.cost.arrays import static_parts, module_params_of
-
     def make():
         weights, grads, optimizer = static_parts(model, cand, *module_params_of(model, cand))
         if model.request.precision == autocast.RECIPE and autocast.grads_absent_at_activation_peak(
@@ -162,48 +157,16 @@ def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     return _memo(model, key, make)
 
 
-def _p2p_transfers(model: "CostModel", cand: "Candidate") -> int:
-    from planner.cost import schedule
-
-    return schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches,
-                                  overlapped=model.options.pp_overlap)
-
-
-def _p2p_bytes(model: "CostModel", cand: "Candidate") -> float:
-    """One boundary send: s*b*h bf16 (/t with SP); with the scatter/gather optimisation (Narayanan et al. 2021,
-    Sec. 4.1: each of the t TP ranks sends 1/t of the replicated tensor over the NIC and the receiver all-gathers
-    it over NVLink) also /t without SP. The NVLink all-gather is not charged (bytes / NVLink bandwidth, ~10x less)."""
-    from planner.cost.memory import p2p_activation_bytes
-
-    size = p2p_activation_bytes(model.spec, model.shape(cand))
-    if model.options.pp_scatter_gather and not cand.sp:
-        size /= cand.tp
-    return size
-
-
-def pp_comm_s(model: "CostModel", cand: "Candidate") -> float:
-    """Pipeline point-to-point time of one step (the breakdown's pp_comm_s): 2 directions x the sequential
-    boundary transfers of the schedule (planner.cost.schedule.p2p_transfers) x one activation send."""
-    from planner.cost import comm
-
-    transfers = _p2p_transfers(model, cand)
-    if transfers == 0:
-        return 0.0
-    return 2 * transfers * comm.p2p_s(_p2p_bytes(model, cand), group=model.links(cand).pp)
-
-
 def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
     """pp_comm_s over the cheapest footprint a pp group of the candidate's size can have (module docstring: a
     point-to-point send, bytes / bandwidth + latency, reads the node count only through "spans nodes"): at most
     pp_comm_s under every placement."""
-    transfers = _p2p_transfers(model, cand)
+    transfers = p2p.p2p_transfers(model, cand)
     if transfers == 0:
         return 0.0
 
     def send() -> float:
-        from planner.cost import comm
-
-        size = _p2p_bytes(model, cand)
+        size = p2p.p2p_bytes(model, cand)
         return min(comm.p2p_s(size, group=link) for link in _footprints(model, cand, cand.pp))
 
     key = ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp, cand.pp, cand.world_size)
@@ -217,9 +180,6 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     docstring: the ring all-reduce, reduce-scatter and all-gather read the node count through "spans nodes" and
     the inter-node ring over the nodes, both least at the fewest nodes), at most the time under every placement:
     the dp x cp reduction runs on the dp axis's footprint (planner.cost.links), the exposure grows with it."""
-    from planner.cost.arrays import module_params_of
-    from planner.cost.evaluate import dp_exposed
-
     def rows() -> dict:
         dense, expert = module_params_of(model, cand)
         fwd, bwd = compute_rows(model, cand)
@@ -244,8 +204,6 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink,
               replicate: GroupLink | None = None) -> _DpTerms:
-    from planner.cost.evaluate import dp_fits
-
     links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp, dp_replicate=replicate)  # what dp_comm_s reads
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
     key = ("dp_terms", cand.zero_stage, m, dp, expert_dp) + ((replicate,) if replicate is not None else ())
@@ -275,9 +233,6 @@ def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:
 
 def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
     """(everything but TP communication, TP communication) of per_sample_floor_s, for either tp_overlap."""
-    from planner.cost import compute
-    from planner.models import counting
-
     spec, shape = model.spec, model.shape(cand)
 
     tp = _tp_link(model, cand).without_latency()
@@ -307,8 +262,6 @@ def floor_time_sum_s(model: "CostModel", cand: "Candidate") -> float:
     """sum_l forward_s + backward_s + min(0, selective recompute, full recompute) under floor_links: at most the
     sum of the module times of any recompute mode (with or without a partial full recompute) under every
     placement; one number for the three modes."""
-    from planner.cost.arrays import module_table, rows_of
-
     def make() -> float:
         row = rows_of(module_table(model, cand, floor_links(model, cand)), "none")
         least = np.minimum(0.0, np.minimum(row["selective_s"], row["full_recompute_s"]))

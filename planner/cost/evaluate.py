@@ -20,8 +20,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import autocast, comm, compression, contention, schedule, zero3_legacy
-from planner.cost.arrays import ROWS
+from planner.cost.arrays import ROWS, layer_working_bytes
+from planner.cost.compute import peak_tflops
+from planner.cost.executor import MASTER_STEP_CHUNK_ELEMENTS, MASTER_STEP_EXTRA_BYTES_TOUCHED, largest_parameter
+from planner.cost.executor import OPTIMIZER_BYTES_TOUCHED as EXECUTOR_OPTIMIZER_BYTES
 from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
+from planner.cost.p2p import pp_comm_s
 from planner.errors import BadInputError
 from planner.frameworks_split import balanced_split
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
@@ -135,7 +139,7 @@ def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float
     replicas (Zhao et al. 2023, PyTorch FSDP sec. 3.2.2; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
     foreach_reduce: reduce_scatter on the shard group then all_reduce on the replicate group, per backward).
     """
-    links = model.links(cand) if links is None else links  # another layout's links (CostModel.dp_exposed_s)
+    links = model.links(cand) if links is None else links  # another layout's links (planner.cost.bounds.dp_exposed_s)
     r, m, z, comp = model.recipe, cand.num_microbatches, cand.zero_stage, cand.compression
     total = 0.0
     for params, link in ((dense, links.dp), (expert, links.expert_dp)):
@@ -196,25 +200,19 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     found = cache.get(cand)
     if found is not None:
         return found
-    from planner.cost.compute import peak_tflops
-
     edp = cand.expert_shard
     rate = model.device.hbm_bandwidth_GBps * 1e9 * model.cal.hbm_efficiency
     per_param = OPTIMIZER_BYTES_TOUCHED[model.request.precision] / rate
     if model.executor_recipe is not None:  # AdamW over fp32 parameters as the executor builds it (foreach or fused)
-        from planner.cost.executor import OPTIMIZER_BYTES_TOUCHED as EXECUTOR_OPTIMIZER_BYTES
-
         per_param = EXECUTOR_OPTIMIZER_BYTES[model.options.adamw_impl] / rate
         if master_step(model):
-            from planner.cost.executor import MASTER_STEP_EXTRA_BYTES_TOUCHED
-
             per_param += MASTER_STEP_EXTRA_BYTES_TOUCHED / rate
     sharded = cand.zero_stage >= 1
     dp_dense, dp_expert, gather_dense, gather_expert = dp_fits(model, cand)
     found = _Fixed(
         inflight=model.inflight_per_rank(cand),
         other=model.other_per_rank(cand),
-        pp_comm_s=model.pp_comm_s(cand),
+        pp_comm_s=pp_comm_s(model, cand),
         dp_dense=dp_dense, dp_expert=dp_expert, gather_dense=gather_dense, gather_expert=gather_expert,
         optimizer_per_param_s=(per_param / (cand.zero_shard if sharded else 1), per_param / (edp if sharded else 1)),
         peak_tflops=peak_tflops(model.device, model.request.precision),
@@ -310,8 +308,6 @@ def _partial_full_working_bytes(model: "CostModel", cand: "Candidate", full: tup
     recomputed layer's activations too (arrays.layer_working_bytes); stage_other_bytes counts it for "full"."""
     if cand.recompute == "full" or not any(full):
         return 0.0
-    from planner.cost.arrays import layer_working_bytes
-
     return layer_working_bytes(model, cand, full_recompute=True) - layer_working_bytes(model, cand, full_recompute=False)
 
 
@@ -342,8 +338,6 @@ def _master_step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -
     min(local elements, max(2**26, the largest local parameter)); the bf16 gradient of a converted parameter is
     dropped (p.grad = None) but stays referenced by DDP's bucket views, so none of it is counted as freed. Local:
     TP shards, FSDP2 (ZeRO-2/3) shards over dp x cp; ZeRO-1 steps whole parameters of its share."""
-    from planner.cost.executor import MASTER_STEP_CHUNK_ELEMENTS, largest_parameter
-
     edp = cand.expert_shard
     shard = (cand.zero_shard, edp) if cand.zero_stage >= 1 else (1, 1)
     local = row["dense"] / shard[0] + row["expert"] / shard[1]

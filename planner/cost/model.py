@@ -4,8 +4,8 @@ The search builds `Candidate`s, asks `validity_reasons`, `layer_costs` (per-modu
 `evaluate` (the step time, breakdown and memory of one partition). Everything is memoised per CostModel
 instance; evaluate works on numpy prefix sums and builds pydantic objects only for its result.
 Per pipeline rank r: memory = sum(static) + inflight(r) * sum(activations) + stage_other_bytes(r) <= capacity.
-For the search's bounds it also answers single terms of `evaluate` (pp_comm_s, dp_exposed_s) and floors that no
-placement, micro-batch size or recompute mode goes below (planner.cost.bounds).
+The search's bounds (single terms of `evaluate` and floors that no placement, micro-batch size or recompute mode
+goes below) are free functions of planner.cost.bounds that take the CostModel; this module does not import them.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ import dataclasses
 import numpy as np
 
 from planner.cost import layers as L
-from planner.cost import compression, memory
+from planner.cost import compression, executor, memory
+from planner.cost.arrays import build_detail, layer_costs_with, layer_working_bytes, zero3_working_bytes
 from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
                                       memory_calibration, step_overhead_s)
 from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
+from planner.cost.links import candidate_links
 from planner.cost.overlay import apply_overlay
-from planner.cost.schedule import V_SCHEDULES, loss_rank
+from planner.cost.schedule import V_SCHEDULES, inflight_microbatches, loss_rank
+from planner.cost.stack import options_for
 from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
 from planner.cost.validity import validity_reasons as _validity
+from planner.io import load_file
 from planner.schemas.plan import PlanRequest
 from planner.schemas.profile import Profile
 
@@ -42,8 +46,6 @@ class CostModel:
         self.device = request.topology.device
         self.recipe = memory.RECIPES[request.precision]
         if options is None:
-            from planner.cost.stack import options_for
-
             options = options_for(request.framework, request.precision)
         if self.spec.dropout is not None and self.spec.dropout != options.dropout:  # the model says; else the stack's default
             options = dataclasses.replace(options, dropout=self.spec.dropout)
@@ -52,8 +54,6 @@ class CostModel:
         self.fused_kernels = request.precision in ("bf16", "fp8") if fused is None else fused
         self.executor_recipe = None  # the planner's executor, priced from its code (planner.cost.executor)
         if options.executor_code:
-            from planner.cost import executor
-
             self.executor_recipe = executor.recipe_for(request.precision, bf16_autocast=options.bf16_autocast,
                                                        sdpa_gqa=options.sdpa_gqa)
             self.fused_kernels = self.fused_kernels and self.executor_recipe.compute != 2  # its code is eager
@@ -69,8 +69,6 @@ class CostModel:
         if request.precision == "bf16" and not options.main_grads_fp32:
             self.recipe = memory.FP32_MASTER_PARAMS_BF16
         if self.executor_recipe is not None and self.executor_recipe.autocast and options.bf16_autocast:
-            from planner.cost import executor
-
             self.recipe = executor.AUTOCAST_BYTES  # the executor of c162dfb (bf16 run as fp32 params + autocast)
         elif options.recipe_bytes is not None:  # the stack's own recipe (behaviour.memory.recipes)
             w, g, o, reduce, gather = options.recipe_bytes
@@ -84,8 +82,6 @@ class CostModel:
         flash = self.options.flash_attention
         self.flash_attention = (request.precision != "fp32") if flash is None else flash
         if profile is None and request.profile is not None:
-            from planner.io import load_file
-
             profile = load_file(Profile, request.profile)
         self.profile = profile
         self.profiled_shapes: set[str] = set()
@@ -114,8 +110,6 @@ class CostModel:
         """The executor's recipe for this candidate (its ZeRO stage decides autocast or FSDP2: executor.recipe_for)."""
         if self.executor_recipe is None:
             return None
-        from planner.cost import executor
-
         return executor.recipe_for(self.request.precision, bf16_autocast=self.options.bf16_autocast,
                                    zero_stage=cand.zero_stage, dp=cand.dp, sdpa_gqa=self.options.sdpa_gqa)
 
@@ -155,8 +149,6 @@ class CostModel:
         key = (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.axis_order, cand.dp_replicate)
         found = self._links.get(key)
         if found is None:
-            from planner.cost.links import candidate_links
-
             found = candidate_links(self.topology, cand)
             self._links[key] = found
         return found
@@ -167,8 +159,6 @@ class CostModel:
         key = ("costs", *self.layout_key(cand))
         found = self.memo.get(key)
         if found is None:
-            from planner.cost.arrays import layer_costs_with
-
             found = self.memo[key] = layer_costs_with(self, cand, self.links(cand))
         return found
 
@@ -176,8 +166,6 @@ class CostModel:
         key = self.layout_key(cand)
         found = self._details.get(key)
         if found is None:
-            from planner.cost.arrays import build_detail
-
             found = build_detail(self, cand)
             self._details[key] = found
         return found
@@ -193,8 +181,6 @@ class CostModel:
 
     def inflight_microbatches(self, cand: Candidate, stage: int) -> float:
         """Micro-batches whose activations pipeline rank `stage` holds at its peak (planner.cost.schedule)."""
-        from planner.cost.schedule import inflight_microbatches
-
         return inflight_microbatches(cand.schedule, pp=cand.pp, stage=stage, num_microbatches=cand.num_microbatches, vpp=cand.vpp)
 
     def stage_other_bytes(self, cand: Candidate, stage: int) -> int:
@@ -203,13 +189,9 @@ class CostModel:
         bytes of a layer running its backward (its gradients in flight and, under full recompute, its recomputed
         activations: arrays.layer_working_bytes); plus, with ZeRO-3, what the stack holds gathered
         (arrays.zero3_working_bytes). The allocator allowance is in capacity_bytes()."""
-        from planner.cost.arrays import layer_working_bytes, zero3_working_bytes
-
         other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
         last = loss_rank(pp=cand.pp, vpp=cand.vpp, schedule=cand.schedule)  # pp - 1, or rank 0 in a V
         if self.executor_recipe is not None:  # planner.cost.executor: logits held, the loss phase, cuBLAS workspaces
-            from planner.cost import executor
-
             if stage == last:
                 shape, recipe = self.shape(cand), self.executor_recipe_for(cand)
                 held = executor.logits_held_bytes(self.spec, shape, recipe)
@@ -246,51 +228,6 @@ class CostModel:
             found.setflags(write=False)
             self.memo[key] = found
         return found
-
-    # --- what the search's bounds ask for (planner.cost.bounds) --------------------------------------------
-
-    def floor_costs(self, cand: Candidate) -> LayerCosts:
-        """layer_costs at most the candidate's under every placement of its cp, ep, dp and pp groups."""
-        from planner.cost import bounds
-
-        return bounds.floor_costs(self, cand)
-
-    def floor_time_sum_s(self, cand: Candidate) -> float:
-        """Sum of the modules' time floors, the least over the recompute modes."""
-        from planner.cost import bounds
-
-        return bounds.floor_time_sum_s(self, cand)
-
-    def per_sample_floor_s(self, cand: Candidate) -> float:
-        """Per-sequence floor of the modules' forward + backward time over every micro-batch size and placement."""
-        from planner.cost import bounds
-
-        return bounds.per_sample_floor_s(self, cand)
-
-    def held_static_bytes(self, cand: Candidate) -> np.ndarray:
-        """Per-module static bytes held at the memory peak together with the activations."""
-        from planner.cost import bounds
-
-        return bounds.held_static_bytes(self, cand)
-
-    def pp_comm_s(self, cand: Candidate) -> float:
-        """The breakdown's pp_comm_s."""
-        from planner.cost import bounds
-
-        return bounds.pp_comm_s(self, cand)
-
-    def pp_comm_floor_s(self, cand: Candidate) -> float:
-        """pp_comm_s at most the candidate's under every placement of its pp groups."""
-        from planner.cost import bounds
-
-        return bounds.pp_comm_floor_s(self, cand)
-
-    def dp_exposed_s(self, cand: Candidate, ranks: np.ndarray, *, floor: bool = False) -> float:
-        """The breakdown's dp_comm_exposed_s with module i on pipeline rank ranks[i]; with `floor`, at most it
-        under every placement of the dp groups."""
-        from planner.cost import bounds
-
-        return bounds.dp_exposed_s(self, cand, ranks, floor=floor)
 
     def evaluate(self, cand: Candidate, *, stage_layers: Sequence[int] | None = None,
                  full_recompute_layers: Sequence[int] | None = None) -> Evaluation:

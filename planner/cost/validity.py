@@ -18,7 +18,7 @@ from planner.topology.placement import expert_fold
 from planner.schemas.plan import PlanRequest
 
 if TYPE_CHECKING:
-    from planner.cost.model import Candidate
+    from planner.cost.types import Candidate
 
 
 def _divisors(n: int) -> str:

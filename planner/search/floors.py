@@ -4,19 +4,19 @@ module costs under its own placement are computed.
 A group's members differ in (schedule, vpp), ZeRO stage and axis order; every bound here holds for all of them,
 and for every group a family or shape stands for:
 
-- family (tp, cp, ep, sp, tp_overlap): m x microbatch_size x CostModel.per_sample_floor_s / pp, the same for
+- family (tp, cp, ep, sp, tp_overlap): m x microbatch_size x planner.cost.bounds.per_sample_floor_s / pp, the same for
   every pp, micro-batch size and recompute;
 - shape (a family's micro-batch size): m x T / pp with T the least sum over the recompute modes of the
-  placement-floor module times (CostModel.floor_time_sum_s), the same for every pp;
+  placement-floor module times (planner.cost.bounds.floor_time_sum_s), the same for every pp;
 - group, `time`: bound (3) of planner.search.group_bounds with x = 0 on the placement-floor arrays
-  (CostModel.floor_costs) and the balanced split of each variant, plus pp communication over the cheapest
-  footprint (CostModel.pp_comm_floor_s);
+  (planner.cost.bounds.floor_costs) and the balanced split of each variant, plus pp communication over the cheapest
+  footprint (planner.cost.bounds.pp_comm_floor_s);
 - group, `coupled_floor` then `coupled`: with x_r, the recompute a rank over capacity needs, and the per-rank
   memory floor (held static bytes + in-flight x least activations + other bytes; a (variant, ZeRO stage) over
   capacity on some rank holds no member that fits), first from the least memory over the schedules and stages,
   then per (schedule, vpp, stage);
-- group, `pp_refined` then `dp_refined`: each axis order's pp link (CostModel.pp_comm_s) and exposed dp time at
-  that ZeRO stage (CostModel.dp_exposed_s): the placement of the dp and pp groups, not yet the module costs
+- group, `pp_refined` then `dp_refined`: each axis order's pp link (planner.cost.p2p.pp_comm_s) and exposed dp time at
+  that ZeRO stage (planner.cost.bounds.dp_exposed_s): the placement of the dp and pp groups, not yet the module costs
   under it.
 Memory bound (2) per ZeRO stage (`memory`) only names the least memory when nothing fits.
 
@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.cost import bounds as cost_bounds
+from planner.cost import p2p
 from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search import bounds
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
@@ -58,7 +60,7 @@ class Floors(BoundsState):
     def arrays(self, group: Group) -> ModuleArrays:
         """Placement-floor ModuleArrays of the group (shared by every pp with these tp, cp, ep and shape)."""
         return self._cached(self.arrays_key(group), lambda: module_arrays(
-            self.cost.floor_costs(self.candidate(group, zero_stage=self.opts.zero_stages[0])),
+            cost_bounds.floor_costs(self.cost, self.candidate(group, zero_stage=self.opts.zero_stages[0])),
             self.state.partial(group)))
 
     def group(self, fact: Factorisation, mbs: int, sp: bool, recompute: str, overlap: str) -> Group:
@@ -79,17 +81,17 @@ class Floors(BoundsState):
 
     def family_lower(self, fact: Factorisation, sp: bool, overlap: str) -> float:
         """A bound of every group with this factorisation's tp, cp, ep and these sp, tp_overlap, whatever its pp,
-        micro-batch size and recompute: m * microbatch_size * (per-sample floor) / pp (CostModel
+        micro-batch size and recompute: m * microbatch_size * (per-sample floor) / pp (planner.cost.bounds
         .per_sample_floor_s; bound (1) with T >= microbatch_size x the floor, recompute times being >= 0), the
         same for them all, since m / pp = global_batch_size * tp * cp / (gpus * microbatch_size)."""
         group = self.group(fact, self.state.space.group_options(fact)[0][0], sp, self.opts.recompute_modes[0], overlap)
-        floor = self.cost.per_sample_floor_s(self.candidate(group, zero_stage=self.opts.zero_stages[0]))
+        floor = cost_bounds.per_sample_floor_s(self.cost, self.candidate(group, zero_stage=self.opts.zero_stages[0]))
         return group.num_microbatches * group.microbatch_size * floor / fact.pp
 
     def shape_lower(self, group: Group) -> float:
         """A bound of every group of the family with this group's micro-batch size, whatever its pp and recompute:
-        m * T / pp (bound (1)) with T the least sum over the recompute modes (CostModel.floor_time_sum_s)."""
-        floor = self.cost.floor_time_sum_s(self.candidate(group, zero_stage=self.opts.zero_stages[0]))
+        m * T / pp (bound (1)) with T the least sum over the recompute modes (planner.cost.bounds.floor_time_sum_s)."""
+        floor = cost_bounds.floor_time_sum_s(self.cost, self.candidate(group, zero_stage=self.opts.zero_stages[0]))
         return bounds.step_time_lower_bound_s(floor, group.num_microbatches, group.fact.pp)
 
     def memory(self, group: Group) -> dict[int, float]:
@@ -99,7 +101,7 @@ class Floors(BoundsState):
         out = {}
         for zero in self.opts.zero_stages:
             static = self._cached(("static", f, zero, group.num_microbatches == 1), lambda: float(
-                self.cost.held_static_bytes(self.candidate(group, zero_stage=zero)).sum()))
+                cost_bounds.held_static_bytes(self.cost, self.candidate(group, zero_stage=zero)).sum()))
             other = self._cached(("other", f, zero, group.microbatch_size, group.sp), lambda: float(
                 self.cost.other_per_rank(self.candidate(group, zero_stage=zero)).min()))
             out[zero] = bounds.memory_lower_bound_bytes(static, act, f.pp, other)
@@ -126,7 +128,7 @@ class Floors(BoundsState):
 
     def time(self, group: Group) -> float:
         """Bound (3) with x = 0 on the placement-floor arrays, the least over the variants, each with pp
-        communication over its cheapest footprint (CostModel.pp_comm_floor_s)."""
+        communication over its cheapest footprint (planner.cost.bounds.pp_comm_floor_s)."""
         f, m, memo = group.fact, group.num_microbatches, self.memo
         akey = self.arrays_key(group)
         lower = np.inf
@@ -208,17 +210,17 @@ class Floors(BoundsState):
         return fixed, (fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES
 
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
-        """CostModel.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""
+        """planner.cost.bounds.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""
         f, m = group.fact, group.num_microbatches
         key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
         found = self.memo.get(key)
         if found is None:
-            found = self.memo[key] = self.cost.pp_comm_floor_s(self.candidate(group, schedule=schedule, vpp=vpp))
+            found = self.memo[key] = cost_bounds.pp_comm_floor_s(self.cost, self.candidate(group, schedule=schedule, vpp=vpp))
         return found
 
     def placed_floor(self, group: Group, coupled: list[tuple[float, int, str, int]]) -> float:
         """The least over `coupled` of its bound plus pp communication over the cheapest footprint and exposed dp
-        time over the cheapest footprint of the dp groups (CostModel.dp_exposed_s(floor=True)) at that stage."""
+        time over the cheapest footprint of the dp groups (planner.cost.bounds.dp_exposed_s(floor=True)) at that stage."""
         f, m = group.fact, group.num_microbatches
         best = np.inf
         for time_s, vpp, schedule, zero in coupled:
@@ -226,28 +228,28 @@ class Floors(BoundsState):
             if time_s >= best:
                 continue
             v = schedule in V_SCHEDULES
-            dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: self.cost.dp_exposed_s(
+            dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: cost_bounds.dp_exposed_s(self.cost,
                 self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": schedule} if v else {})),
                 self.shape(f.pp, vpp, schedule).ranks, floor=True))
             best = min(best, time_s + dp)
         return best
 
     def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple, bool]]:
-        """`coupled` plus each axis order's pp communication (CostModel.pp_comm_s): (bound, vpp, zero, order),
+        """`coupled` plus each axis order's pp communication (planner.cost.p2p.pp_comm_s): (bound, vpp, zero, order),
         sorted."""
         f, m = group.fact, group.num_microbatches
         out = []
         for time_s, vpp, schedule, zero in bounds:
             for order in axis_orders(f, self.opts.profile):
                 key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
-                ppc = self._cached(key, lambda: self.cost.pp_comm_s(
+                ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
                 out.append((time_s + ppc, vpp, zero, order, schedule in V_SCHEDULES))
         return sorted(out)
 
     def dp_refined(self, group: Group, bounds: list[tuple[float, int, int, tuple, bool]]) -> float:
         """The least over the entries of `pp_refined` of the bound plus that order's exposed dp time at that
-        ZeRO stage (CostModel.dp_exposed_s)."""
+        ZeRO stage (planner.cost.bounds.dp_exposed_s)."""
         f, m = group.fact, group.num_microbatches
         best = np.inf
         for time_s, vpp, zero, order, v in bounds:
@@ -255,7 +257,7 @@ class Floors(BoundsState):
                 break
             ranks = self.shape(f.pp, vpp, V_SCHEDULES[0] if v else "1f1b").ranks
             dp = self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: (
-                self.cost.dp_exposed_s(self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order,
+                cost_bounds.dp_exposed_s(self.cost, self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order,
                                                       **({"schedule": V_SCHEDULES[0]} if v else {})), ranks)))
             best = min(best, time_s + dp)
         return best

@@ -1,6 +1,6 @@
 """Bounds of the branch and bound per group of configurations, from the cost model's per-module arrays.
 
-Phase 1 (every group, planner.search.floors) uses CostModel.floor_costs: per-module times at most those under
+Phase 1 (every group, planner.search.floors) uses planner.cost.bounds.floor_costs: per-module times at most those under
 any placement of the cp, ep, dp and pp groups (planner.cost.bounds), so no group needs placing yet. Phase 2
 (a group that phase 1 did not prune, planner.search.members) uses each axis order's own arrays.
 

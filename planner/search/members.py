@@ -6,7 +6,7 @@ planner.search.group_bounds with x = 0 and the order's pp link; a variant whose 
 is pruned whole. Per ZeRO stage, the rank memory floor (held static bytes + in-flight x the least activations
 + other bytes, the balanced split of the variant): a stage over capacity on some rank holds no member that fits.
 Per member, bound (3) with the recompute a rank over capacity needs (x_r); a member within the threshold goes on
-the search's heap, where its exact exposed dp time is added (CostModel.dp_exposed_s) before it is evaluated.
+the search's heap, where its exact exposed dp time is added (planner.cost.bounds.dp_exposed_s) before it is evaluated.
 Nothing here evaluates a configuration: every count goes to `pruned` or to the heap.
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.cost import bounds as cost_bounds
+from planner.cost import p2p
 from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
@@ -44,7 +46,7 @@ class Members(BoundsState):
         for order, arr in arrays:
             times = rank_sums(arr.time_s, ranks, f.pp)
             key = ("ppc", f, order, m, group.microbatch_size, group.sp, schedule in CHUNKED, vpp)
-            ppc = self._cached(key, lambda: self.cost.pp_comm_s(
+            ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                 self.state.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
             out.append((step_lower_s(m, float(times.max()), schedule, f.pp, vpp, ppc), times, ppc))
         return out
@@ -61,7 +63,7 @@ class Members(BoundsState):
 
         ranks, v = self.shape(f.pp, vpp, schedule).ranks, schedule in V_SCHEDULES
         static = self._cached(("static", f, zero, schedule == "2bw", group.num_microbatches == 1, vpp, v), lambda: rank_sums(
-            self.cost.held_static_bytes(probe()), ranks, f.pp))
+            cost_bounds.held_static_bytes(self.cost, probe()), ranks, f.pp))
         other = self._cached(("other", f, zero, group.microbatch_size, group.sp, v),
                              lambda: self.cost.other_per_rank(probe()))
         return static + other - self.state.capacity
@@ -114,4 +116,4 @@ class Members(BoundsState):
         """The member's exact exposed dp time (shared by members that differ in schedule, recompute, overlap)."""
         key = ("dp", group.fact, cand.axis_order, cand.zero_stage, cand.num_microbatches, cand.microbatch_size,
                cand.sp, cand.vpp, cand.compression, cand.schedule in V_SCHEDULES)
-        return self._cached(key, lambda: self.cost.dp_exposed_s(cand, self.shape(cand.pp, cand.vpp, cand.schedule).ranks))
+        return self._cached(key, lambda: cost_bounds.dp_exposed_s(self.cost, cand, self.shape(cand.pp, cand.vpp, cand.schedule).ranks))

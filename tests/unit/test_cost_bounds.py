@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from planner.api import build_request
+from planner.cost import bounds
 from planner.cost.model import Candidate, CostModel
+from planner.cost.p2p import pp_comm_s
 from planner.schemas.model import ModelSpec, MoESpec
 from planner.search.refine import rank_of_modules, split_for
 from planner.search.space import Factorisation, axis_orders
@@ -44,20 +46,21 @@ def test_floors_are_below_the_candidates_costs(model, topology, precision):
         for mbs, recompute in ((1, "none"), (2, "selective"), (3, "full")):
             cand = Candidate(**fields, microbatch_size=mbs, num_microbatches=96 // (fields["dp"] * mbs) or 1,
                              recompute=recompute, schedule="1f1b")
-            lc, floor = cost.layer_costs(cand), cost.floor_costs(cand)
+            lc, floor = cost.layer_costs(cand), bounds.floor_costs(cost, cand)
             times = lc.forward_s + lc.backward_s + lc.recompute_s
             assert np.all(floor.forward_s + floor.backward_s + floor.recompute_s <= times * (1 + 1e-12))
             assert np.all(floor.full_recompute_s <= lc.full_recompute_s * (1 + 1e-12))
             assert np.array_equal(floor.activation_bytes, lc.activation_bytes)
             assert np.all(lc.recompute_s >= 0) and np.all(lc.full_recompute_s >= 0)  # family bounds drop recompute
-            sample = cost.per_sample_floor_s(cand) * mbs
+            sample = bounds.per_sample_floor_s(cost, cand) * mbs
             assert sample <= float((lc.forward_s + lc.backward_s).sum()) * (1 + 1e-12)
-            assert cost.pp_comm_floor_s(cand) <= cost.pp_comm_s(cand) * (1 + 1e-12)
-            assert np.all(cost.held_static_bytes(cand) <= lc.static_bytes)
+            assert bounds.pp_comm_floor_s(cost, cand) <= pp_comm_s(cost, cand) * (1 + 1e-12)
+            assert np.all(bounds.held_static_bytes(cost, cand) <= lc.static_bytes)
             ranks = rank_of_modules(split_for(model.num_layers, cand), cand.pp)
             for zero in (0, 1, 2, 3):
                 staged = dataclasses.replace(cand, zero_stage=zero)
-                assert cost.dp_exposed_s(staged, ranks, floor=True) <= cost.dp_exposed_s(staged, ranks) * (1 + 1e-12)
+                floor = bounds.dp_exposed_s(cost, staged, ranks, floor=True)
+                assert floor <= bounds.dp_exposed_s(cost, staged, ranks) * (1 + 1e-12)
             checked += 1
     assert checked > 50
 
@@ -72,9 +75,9 @@ def test_single_terms_equal_evaluate():
             ev = cost.evaluate(cand)
             if ev.raw_breakdown:  # a valid candidate
                 ranks = rank_of_modules(split_for(MOE.num_layers, cand), cand.pp)
-                assert cost.pp_comm_s(cand) == pytest.approx(ev.raw_breakdown["pp_comm_s"], rel=1e-12, abs=1e-15)
-                assert cost.dp_exposed_s(cand, ranks) == pytest.approx(ev.raw_breakdown["dp_comm_exposed_s"],
-                                                                       rel=1e-12, abs=1e-15)
+                assert pp_comm_s(cost, cand) == pytest.approx(ev.raw_breakdown["pp_comm_s"], rel=1e-12, abs=1e-15)
+                assert bounds.dp_exposed_s(cost, cand, ranks) == pytest.approx(ev.raw_breakdown["dp_comm_exposed_s"],
+                                                                               rel=1e-12, abs=1e-15)
                 assert np.array_equal(cost.other_per_rank(cand), [cost.stage_other_bytes(cand, r) for r in range(cand.pp)])
                 assert np.array_equal(cost.inflight_per_rank(cand),
                                       [cost.inflight_microbatches(cand, r) for r in range(cand.pp)])
@@ -85,10 +88,10 @@ def test_floor_is_shared_by_the_axis_orders_and_zero_with_a_profile():
     cost = CostModel(request)
     a = Candidate(dp=4, tp=2, pp=3, cp=2, microbatch_size=1, num_microbatches=24, axis_order=("pp", "dp", "cp", "tp"))
     b = dataclasses.replace(a, axis_order=("cp", "dp", "pp", "tp"))
-    assert cost.floor_costs(a) is cost.floor_costs(b)
+    assert bounds.floor_costs(cost, a) is bounds.floor_costs(cost, b)
     profiled = CostModel(request, profile=None)
     profiled.profile = object()  # any measured profile: its times follow no formula
-    assert profiled.per_sample_floor_s(a) == 0.0
+    assert bounds.per_sample_floor_s(profiled, a) == 0.0
 
 
 def test_single_node_topology_without_a_fabric_plans():
@@ -101,6 +104,6 @@ def test_single_node_topology_without_a_fabric_plans():
     cost = CostModel(request)
     for pp in (2, 4):
         cand = Candidate(dp=4 // pp, tp=1, pp=pp, microbatch_size=1, num_microbatches=8, recompute="none", schedule="1f1b")
-        assert 0 < cost.pp_comm_floor_s(cand) <= cost.pp_comm_s(cand) * (1 + 1e-12)
+        assert 0 < bounds.pp_comm_floor_s(cost, cand) <= pp_comm_s(cost, cand) * (1 + 1e-12)
     plan = api.plan(request)
     assert plan.parallelism.dp * plan.parallelism.tp * plan.parallelism.pp == 4

@@ -8,6 +8,7 @@ from planner import api
 from planner.cost import comm, schedule
 from planner.cost.evaluate import dp_comm_s
 from planner.cost.model import Candidate, CostModel, CostOptions
+from planner.cost.p2p import pp_comm_s
 from planner.cost.stack import options_for
 from planner.topology.groups import GroupLink
 
@@ -41,9 +42,9 @@ def test_scatter_gather_sends_one_tp_share_over_the_nic():
     kw = dict(model="gpt3-175b", topology="dgx-a100-80g", gpus=512, global_batch_size=512, seq_len=2048)
     cand = Candidate(dp=4, tp=8, pp=16, microbatch_size=1, num_microbatches=128)
     req = api.build_request(**kw).model_copy(update={"framework": "megatron-lm"})
-    split = CostModel(req).pp_comm_s(cand)
-    whole = CostModel(req, options=options_for("megatron-lm", "bf16").__class__(
-        **{**options_for("megatron-lm", "bf16").__dict__, "pp_scatter_gather": False})).pp_comm_s(cand)
+    split = pp_comm_s(CostModel(req), cand)
+    whole = pp_comm_s(CostModel(req, options=options_for("megatron-lm", "bf16").__class__(
+        **{**options_for("megatron-lm", "bf16").__dict__, "pp_scatter_gather": False})), cand)
     link = CostModel(req).links(cand).pp
     latency_part = 2 * schedule.p2p_transfers("1f1b", pp=16, vpp=1, num_microbatches=128) * link.latency_s
     assert split - latency_part == pytest.approx((whole - latency_part) / 8, rel=1e-6)

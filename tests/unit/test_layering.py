@@ -3,7 +3,10 @@
 
 Every planner/**/*.py is parsed with ast and every import counts, function-local ones included (a lazy import that
 closes a circle is still a circle); only imports under `if TYPE_CHECKING:` do not (they never run). Checked:
-- no import cycle among planner modules (one known pair, listed below, is being fixed elsewhere);
+- no import cycle among planner modules;
+- planner/cost layered even by type: no circle among its modules when TYPE_CHECKING imports count too (the
+  CostModel type aside), nothing in it imports the search's bounds (planner.cost.bounds), and the CostModel has
+  no function-local imports and no method forwarding to a bounds function;
 - the lower layers import nothing above them (LAYER_RULES, the rules that hold today);
 - no private name (leading underscore) is imported from another planner module, nor read off one as an attribute.
 The checker itself is tested on small sources at the end, so a silent checker cannot pass for a clean package.
@@ -90,10 +93,12 @@ def runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
             stack.extend(ast.iter_child_nodes(node))
 
 
-def imports_of(source: str, importer: str, *, is_package: bool = False) -> list[Import]:
-    """The planner imports of one module's source, function-local ones included, TYPE_CHECKING ones left out."""
+def imports_of(source: str, importer: str, *, is_package: bool = False, type_only: bool = False) -> list[Import]:
+    """The planner imports of one module's source, function-local ones included, TYPE_CHECKING ones left out
+    (with `type_only`, those too)."""
     found = []
-    for node in runtime_nodes(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in ast.walk(tree) if type_only else runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found += [Import(alias.name, None, node.lineno) for alias in node.names if _in_planner(alias.name)]
         elif isinstance(node, ast.ImportFrom):
@@ -111,12 +116,16 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
-    """Module -> the planner modules it imports (`from pkg import sub` is an edge to pkg.sub when sub is a module)."""
+def import_graph(modules: dict[str, str], *, type_only: bool = False,
+                 ignore: frozenset[tuple[str, str]] = frozenset()) -> dict[str, set[str]]:
+    """Module -> the planner modules it imports (`from pkg import sub` is an edge to pkg.sub when sub is a module);
+    with `type_only`, the imports under `if TYPE_CHECKING:` count too; `ignore`: (module, name) imports left out."""
     graph: dict[str, set[str]] = {}
     for name, source in modules.items():
         targets = set()
-        for imp in imports_of(source, name, is_package=_is_package(name, modules)):
+        for imp in imports_of(source, name, is_package=_is_package(name, modules), type_only=type_only):
+            if (imp.module, imp.name) in ignore:
+                continue
             sub = f"{imp.module}.{imp.name}" if imp.name else None
             targets.add(sub if sub in modules else imp.module)
         graph[name] = {t for t in targets if t in modules and t != name}
@@ -238,6 +247,44 @@ def test_no_import_cycles(graph):
     assert not unexpected, f"import circles (break them by moving the shared piece to a lower module): {unexpected}"
 
 
+# The type the cost model's free functions take it by (`model: "CostModel"`): the one name a lower cost module may
+# import from planner.cost.model, and only under TYPE_CHECKING (the runtime graph above has no such edge).
+COST_MODEL_TYPE = frozenset({("planner.cost.model", "CostModel")})
+
+
+def test_cost_is_layered_even_by_type(modules):
+    """planner/cost as layers (formulas at the bottom, the per-candidate assembly (arrays, evaluate), the CostModel,
+    the search's bounds on top): no circle among its modules even when the imports under TYPE_CHECKING count, the
+    CostModel type aside (issue 22 item 3)."""
+    graph = import_graph(modules, type_only=True, ignore=COST_MODEL_TYPE)
+    cost = {m: {t for t in targets if _within(t, ["planner.cost"])} for m, targets in graph.items()
+            if _within(m, ["planner.cost"])}
+    found = [sorted(c) for c in cycles(cost)]
+    assert not found, f"circles in planner/cost, type-only imports counted: {found}"
+
+
+def test_the_bounds_sit_on_top_of_cost(modules):
+    """planner.cost.bounds is read by the search only: no cost module imports it, even for a type."""
+    graph = import_graph(modules, type_only=True)
+    bad = sorted(m for m, targets in graph.items() if _within(m, ["planner.cost"]) and "planner.cost.bounds" in targets)
+    assert not bad, f"planner.cost.bounds is the top of planner/cost (the search's bounds); imported by {bad}"
+
+
+def test_the_cost_model_forwards_nothing(modules):
+    """No CostModel method imports inside its body (the pattern that hid the last circle: re-import a module to
+    forward to a free function that takes the CostModel back), and none shadows a function of planner.cost.bounds."""
+    tree = ast.parse(modules["planner.cost.model"])
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CostModel"]
+    local = sorted(f"CostModel.{fn.name}:{node.lineno}" for fn in cls.body if isinstance(fn, ast.FunctionDef)
+                   for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom)))
+    assert not local, f"function-local imports in the CostModel: {local}"
+    bounds = {n.name for n in ast.parse(modules["planner.cost.bounds"]).body
+              if isinstance(n, ast.FunctionDef) and not _is_private(n.name)}
+    assert bounds, "planner.cost.bounds defines no public function: the check below would be empty"
+    shadows = sorted(bounds & {fn.name for fn in cls.body if isinstance(fn, ast.FunctionDef)})
+    assert not shadows, f"CostModel methods named after planner.cost.bounds functions (call those instead): {shadows}"
+
+
 @pytest.mark.parametrize("who, forbidden, why", LAYER_RULES, ids=[rule[0] for rule in LAYER_RULES])
 def test_lower_layers_import_nothing_above(graph, who, forbidden, why):
     bad = sorted(f"{m} imports {t}" for m, targets in graph.items() if _within(m, [who])
@@ -289,6 +336,16 @@ def test_checker_sees_local_imports_and_skips_type_checking():
     assert ("planner.cost", "sibling") in found and ("planner.units", "GiB") in found
     assert ("planner.export.scripts", "_hidden") in found  # inside a function
     assert not any(module == "planner.api" for module, _ in found)
+    typed = {(i.module, i.name) for i in imports_of(SOURCE, "planner.cost.layers", type_only=True)}
+    assert ("planner.api", "plan") in typed and found < typed
+
+
+def test_checker_sees_type_only_circles():
+    sources = {"planner.a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from planner.b import B\n",
+               "planner.b": "def f():\n    from planner.a import g\n", "planner": ""}
+    assert cycles(import_graph(sources)) == []
+    assert cycles(import_graph(sources, type_only=True)) == [frozenset({"planner.a", "planner.b"})]
+    assert cycles(import_graph(sources, type_only=True, ignore=frozenset({("planner.b", "B")}))) == []
 
 
 def test_checker_finds_private_names():
