@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from planner import api
-from planner.executor.options import RunOptions
+from planner.launch_spec.options import RunOptions
 from planner.executor.run import run_plan
 from planner.io import atomic_write_text, canonical_json
 from planner.schemas.model import ModelSpec

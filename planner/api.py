@@ -242,7 +242,7 @@ def version_info() -> dict[str, str]:
 
 def run(plan: LaunchPlan | str | Path, *, options=None, report_path: str | Path | None = None, warmup_steps: int = 1):
     """Train the plan on this machine with torchrun and return the run report (planner.executor.report.RunReport)."""
-    from planner.executor.options import RunOptions
+    from planner.launch_spec.options import RunOptions
     from planner.executor.run import run_plan
 
     return run_plan(plan, options=options or RunOptions(), report_path=report_path, warmup_steps=warmup_steps)
@@ -250,8 +250,8 @@ def run(plan: LaunchPlan | str | Path, *, options=None, report_path: str | Path 
 
 def launch(plan: LaunchPlan | str | Path, *, hosts: str | None = None, master_port: int = 29500, options=None,
            time_limit: str = "04:00:00"):
-    """Per-node torchrun commands and an sbatch script for the plan (planner.executor.launch.LaunchScripts)."""
-    from planner.executor.launch import launch_scripts, parse_hosts
+    """Per-node torchrun commands and an sbatch script for the plan (planner.launch_spec.commands.LaunchScripts)."""
+    from planner.launch_spec.commands import launch_scripts, parse_hosts
 
     plan_path = str(plan) if not isinstance(plan, LaunchPlan) else "plan.json"
     return launch_scripts(_plan_of(plan), plan_path=plan_path, hosts=parse_hosts(hosts), master_port=master_port,

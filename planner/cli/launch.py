@@ -37,8 +37,8 @@ def launch_command(
     json_output: bool = typer.Option(False, "--json", help="Print {nodes, sbatch} as JSON."),
 ) -> None:
     from planner import api
-    from planner.executor.launch import render_text
-    from planner.executor.options import RunOptions
+    from planner.launch_spec.commands import render_text
+    from planner.launch_spec.options import RunOptions
     from planner.io import atomic_write_text, canonical_json
 
     options = RunOptions(steps=steps, data=data, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,

@@ -45,7 +45,7 @@ def run_command(
 ) -> None:
     from planner import api
     from planner.cli.common import require_extra
-    from planner.executor.options import RunOptions
+    from planner.launch_spec.options import RunOptions
     from planner.io import canonical_json
 
     require_extra("run", "torch")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import BadInputError
-from planner.executor.options import RunOptions
+from planner.launch_spec.options import RunOptions
 from planner.io import check_writable, is_file
 from planner.schemas.plan import LaunchPlan
 

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 
 from executor_plans import make_plan, write_plan  # noqa: E402
 
-from planner.executor.options import RunOptions  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
 from planner.executor.run import run_agent, thread_env, torchrun_argv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

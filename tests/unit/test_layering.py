@@ -37,7 +37,11 @@ LAYER_RULES = [
                                    "planner.plot", "planner.report", "planner.nn"),
      "the search sits below the façade, its adapters and the plan's consumers"),
     ("planner.executor", ADAPTERS, "the executor is called by the façade, never the reverse"),
-    ("planner.export", ADAPTERS, "the exporters are called by the façade, never the reverse"),
+    ("planner.export", ADAPTERS + ("planner.executor",),
+     "the exporters are called by the façade, never the reverse; what they share with the executor (launch command "
+     "lines, run options, the runnable rules, schedule class names) lives below both, in planner.launch_spec"),
+    ("planner.launch_spec", ABOVE_COST + ("planner.nn",),
+     "the home the executor and the exporters share sits below both (and stays torch-free)"),
 ]
 # Only these may import from planner: the schemas are the bottom layer.
 SCHEMAS_MAY_IMPORT = ("planner.schemas", "planner.units", "planner.errors")
