@@ -264,6 +264,25 @@ def test_only_the_adapters_import_the_facade(graph):
     assert not bad, bad
 
 
+# What the thin adapters may import besides planner.api: themselves, rendering (planner.report: rich tables;
+# planner.plot: the `explain --plot` figure), input/output plumbing (planner.io: loading, canonical JSON, atomic
+# writes; planner.errors), the file formats they parse and print (planner.schemas) and unit constants
+# (planner.units, GiB in the estimate tables). `planner serve` starts the other adapter (planner.service), and
+# the service's pool reads `planner.__file__` to put this copy of the package first on its workers' path.
+# Everything that does the work (search, cost, check, export, executor, models, topology, profiling,
+# frameworks, launch_spec) is reached through planner.api.
+CLI_MAY_IMPORT = ("planner.api", "planner.cli", "planner.report", "planner.plot", "planner.io", "planner.errors",
+                  "planner.schemas", "planner.units", "planner.service")
+SERVICE_MAY_IMPORT = ("planner.api", "planner.service", "planner.io", "planner.errors", "planner.schemas")
+
+
+@pytest.mark.parametrize("adapter, may_import", [("planner.cli", CLI_MAY_IMPORT), ("planner.service", SERVICE_MAY_IMPORT)])
+def test_adapters_work_only_through_the_facade(graph, adapter, may_import):
+    bad = sorted(f"{m} imports {t}" for m, targets in graph.items() if _within(m, [adapter])
+                 for t in targets if t != "planner" and not _within(t, may_import))
+    assert not bad, f"{adapter} is a thin adapter over planner/api.py: add a function there instead of {bad}"
+
+
 def test_no_private_names_across_modules(modules):
     names = list(modules)
     bad = [use for name, source in modules.items()
