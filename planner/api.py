@@ -325,8 +325,8 @@ def run_options(**flags):
 
 def run(plan: LaunchPlan | str | Path, *, options=None, report_path: str | Path | None = None, warmup_steps: int = 1):
     """Train the plan on this machine with torchrun and return the run report (planner.executor.report.RunReport)."""
-    from planner.launch_spec.options import RunOptions
     from planner.executor.run import run_plan
+    from planner.launch_spec.options import RunOptions
 
     return run_plan(plan, options=options or RunOptions(), report_path=report_path, warmup_steps=warmup_steps)
 

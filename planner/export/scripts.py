@@ -13,9 +13,6 @@ processes on the wrong GPUs: that is refused.
 from __future__ import annotations
 
 from planner.errors import BadInputError
-from planner.launch_spec.commands import DEFAULT_PORT, environment, launch_scripts, node_layout, torchrun_line
-from planner.launch_spec.options import RunOptions
-from planner.launch_spec.runnable import check_runnable
 from planner.export.common import (
     Export,
     check_exportable,
@@ -25,6 +22,9 @@ from planner.export.common import (
     target_profile,
     torch_schedule_reason,
 )
+from planner.launch_spec.commands import DEFAULT_PORT, environment, launch_scripts, node_layout, torchrun_line
+from planner.launch_spec.options import RunOptions
+from planner.launch_spec.runnable import check_runnable
 from planner.schemas.plan import LaunchPlan
 
 

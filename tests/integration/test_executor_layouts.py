@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 from executor_plans import TINY, TINY_GPT, make_plan, write_plan  # noqa: E402
 from executor_reference import LR, SEED, assert_close, reference_losses  # noqa: E402
 
-from planner.launch_spec.schedules import stage_rank  # noqa: E402
 from planner.errors import BadInputError  # noqa: E402
+from planner.executor.run import run_plan  # noqa: E402
 from planner.launch_spec.options import RunOptions  # noqa: E402
 from planner.launch_spec.runnable import check_runnable  # noqa: E402
-from planner.executor.run import run_plan  # noqa: E402
+from planner.launch_spec.schedules import stage_rank  # noqa: E402
 
 
 def options(**kw) -> RunOptions:

@@ -283,6 +283,16 @@ def test_adapters_work_only_through_the_facade(graph, adapter, may_import):
     assert not bad, f"{adapter} is a thin adapter over planner/api.py: add a function there instead of {bad}"
 
 
+def test_the_shared_launch_home_imports_without_torch():
+    """planner.launch_spec is what `planner launch` and the torchrun/slurm exporters run on a login node: no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, planner.launch_spec.commands, planner.launch_spec.runnable, planner.launch_spec.schedules, "
+            "planner.export.scripts; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE_DIR.parent)
+
+
 def test_no_private_names_across_modules(modules):
     names = list(modules)
     bad = [use for name, source in modules.items()
