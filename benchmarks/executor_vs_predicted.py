@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner import api
-from planner.executor.options import RunOptions
 from planner.executor.run import run_plan
 from planner.io import atomic_write_text, canonical_json
+from planner.launch_spec.options import RunOptions
 from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, SearchLimits
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ and each framework (megatron-core, torchtitan, deepspeed, planner): `api.build_r
                  megatron-core's GPTModel built from the flags on the meta device must have the plan's parameter count
   torchtitan     torchtitan 0.3 ConfigManager.parse_args, ParallelDims, torch's pipeline schedule per pp rank
   deepspeed      DeepSpeedConfig(config, mpu=<PipeModelDataParallelTopology sizes>) in a fake world of the plan's size
-  planner        planner.executor.runnable.check_runnable (our executor's pre-launch check)
+  planner        planner.launch_spec.runnable.check_runnable (our executor's pre-launch check)
 
 Outcomes: `ok` accepted; `REJECTED` exported but the framework's code refused it (the bug this measures);
 `refused` our exporter refused (with the reason); `no plan` the search found no configuration the profile runs, or the

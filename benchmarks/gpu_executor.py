@@ -185,8 +185,8 @@ def base_row(case: Case, plan, settings: Settings, device_name: str, torch_versi
 def run_case(plan, settings: Settings) -> dict:
     """Run the plan with the executor; the measured fields, or status oom/error with the message."""
     from planner.errors import PlannerError
-    from planner.executor.options import RunOptions
     from planner.executor.run import run_plan
+    from planner.launch_spec.options import RunOptions
 
     options = RunOptions(steps=settings.steps, device=settings.device, timeout_s=300)
     try:

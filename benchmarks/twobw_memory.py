@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 from planner import api
-from planner.executor.options import RunOptions
 from planner.executor.run import run_plan
 from planner.io import atomic_write_text, canonical_json
+from planner.launch_spec.options import RunOptions
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import Configuration, Parallelism
 from planner.schemas.topology import DeviceSpec, InterNodeFabric, IntraNodeFabric, Topology

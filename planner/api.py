@@ -52,6 +52,55 @@ def list_frameworks() -> list[str]:
     return _list()
 
 
+def list_presets() -> list[str]:
+    """The shipped model preset names (planner.models.list_presets)."""
+    from planner.models import list_presets as _list
+
+    return _list()
+
+
+def model_types() -> list[str]:
+    """The HuggingFace `model_type`s whose config.json the importers read (planner.models.hf)."""
+    from planner.models.hf import supported_model_types
+
+    return supported_model_types()
+
+
+def model_rows() -> list[dict]:
+    """One row per shipped preset: parameters, layers, hidden, heads, experts (planner.models.preset_index)."""
+    from planner.models.preset_index import preset_rows
+
+    return preset_rows()
+
+
+def model_report(ref: str) -> dict:
+    """The resolved model spec of `ref` and where its parameters are (planner.models.summary.model_report)."""
+    from planner.models.summary import model_report as _report
+
+    return _report(load_model(ref))
+
+
+def list_topologies() -> list[str]:
+    """The shipped topology preset names (planner.topology.list_topologies)."""
+    from planner.topology import list_topologies as _list
+
+    return _list()
+
+
+def topology_rows() -> list[dict]:
+    """One row per shipped topology preset: device, memory, peak, fabrics (planner.topology.summary.topology_row)."""
+    from planner.topology.summary import topology_row
+
+    return [topology_row(load_topology(name)) for name in list_topologies()]
+
+
+def topology_report(ref: str, *, nodes: int | None = None) -> dict:
+    """A topology and the bandwidth its TP/DP groups see (planner.topology.summary.topology_report)."""
+    from planner.topology.summary import topology_report as _report
+
+    return _report(load_topology(ref, nodes=nodes))
+
+
 def default_global_batch_size(seq_len: int) -> int:
     """About 4M tokens per step, at least one sequence."""
     return max(1, DEFAULT_TOKENS_PER_STEP // seq_len)
@@ -193,6 +242,33 @@ def check(target: str | Path, *, tolerance: float = 0.02, allow_change: bool = F
     return check_plans(target, tolerance=tolerance, allow_change=allow_change, progress=progress)
 
 
+def check_report(report) -> dict:
+    """A CheckReport as the plain dict `planner check --json` prints (planner.check.report_dict)."""
+    from planner.check import report_dict
+
+    return report_dict(report)
+
+
+def stage_rank(stage: int, *, pp: int, schedule: str) -> int:
+    """The pipeline rank holding virtual stage `stage` under `schedule` (the cost model's placement, looped or V)."""
+    from planner.cost.schedule import stage_rank as _rank
+
+    return _rank(stage, pp=pp, schedule=schedule)
+
+
+def megatron_split(num_layers: int, pp: int, vpp: int, *, first: int | None, last: int | None) -> tuple[int, ...]:
+    """Decoder layers per virtual stage with the first/last pipeline rank's layers given (Megatron-Core's
+    --decoder-first/last-pipeline-num-layers rule, planner.frameworks_split.megatron_split); a split the rule refuses
+    raises BadInputError with the rule's one-line reason."""
+    from planner.frameworks_split import SplitError
+    from planner.frameworks_split import megatron_split as _split
+
+    try:
+        return _split(num_layers, pp, vpp, first=first, last=last)
+    except SplitError as exc:
+        raise BadInputError(str(exc)) from None
+
+
 def export(plan: LaunchPlan | str | Path, target: str):
     """Translate a plan for torchtitan, megatron, deepspeed, torchrun or slurm (planner.export.Export)."""
     from planner.export import export_plan
@@ -240,19 +316,70 @@ def version_info() -> dict[str, str]:
     return {"version": __version__} | provenance()
 
 
+def run_options(**flags):
+    """The options of an executor run (planner.launch_spec.options.RunOptions), checked: bad values raise BadInputError."""
+    from planner.launch_spec.options import RunOptions
+
+    return RunOptions(**flags)
+
+
 def run(plan: LaunchPlan | str | Path, *, options=None, report_path: str | Path | None = None, warmup_steps: int = 1):
     """Train the plan on this machine with torchrun and return the run report (planner.executor.report.RunReport)."""
-    from planner.executor.options import RunOptions
     from planner.executor.run import run_plan
+    from planner.launch_spec.options import RunOptions
 
     return run_plan(plan, options=options or RunOptions(), report_path=report_path, warmup_steps=warmup_steps)
 
 
 def launch(plan: LaunchPlan | str | Path, *, hosts: str | None = None, master_port: int = 29500, options=None,
            time_limit: str = "04:00:00"):
-    """Per-node torchrun commands and an sbatch script for the plan (planner.executor.launch.LaunchScripts)."""
-    from planner.executor.launch import launch_scripts, parse_hosts
+    """Per-node torchrun commands and an sbatch script for the plan (planner.launch_spec.commands.LaunchScripts)."""
+    from planner.launch_spec.commands import launch_scripts, parse_hosts
 
     plan_path = str(plan) if not isinstance(plan, LaunchPlan) else "plan.json"
     return launch_scripts(_plan_of(plan), plan_path=plan_path, hosts=parse_hosts(hosts), master_port=master_port,
                           options=options, time_limit=time_limit)
+
+
+def launch_text(scripts) -> str:
+    """What `planner launch` prints for LaunchScripts: each node's environment and command, then the sbatch script."""
+    from planner.launch_spec.commands import render_text
+
+    return render_text(scripts)
+
+
+def profile_options(**fields):
+    """Options of a layer profile (planner.profiling.options.ProfileOptions), checked."""
+    from planner.profiling.options import ProfileOptions
+
+    return ProfileOptions(**fields)
+
+
+def int_list(text: str, *, name: str) -> tuple[int, ...]:
+    """`1,2,4` -> (1, 2, 4); bad text raises BadInputError naming the flag `name` (planner.profiling.options)."""
+    from planner.profiling.options import parse_int_list
+
+    return parse_int_list(text, name=name)
+
+
+def profile(spec: ModelSpec, opts, *, hf: bool = False, **kwargs):
+    """Measure every layer type of `spec` (planner.profiling.measure.profile_model, or with `hf` the HuggingFace
+    model's own modules, planner.profiling.measure_hf.profile_hf_model, which takes model_ref=); returns a Profile."""
+    if hf:
+        from planner.profiling.measure_hf import profile_hf_model as _run
+    else:
+        from planner.profiling.measure import profile_model as _run
+    return _run(spec, opts, **kwargs)
+
+
+def comm_benchmark(**kwargs):
+    """Time collectives vs message size with local processes and fit latency + bandwidth
+    (planner.profiling.comm_bench.run_comm_benchmark)."""
+    from planner.profiling.comm_bench import run_comm_benchmark
+
+    return run_comm_benchmark(**kwargs)
+
+
+def preload() -> None:
+    """Import the search now (the service's workers do this before capping their memory and taking requests)."""
+    import planner.search.driver  # noqa: F401

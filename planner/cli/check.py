@@ -38,7 +38,6 @@ def check_command(
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     from planner import api
-    from planner.check import report_dict
     from planner.io import canonical_json
 
     from rich.progress import Progress
@@ -50,7 +49,7 @@ def check_command(
         report = api.check(target, tolerance=tolerance, allow_change=allow_change,
                            progress=lambda done, total: bar.update(task, completed=done, total=total))
     if json_output:
-        emit_text(canonical_json(report_dict(report)), None)
+        emit_text(canonical_json(api.check_report(report)), None)
     else:
         _render(report)
     if report.failed:

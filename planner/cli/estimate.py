@@ -59,11 +59,11 @@ def _memory_table(plan: LaunchPlan) -> Table:
     table = Table(title="Memory per pipeline rank (GiB)", title_justify="left", box=box.SIMPLE_HEAD)
     for header in ("rank", "params", "grads", "optimizer", "activations", "other", "peak", "layers"):
         table.add_column(header, justify="right" if header not in ("layers",) else "left")
-    from planner.cost.schedule import stage_rank
+    from planner import api
 
     layers_of: dict[int, int] = {}
     for stage in plan.stages:
-        rank = stage_rank(stage.stage, pp=plan.parallelism.pp, schedule=plan.schedule)
+        rank = api.stage_rank(stage.stage, pp=plan.parallelism.pp, schedule=plan.schedule)
         layers_of[rank] = layers_of.get(rank, 0) + sum(name.startswith("layers.") for name in stage.layers)
     for mem in plan.memory.per_stage:
         style = "red" if mem.peak_bytes > plan.memory.capacity_bytes else None
@@ -121,7 +121,7 @@ def stage_layers_of(text: str | None, first: int | None, last: int | None, *, nu
     or --first-stage-layers/--last-stage-layers (layers of the first/last pipeline rank over its vpp chunks, the
     middle ranks sharing the rest evenly: Megatron-Core's --decoder-first/last-pipeline-num-layers rule,
     planner.frameworks_split.megatron_split); None: the balanced split."""
-    from planner.frameworks_split import SplitError, megatron_split
+    from planner import api
 
     if text is not None and (first is not None or last is not None):
         raise BadInputError("--stage-layers with --first-stage-layers/--last-stage-layers: give one or the other")
@@ -137,8 +137,8 @@ def stage_layers_of(text: str | None, first: int | None, last: int | None, *, nu
     if first is None and last is None:
         return None
     try:
-        return megatron_split(num_layers, pp, vpp, first=first, last=last)
-    except SplitError as exc:
+        return api.megatron_split(num_layers, pp, vpp, first=first, last=last)
+    except BadInputError as exc:
         raise BadInputError(f"--first-stage-layers={first} --last-stage-layers={last}: {exc}") from None
 
 

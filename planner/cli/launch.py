@@ -37,11 +37,9 @@ def launch_command(
     json_output: bool = typer.Option(False, "--json", help="Print {nodes, sbatch} as JSON."),
 ) -> None:
     from planner import api
-    from planner.executor.launch import render_text
-    from planner.executor.options import RunOptions
     from planner.io import atomic_write_text, canonical_json
 
-    options = RunOptions(steps=steps, data=data, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+    options = api.run_options(steps=steps, data=data, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                          results_dir=results_dir)
     scripts = api.launch(plan, hosts=hosts, master_port=master_port, options=options, time_limit=time_limit)
     if out_dir is not None:
@@ -57,4 +55,4 @@ def launch_command(
         }
         emit_text(canonical_json(payload), None)
         return
-    emit_text(render_text(scripts), None)
+    emit_text(api.launch_text(scripts), None)

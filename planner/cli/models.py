@@ -20,9 +20,9 @@ class ModelsGroup(BoolHelpFlag, TyperGroup):
     the schemas) only when the help is shown, not on every `planner models list`."""
 
     def format_help(self, ctx, formatter) -> None:
-        from planner.models.hf import supported_model_types
+        from planner import api
 
-        self.help = HELP.format(model_types=", ".join(supported_model_types()))
+        self.help = HELP.format(model_types=", ".join(api.model_types()))
         super().format_help(ctx, formatter)
 
 
@@ -42,9 +42,9 @@ def list_models(
 
     Example: planner models list --json
     """
-    from planner.models.preset_index import preset_rows
+    from planner import api
 
-    rows = preset_rows()
+    rows = api.model_rows()
     if json_output:
         from planner.io import canonical_json
 
@@ -65,11 +65,10 @@ def show_model(
 
     Example: planner models show mixtral-8x7b
     """
+    from planner import api
     from planner.io import canonical_json
-    from planner.models import load_model
-    from planner.models.summary import model_report
 
-    report = model_report(load_model(ref))
+    report = api.model_report(ref)
     if json_output:
         emit_text(canonical_json(report), None)
         return

@@ -109,27 +109,23 @@ def profile_compute(
 
     require_extra("profile", "torch", *(("transformers",) if hf else ()))
     check_writable(output)
-    from planner.models import load_model
-    from planner.profiling.options import ProfileOptions, parse_int_list
+    from planner import api
 
-    spec = load_model(model)
-    opts = ProfileOptions(
+    spec = api.load_model(model)
+    opts = api.profile_options(
         device=device, dtype=dtype, seq_len=seq_len or spec.seq_len,
-        microbatch_sizes=parse_int_list(microbatch_size, name="--microbatch-size"), tp=parse_int_list(tp, name="--tp"),
-        ep=parse_int_list(ep, name="--ep"), warmup=warmup, repeats=repeats, ops=not no_ops, threads=threads, clock=clock,
+        microbatch_sizes=api.int_list(microbatch_size, name="--microbatch-size"), tp=api.int_list(tp, name="--tp"),
+        ep=api.int_list(ep, name="--ep"), warmup=warmup, repeats=repeats, ops=not no_ops, threads=threads, clock=clock,
         tp_runtime=tp_runtime, layer_types=tuple(k.strip() for k in layer_types.split(",")) if layer_types else None,
     )
     _run_profile(spec, opts, hf=hf, model_ref=model, output=output, command=_command_line(ctx, "planner profile"))
 
 
 def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path, command: str) -> None:
+    from planner import api
     from planner.io import atomic_write_text, canonical_json
     from planner.report import console, print_table
 
-    if hf:
-        from planner.profiling.measure_hf import profile_hf_model as run
-    else:
-        from planner.profiling.measure import profile_model as run
     bar, advance = _progress()
     written = {"entries": 0}
 
@@ -139,7 +135,7 @@ def _run_profile(spec, opts, *, hf: bool, model_ref: str, output: Path, command:
 
     try:
         with bar:
-            result = run(spec, opts, command=command, on_entry=save, progress=advance, **({"model_ref": model_ref} if hf else {}))
+            result = api.profile(spec, opts, hf=hf, command=command, on_entry=save, progress=advance, **({"model_ref": model_ref} if hf else {}))
     except KeyboardInterrupt:
         console(stderr=True).print(f"interrupted: {written['entries']} measured shapes kept in {output}")
         raise typer.Exit(code=130) from None
@@ -170,12 +166,11 @@ def profile_comm(
 
     require_extra("profile comm", "torch")
     check_writable(output)
-    from planner.profiling.comm_bench import run_comm_benchmark
-    from planner.profiling.options import parse_int_list
+    from planner import api
     from planner.report import console
 
-    calibration = run_comm_benchmark(
-        nprocs=nprocs, device=device, sizes_bytes=parse_int_list(sizes, name="--sizes"),
+    calibration = api.comm_benchmark(
+        nprocs=nprocs, device=device, sizes_bytes=api.int_list(sizes, name="--sizes"),
         collectives=tuple(c.strip() for c in collectives.split(",") if c.strip()), warmup=warmup, repeats=repeats,
         command=_command_line(ctx, "planner profile comm"),
     )

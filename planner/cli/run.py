@@ -45,11 +45,10 @@ def run_command(
 ) -> None:
     from planner import api
     from planner.cli.common import require_extra
-    from planner.executor.options import RunOptions
     from planner.io import canonical_json
 
     require_extra("run", "torch")
-    options = RunOptions(steps=steps, seed=seed, lr=lr, data=data, data_dtype=data_dtype, checkpoint_dir=checkpoint_dir,
+    options = api.run_options(steps=steps, seed=seed, lr=lr, data=data, data_dtype=data_dtype, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every, resume=resume, device=device, timeout_s=timeout_s)
     result = api.run(plan, options=options, report_path=report, warmup_steps=warmup_steps)
     if json_output:

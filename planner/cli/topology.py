@@ -29,11 +29,10 @@ def list_command(
 
     Example: planner topology list --json
     """
+    from planner import api
     from planner.io import canonical_json
-    from planner.topology import list_topologies, load_topology
-    from planner.topology.summary import topology_row
 
-    rows = [topology_row(load_topology(name)) for name in list_topologies()]
+    rows = api.topology_rows()
     if json_output:
         emit_text(canonical_json(rows), None)
         return
@@ -64,11 +63,10 @@ def show_command(
 
     Example: planner topology show dgx-h100 --nodes 4
     """
+    from planner import api
     from planner.io import canonical_json
-    from planner.topology import load_topology
-    from planner.topology.summary import topology_report
 
-    report = topology_report(load_topology(ref, nodes=nodes))
+    report = api.topology_report(ref, nodes=nodes)
     if json_output:
         emit_text(canonical_json(report), None)
         return

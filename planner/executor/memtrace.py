@@ -232,7 +232,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from planner.executor import runtime
-    from planner.executor.options import RunOptions
+    from planner.launch_spec.options import RunOptions
 
     if dist.is_initialized():
         raise RuntimeError("trace_rank needs a process without a process group (it initialises the fake backend)")

@@ -6,7 +6,7 @@ Narayanan et al. 2021, sec. 2.2), so pipeline rank r holds stages r, r + pp, ...
 Schedules: gpipe -> ScheduleGPipe (Huang et al. 2019), 1f1b -> Schedule1F1B (PipeDream-flush, Narayanan
 et al. 2021), interleaved -> ScheduleInterleaved1F1B (sec. 2.2 of the same), zero-bubble ->
 ScheduleInterleavedZeroBubble (Qi et al. 2024, looped placement; also by torch's name interleaved-zero-bubble),
-zbv -> ScheduleZBVZeroBubble and dualpipev -> ScheduleDualPipeV (V placement, planner.executor.schedules.stage_rank).
+zbv -> ScheduleZBVZeroBubble and dualpipev -> ScheduleDualPipeV (V placement, planner.launch_spec.schedules.stage_rank).
 PipeDream-2BW runs on its own send/recv loop (planner.executor.twobw).
 
 The loss is the mean next-token cross entropy of each micro-batch; the schedule divides gradients by the
@@ -23,24 +23,14 @@ import torch
 from torch import nn
 
 from planner.errors import BadInputError
+from planner.launch_spec.schedules import MULTI_STAGE, SCHEDULE_CLASSES
 from planner.nn.model import Transformer, keep_only
 from planner.schemas.plan import LaunchPlan, Stage
-
-SCHEDULE_CLASSES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved": "ScheduleInterleaved1F1B",
-    "zero-bubble": "ScheduleInterleavedZeroBubble",
-    "interleaved-zero-bubble": "ScheduleInterleavedZeroBubble",
-    "zbv": "ScheduleZBVZeroBubble",
-    "dualpipev": "ScheduleDualPipeV",
-}
-MULTI_STAGE = ("interleaved", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
 
 
 def local_stages(plan: LaunchPlan, pp_rank: int) -> list[Stage]:
     """The plan's virtual stages held by pipeline rank `pp_rank`, in execution order (looped, or V for zbv/dualpipev)."""
-    from planner.executor.schedules import stage_rank
+    from planner.launch_spec.schedules import stage_rank
 
     ordered = sorted(plan.stages, key=lambda s: s.stage)
     return [s for s in ordered if stage_rank(s.stage, pp=plan.parallelism.pp, schedule=plan.schedule) == pp_rank]
@@ -94,7 +84,7 @@ def tied_embedding_group(plan: LaunchPlan, mesh):
     weight. One group per line of the pp axis pairs them; other ranks get None. Collective: every rank calls."""
     import torch.distributed as dist
 
-    from planner.executor.schedules import V_SCHEDULES
+    from planner.launch_spec.schedules import V_SCHEDULES
 
     par = plan.parallelism
     if not plan.request.model.tied_embeddings or par.pp == 1 or plan.schedule in V_SCHEDULES:

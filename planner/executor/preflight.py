@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import BadInputError
-from planner.executor.options import RunOptions
 from planner.io import check_writable, is_file
+from planner.launch_spec.options import RunOptions
 from planner.schemas.plan import LaunchPlan
 
 TOKEN_DTYPES = ("uint16", "int32")  # as planner.executor.data.TOKEN_DTYPES (which imports torch)

@@ -131,7 +131,7 @@ def rel_error(predicted: float, measured: float) -> float | None:
 
 def loss_rank(plan: LaunchPlan) -> int:
     """The rank whose losses the report shows: last pipeline stage, first of every other axis."""
-    from planner.executor.schedules import stage_rank
+    from planner.launch_spec.schedules import stage_rank
 
     par = plan.parallelism
     last = stage_rank(par.pp * par.vpp - 1, pp=par.pp, schedule=plan.schedule)  # 0 for the V schedules

@@ -24,10 +24,10 @@ from planner.errors import BadInputError, PlannerError
 from planner.executor.checkpoint import VERIFIED_ENV, check_resume, remove_partial
 from planner.executor.host import host_load, load_average, usable_cores
 from planner.executor.lifetime import kill_group, wrapped_argv
-from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure, RankResult, RunReport, build_report
-from planner.executor.runnable import check_runnable
 from planner.io import atomic_write_text, canonical_json, load_file
+from planner.launch_spec.options import RunOptions
+from planner.launch_spec.runnable import check_runnable
 from planner.schemas.plan import LaunchPlan
 
 RUNTIME_MODULE = "planner.executor.runtime"

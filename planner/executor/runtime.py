@@ -34,16 +34,16 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 
-from planner.executor.schedules import ZERO_BUBBLE_SCHEDULES
 from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
 from planner.executor.lifetime import die_with_agent
-from planner.executor.options import RunOptions
 from planner.executor.parallelize import COMM_COUNTER_ATTR
 from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
-from planner.executor.runnable import check_runnable
 from planner.io import atomic_write_text, load_file
+from planner.launch_spec.options import RunOptions
+from planner.launch_spec.runnable import check_runnable
+from planner.launch_spec.schedules import ZERO_BUBBLE_SCHEDULES
 from planner.schemas.plan import LaunchPlan
 
 FAIL_RANK_ENV, FAIL_STEP_ENV, FAIL_WHERE_ENV = "PLANNER_FAIL_RANK", "PLANNER_FAIL_STEP", "PLANNER_FAIL_WHERE"

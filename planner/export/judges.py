@@ -20,7 +20,7 @@ Where a framework asks torch.cuda for the GPU (Float8 converters, validate_args)
 device (its compute capability, `device_capability`): this machine has no GPU. Those patches stay in the process.
 - DeepSpeed: `DeepSpeedConfig(config, mpu=...)` in a fake-backend world of the plan's size, the mpu answering
   data-parallel size from `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)`; the PipelineEngine's ZeRO rule.
-- planner: our executor's pre-launch check `planner.executor.runnable.check_runnable`, then torch's schedule class
+- planner: our executor's pre-launch check `planner.launch_spec.runnable.check_runnable`, then torch's schedule class
   as the executor builds it (planner/executor/pipeline.py build_schedule) on stub stages.
 """
 
@@ -375,10 +375,11 @@ def judge_deepspeed(plan: LaunchPlan, export: Export) -> Verdict:
 
 def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
     """check_runnable, then torch's schedule class built as planner/executor/pipeline.py build_schedule builds it
+    (the class names and the runnable rules live in planner.launch_spec, below both the executor and the exporters)
     (SCHEDULE_CLASSES[plan.schedule] on rank 0's virtual stages, n_microbatches = the plan's): the constructor's
     checks (1F1B: n >= stages; interleaved and zero-bubble: n a multiple of max(1, n // pp)) run before step 1."""
     from planner.errors import BadInputError
-    from planner.executor.runnable import check_runnable
+    from planner.launch_spec.runnable import check_runnable
 
     try:
         check_runnable(plan)
@@ -389,7 +390,7 @@ def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
         return Verdict(True)
     from torch.distributed import pipelining
 
-    from planner.executor.pipeline import MULTI_STAGE, SCHEDULE_CLASSES
+    from planner.launch_spec.schedules import MULTI_STAGE, SCHEDULE_CLASSES
 
     if plan.schedule not in SCHEDULE_CLASSES:  # 2BW: the executor's own send/recv loop, no torch schedule class
         return Verdict(True)

@@ -1,7 +1,8 @@
 """LaunchPlan -> launch scripts for our own executor: per-node torchrun (static rendezvous) and SLURM sbatch.
 
-The command lines and the node layout come from planner.executor.launch (`planner launch`), so the two never
-disagree; that module imports nothing of planner.export, so the dependency runs one way (export -> executor).
+The command lines and the node layout come from planner.launch_spec.commands (`planner launch` uses them too), so the
+two never disagree; planner.launch_spec sits below both planner.export and planner.executor, and planner.export imports
+nothing of planner.executor.
 
 torchrun's rules: every node starts the same --nproc-per-node, and the world size is nnodes * nproc-per-node;
 with a static rendezvous (--node-rank, --master-addr, --master-port) rank r lives on node r // nproc_per_node
@@ -12,9 +13,6 @@ processes on the wrong GPUs: that is refused.
 from __future__ import annotations
 
 from planner.errors import BadInputError
-from planner.executor.launch import DEFAULT_PORT, environment, launch_scripts, node_layout, torchrun_line
-from planner.executor.options import RunOptions
-from planner.executor.runnable import check_runnable
 from planner.export.common import (
     Export,
     check_exportable,
@@ -24,11 +22,14 @@ from planner.export.common import (
     target_profile,
     torch_schedule_reason,
 )
+from planner.launch_spec.commands import DEFAULT_PORT, environment, launch_scripts, node_layout, torchrun_line
+from planner.launch_spec.options import RunOptions
+from planner.launch_spec.runnable import check_runnable
 from planner.schemas.plan import LaunchPlan
 
 
 def _executor_ready(plan: LaunchPlan, target: str) -> None:
-    """The scripts start our executor, so they are refused for what it cannot run (planner.executor.runnable) and for
+    """The scripts start our executor, so they are refused for what it cannot run (planner.launch_spec.runnable) and for
     what torch's schedule constructor refuses (the executor builds the profile's native class, pipeline.py)."""
     try:
         check_runnable(plan)
@@ -45,7 +46,7 @@ def _executor_ready(plan: LaunchPlan, target: str) -> None:
 def export_torchrun(plan: LaunchPlan) -> Export:
     """A script run once per node with NODE_RANK and MASTER_ADDR set; it execs torchrun for that node.
 
-    The torchrun line and environment are `planner launch`'s (planner.executor.launch), parameterised by node.
+    The torchrun line and environment are `planner launch`'s (planner.launch_spec.commands), parameterised by node.
     """
     target = "torchrun"
     check_exportable(plan, target)

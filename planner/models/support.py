@@ -1,6 +1,6 @@
 """What the executor's reference decoder (planner.nn.model) builds, checked without torch.
 
-planner.nn.model.check_reference_supports raises on these at build time; planner.executor.runnable.check_runnable
+planner.nn.model.check_reference_supports raises on these at build time; planner.launch_spec.runnable.check_runnable
 reads the same list before any process starts, so `planner run` refuses in one line instead of after torchrun.
 """
 

@@ -142,21 +142,21 @@ def _check_limits(body: PlanBody, settings: Settings) -> None:
 
 
 def _presets() -> list[str]:
-    from planner.models import list_presets
+    from planner import api
 
-    return list_presets()
+    return api.list_presets()
 
 
 def _frameworks() -> list[str]:
-    from planner.frameworks import list_frameworks
+    from planner import api
 
-    return list_frameworks()
+    return api.list_frameworks()
 
 
 def _topologies() -> list[str]:
-    from planner.topology import list_topologies
+    from planner import api
 
-    return list_topologies()
+    return api.list_topologies()
 
 
 async def _answer(app: FastAPI, kind: str, body: PlanBody) -> Response:

@@ -130,8 +130,9 @@ def main(argv: list[str]) -> None:
     _die_with_parent(parent_pid)
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
-    import planner.api  # noqa: F401 - import before the memory cap, and before the first request
-    import planner.search.driver  # noqa: F401
+    from planner import api  # import before the memory cap, and before the first request
+
+    api.preload()
 
     _limit_memory(memory_bytes)
     answers.write(json.dumps(["ready", os.getpid()]) + "\n")

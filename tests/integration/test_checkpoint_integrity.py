@@ -26,8 +26,8 @@ from typer.testing import CliRunner  # noqa: E402
 from planner.cli import app  # noqa: E402
 from planner.errors import BadInputError  # noqa: E402
 from planner.executor.checkpoint import check_resume, latest_step, step_dir  # noqa: E402
-from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 from executor_plans import TINY, TINY_GPT, honest, make_plan, write_plan  # noqa: E402
 
-from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import RunFailedError, run_plan  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
 
 LR, SEED, REL_TOL = 1e-2, 0, 1e-4
 

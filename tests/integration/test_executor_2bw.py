@@ -13,10 +13,10 @@ from executor_plans import CPU, SEQ, TINY, TINY_GPT, make_plan, write_plan  # no
 from executor_reference import LR, SEED, assert_close, reference_2bw_losses, reference_losses  # noqa: E402
 
 from planner.errors import BadInputError  # noqa: E402
-from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
-from planner.executor.runnable import check_runnable  # noqa: E402
 from planner.executor.twobw import one_f_one_b_order  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
+from planner.launch_spec.runnable import check_runnable  # noqa: E402
 
 STEPS = 8
 

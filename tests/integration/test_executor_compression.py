@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 from executor_plans import TINY, make_plan, write_plan  # noqa: E402
 
 from planner.cost.compression import powersgd_ratio  # noqa: E402
-from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
 from planner.models import counting  # noqa: E402
 from planner.schemas.compression import parse_compression  # noqa: E402
 

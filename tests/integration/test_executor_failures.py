@@ -12,9 +12,9 @@ from executor_plans import TINY, make_plan, write_plan
 
 from planner.errors import BadInputError
 from planner.executor.checkpoint import STEP_FILE, layout_of, step_dir
-from planner.executor.options import RunOptions
 from planner.executor.report import RankFailure
 from planner.executor.run import _failure_message, signal_deaths, thread_env
+from planner.launch_spec.options import RunOptions
 
 TORCHRUN_SUMMARY = """
 Failures:

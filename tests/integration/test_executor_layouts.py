@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 from executor_plans import TINY, TINY_GPT, make_plan, write_plan  # noqa: E402
 from executor_reference import LR, SEED, assert_close, reference_losses  # noqa: E402
 
-from planner.executor.schedules import stage_rank  # noqa: E402
 from planner.errors import BadInputError  # noqa: E402
-from planner.executor.options import RunOptions  # noqa: E402
-from planner.executor.runnable import check_runnable  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
+from planner.launch_spec.runnable import check_runnable  # noqa: E402
+from planner.launch_spec.schedules import stage_rank  # noqa: E402
 
 
 def options(**kw) -> RunOptions:
@@ -57,7 +57,7 @@ def test_zero_bubble_with_selective_recompute_and_fsdp_matches_single_process(tm
 
 
 def test_torch_schedule_names_place_stages_and_refuse_what_they_cannot_run():
-    from planner.executor.pipeline import SCHEDULE_CLASSES
+    from planner.launch_spec.schedules import SCHEDULE_CLASSES
 
     assert [stage_rank(s, pp=2, schedule="zbv") for s in range(4)] == [0, 1, 1, 0]  # V: rank 0 holds 0 and 3
     assert [stage_rank(s, pp=2, schedule="zero-bubble") for s in range(4)] == [0, 1, 0, 1]  # looped

@@ -19,8 +19,8 @@ pytest.importorskip("torch")
 
 from executor_plans import make_plan, write_plan  # noqa: E402
 
-from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import run_agent, thread_env, torchrun_argv  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 START_S, GONE_S = 120.0, 30.0

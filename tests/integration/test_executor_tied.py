@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 from executor_plans import TINY_GPT, TINY_TIED, make_plan, write_plan  # noqa: E402
 from executor_reference import LR, SEED, assert_close, reference_losses  # noqa: E402
 
-from planner.executor.options import RunOptions  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
+from planner.launch_spec.options import RunOptions  # noqa: E402
 
 STEPS = 3
 SPECS = {"gpt2-tied": TINY_GPT, "llama-tied": TINY_TIED}

@@ -8,9 +8,9 @@ from executor_plans import TINY, TINY_MOE, make_plan
 
 from planner.errors import BadInputError
 from planner.executor.checkpoint import ShardKeys, latest_step, remove_partial
-from planner.executor.options import RunOptions
 from planner.executor.report import RankResult, build_report, loss_rank
-from planner.executor.runnable import check_runnable
+from planner.launch_spec.options import RunOptions
+from planner.launch_spec.runnable import check_runnable
 from planner.schemas.plan import Stage
 
 

@@ -136,8 +136,8 @@ def test_bf16_runs_track_fp32_and_hold_bf16_weights(spec, layout, tmp_path):
     from executor_plans import TINY_MOE
     from executor_reference import LR, SEED, reference_2bw_losses, reference_losses
 
-    from planner.executor.options import RunOptions
     from planner.executor.run import run_plan
+    from planner.launch_spec.options import RunOptions
 
     plan = make_plan(TINY if spec == "dense" else TINY_MOE, **layout)
     plan = honest(plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "bf16"})}))
@@ -159,9 +159,9 @@ def test_fp8_is_refused_on_cpu_and_on_gpus_without_fp8_with_the_reason(tmp_path)
 
     from planner.errors import BadInputError
     from planner.executor.fp8 import fp8_refusal
-    from planner.executor.options import RunOptions
     from planner.executor.run import run_plan
-    from planner.executor.runnable import check_runnable
+    from planner.launch_spec.options import RunOptions
+    from planner.launch_spec.runnable import check_runnable
 
     plan = make_plan(TINY, num_microbatches=1)
     plan = honest(plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "fp8"})}))
@@ -222,8 +222,8 @@ def test_bf16_resume_restores_the_fp32_masters(tmp_path):
     ZeRO-1 over dp=2: each rank saves its own masters and moment partition."""
     from executor_reference import LR, SEED
 
-    from planner.executor.options import RunOptions
     from planner.executor.run import run_plan
+    from planner.launch_spec.options import RunOptions
 
     plan = make_plan(TINY, dp=2, zero_stage=1)
     plan = honest(plan.model_copy(update={"request": plan.request.model_copy(update={"precision": "bf16"})}))

@@ -83,7 +83,7 @@ def test_plans_for_each_framework_use_only_what_it_runs(framework):
 
 
 def test_the_default_plan_runs_under_planner_run():
-    from planner.executor.runnable import check_runnable
+    from planner.launch_spec.runnable import check_runnable
 
     request = api.build_request(model="llama3-70b", topology="dgx-h100", nodes=4, global_batch_size=256, seq_len=4096, search=FAST)
     plan = api.plan(request)

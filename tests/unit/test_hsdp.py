@@ -97,8 +97,8 @@ def test_estimate_with_dp_replicate_differs_from_fsdp_as_the_formula_says():
 
 
 def test_plan_with_dp_replicate_keeps_it_and_rederives_to_itself(tmp_path):
-    from planner.executor.runnable import check_runnable
     from planner.io import load_file
+    from planner.launch_spec.runnable import check_runnable
     from planner.plan_verify import differences, rederived, verify_plan
     from planner.schemas.plan import LaunchPlan
 

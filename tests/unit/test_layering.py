@@ -40,7 +40,11 @@ LAYER_RULES = [
                                    "planner.plot", "planner.report", "planner.nn"),
      "the search sits below the façade, its adapters and the plan's consumers"),
     ("planner.executor", ADAPTERS, "the executor is called by the façade, never the reverse"),
-    ("planner.export", ADAPTERS, "the exporters are called by the façade, never the reverse"),
+    ("planner.export", ADAPTERS + ("planner.executor",),
+     "the exporters are called by the façade, never the reverse; what they share with the executor (launch command "
+     "lines, run options, the runnable rules, schedule class names) lives below both, in planner.launch_spec"),
+    ("planner.launch_spec", ABOVE_COST + ("planner.nn",),
+     "the home the executor and the exporters share sits below both (and stays torch-free)"),
 ]
 # Only these may import from planner: the schemas are the bottom layer.
 SCHEMAS_MAY_IMPORT = ("planner.schemas", "planner.units", "planner.errors")
@@ -305,6 +309,35 @@ def test_only_the_adapters_import_the_facade(graph):
     bad = sorted(f"{m} imports {t}" for m, targets in graph.items() for t in targets
                  for top, users in allowed.items() if _within(t, [top]) and not _within(m, users))
     assert not bad, bad
+
+
+# What the thin adapters may import besides planner.api: themselves, rendering (planner.report: rich tables;
+# planner.plot: the `explain --plot` figure), input/output plumbing (planner.io: loading, canonical JSON, atomic
+# writes; planner.errors), the file formats they parse and print (planner.schemas) and unit constants
+# (planner.units, GiB in the estimate tables). `planner serve` starts the other adapter (planner.service), and
+# the service's pool reads `planner.__file__` to put this copy of the package first on its workers' path.
+# Everything that does the work (search, cost, check, export, executor, models, topology, profiling,
+# frameworks, launch_spec) is reached through planner.api.
+CLI_MAY_IMPORT = ("planner.api", "planner.cli", "planner.report", "planner.plot", "planner.io", "planner.errors",
+                  "planner.schemas", "planner.units", "planner.service")
+SERVICE_MAY_IMPORT = ("planner.api", "planner.service", "planner.io", "planner.errors", "planner.schemas")
+
+
+@pytest.mark.parametrize("adapter, may_import", [("planner.cli", CLI_MAY_IMPORT), ("planner.service", SERVICE_MAY_IMPORT)])
+def test_adapters_work_only_through_the_facade(graph, adapter, may_import):
+    bad = sorted(f"{m} imports {t}" for m, targets in graph.items() if _within(m, [adapter])
+                 for t in targets if t != "planner" and not _within(t, may_import))
+    assert not bad, f"{adapter} is a thin adapter over planner/api.py: add a function there instead of {bad}"
+
+
+def test_the_shared_launch_home_imports_without_torch():
+    """planner.launch_spec is what `planner launch` and the torchrun/slurm exporters run on a login node: no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, planner.launch_spec.commands, planner.launch_spec.runnable, planner.launch_spec.schedules, "
+            "planner.export.scripts; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE_DIR.parent)
 
 
 def test_no_private_names_across_modules(modules):

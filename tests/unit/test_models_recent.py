@@ -70,7 +70,7 @@ def test_the_executor_refuses_windowed_layers_and_builds_the_rest():
 def test_planner_run_refuses_a_windowed_model_in_one_line():
     """Planned for our executor: refused before the search (profile unsupported_models); a plan made for another stack
     is refused by `planner run`'s pre-launch check."""
-    from planner.executor.runnable import check_runnable
+    from planner.launch_spec.runnable import check_runnable
 
     spec = load_model(str(HF_DIR / "ministral-8b"))
     with pytest.raises(BadInputError, match="sliding-window attention layers, which framework 'planner' does not build"):

@@ -45,7 +45,7 @@ def test_formulas():
 
 
 def test_v_placement_matches_the_executor():
-    executor = pytest.importorskip("planner.executor.schedules")
+    executor = pytest.importorskip("planner.launch_spec.schedules")
     for schedule in ("zbv", "dualpipev", "interleaved", "zero-bubble"):
         for stage in range(2 * PP):
             assert S.stage_rank(stage, pp=PP, schedule=schedule) == executor.stage_rank(stage, pp=PP, schedule=schedule)

@@ -14,8 +14,8 @@ import shlex
 from dataclasses import dataclass
 
 from planner.errors import BadInputError
-from planner.executor.options import RunOptions
-from planner.executor.runnable import check_runnable
+from planner.launch_spec.options import RunOptions
+from planner.launch_spec.runnable import check_runnable
 from planner.schemas.plan import LaunchPlan
 
 RUNTIME_MODULE = "planner.executor.runtime"

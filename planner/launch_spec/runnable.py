@@ -9,8 +9,8 @@ the `planner` framework profile (planner/data/frameworks/planner.yaml), the rule
 from __future__ import annotations
 
 from planner.errors import BadInputError
-from planner.executor.schedules import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.frameworks import load_framework, plan_configs, precision_refusal, refusal
+from planner.launch_spec.schedules import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.models.support import reference_refusal
 from planner.schemas.plan import LaunchPlan
 

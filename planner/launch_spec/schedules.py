@@ -13,6 +13,19 @@ from __future__ import annotations
 TORCH_SCHEDULES = ("interleaved-zero-bubble", "zbv", "dualpipev")
 V_SCHEDULES = ("zbv", "dualpipev")
 ZERO_BUBBLE_SCHEDULES = ("zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
+# The torch.distributed.pipelining class each schedule name builds (planner/executor/pipeline.py build_schedule builds
+# it; the `planner` judge constructs it too), and those that take several stages per rank. 2bw has no class: it runs
+# on the executor's own send/recv loop (planner/executor/twobw.py).
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",
+    "interleaved-zero-bubble": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
+MULTI_STAGE = ("interleaved", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
 
 
 def stage_rank(stage: int, *, pp: int, schedule: str) -> int:
