@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from planner.errors import BadInputError
-from planner.io import is_file
-from planner.schemas.model import ModelSpec
-from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest, Precision, SearchLimits
-from planner.schemas.topology import Topology
+
+if TYPE_CHECKING:  # the schemas (pydantic) load where a function needs them: `planner models list` stays light
+    from planner.schemas.model import ModelSpec
+    from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest, Precision, SearchLimits
+    from planner.schemas.topology import Topology
 
 DEFAULT_TOKENS_PER_STEP = 4 * 2**20  # ~4M tokens per optimizer step, as GPT-3 / Llama-3 class runs use
 DEFAULT_MODEL = "llama3-8b"
@@ -122,6 +122,14 @@ def build_request(
 ) -> PlanRequest:
     """Resolve names into a self-contained PlanRequest (model and topology inline); `framework` is the stack that
     will run the plan (a shipped profile name or a profile file), checked here so a typo fails before the search."""
+    from pydantic import ValidationError
+
+    from planner.frameworks import model_refusal
+    from planner.io import is_file
+    from planner.schemas.model import ModelSpec
+    from planner.schemas.plan import PlanRequest
+    from planner.schemas.topology import Topology
+
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     topo = topology if isinstance(topology, Topology) else load_topology(topology, nodes=nodes, gpus=gpus)
     world = gpus if gpus is not None else topo.num_gpus
@@ -135,12 +143,10 @@ def build_request(
     if profile is not None and not is_file(profile):
         raise BadInputError(f"profile={profile!r}: file not found: run `planner profile -o {profile}` or fix the path")
     _check_precision(precision, topo)
-    from planner.frameworks import model_refusal
-
     refused = model_refusal(load_framework(framework), spec)
-    overlay = _calibration_for(calibration, topo, framework)
     if refused is not None:
         raise BadInputError(refused)
+    overlay = _calibration_for(calibration, topo, framework)
     try:
         return PlanRequest(framework=framework, model=spec, topology=topo, gpus=world, global_batch_size=batch,
                            seq_len=length, precision=precision, profile=profile, search=search, calibration=overlay)
@@ -217,6 +223,7 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memo
 def _wider(request: PlanRequest) -> PlanRequest:
     """The same request keeping the most alternatives (the ranking a plan that does not fit by trace falls back on)."""
     from planner.schemas import limits
+    from planner.schemas.plan import SearchLimits
 
     search = (request.search or SearchLimits()).model_copy(update={"top_k": limits.MAX_TOP_K})
     return request.model_copy(update={"search": search})
@@ -227,6 +234,7 @@ def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:
     invariants the search guarantees (planner.plan_invariants) and its numbers re-derived from its own request
     (planner.plan_verify), so a hand-edited plan is refused, not used."""
     from planner.plan_verify import verify_plan
+    from planner.schemas.plan import LaunchPlan
 
     if isinstance(plan, LaunchPlan):
         return verify_plan(plan)
@@ -335,6 +343,7 @@ def launch(plan: LaunchPlan | str | Path, *, hosts: str | None = None, master_po
            time_limit: str = "04:00:00"):
     """Per-node torchrun commands and an sbatch script for the plan (planner.launch_spec.commands.LaunchScripts)."""
     from planner.launch_spec.commands import launch_scripts, parse_hosts
+    from planner.schemas.plan import LaunchPlan
 
     plan_path = str(plan) if not isinstance(plan, LaunchPlan) else "plan.json"
     return launch_scripts(_plan_of(plan), plan_path=plan_path, hosts=parse_hosts(hosts), master_port=master_port,
