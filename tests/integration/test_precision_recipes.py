@@ -178,25 +178,16 @@ def test_fp8_is_refused_on_cpu_and_on_gpus_without_fp8_with_the_reason(tmp_path)
             check_runnable(other)
 
 
-def _fp8_gpu() -> bool:
-    import importlib.util
-
-    return (torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 9)
-            and importlib.util.find_spec("torchao") is not None)
-
-
-@pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with fp8 tensor cores (compute capability >= 8.9) and torchao")
-def test_fp8_trains_with_float8_linears_on_an_fp8_gpu():
-    """On an fp8 GPU: every decoder nn.Linear (not the LM head) becomes a torchao Float8Linear, the parameters stay
-    bf16 with fp32 masters, and 4 AdamW steps track the bf16 recipe's losses within 5% (e4m3 keeps 3 mantissa bits)."""
-    from planner.executor.fp8 import apply_fp8, check_fp8
+def bf16_and_fp8_losses(device) -> dict[str, list[float]]:
+    """4 AdamW steps of TINY under the bf16 recipe and under fp8 on `device`, checking on the way that every decoder
+    nn.Linear (not the LM head) became a torchao Float8Linear, that the optimizer holds fp32 masters
+    (MasterWeightOptimizer) and that the parameters stay bf16."""
+    from planner.executor.fp8 import apply_fp8
     from planner.executor.parallelize import build_optimizer
-    from planner.executor.precision import cast_parameters
+    from planner.executor.precision import MasterWeightOptimizer, cast_parameters
     from planner.executor.train import synthetic_batches, train_steps
     from planner.nn import Transformer
 
-    device = torch.device("cuda", 0)
-    check_fp8(device)
     losses = {}
     for precision in ("bf16", "fp8"):
         model = Transformer(TINY)
@@ -208,10 +199,30 @@ def test_fp8_trains_with_float8_linears_on_an_fp8_gpu():
             assert sum(type(m).__name__ == "Float8Linear" for m in model.modules()) == 7 * TINY.num_layers
         model = model.to(device)
         opt = build_optimizer(model, zero_stage=0, lr=1e-2, precision=precision)
+        assert isinstance(opt, MasterWeightOptimizer)
         batches = [(x.to(device), y.to(device)) for x, y in synthetic_batches(
             vocab_size=TINY.vocab_size, batch_size=4, seq_len=16, steps=4, seed=0)]
         losses[precision] = train_steps(model, opt, batches)
         assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    return losses
+
+
+def _fp8_gpu() -> bool:
+    import importlib.util
+
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 9)
+            and importlib.util.find_spec("torchao") is not None)
+
+
+@pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with fp8 tensor cores (compute capability >= 8.9) and torchao")
+def test_fp8_trains_with_float8_linears_on_an_fp8_gpu():
+    """On an fp8 GPU: every decoder nn.Linear (not the LM head) becomes a torchao Float8Linear, the parameters stay
+    bf16 with fp32 masters, and 4 AdamW steps track the bf16 recipe's losses within 5% (e4m3 keeps 3 mantissa bits)."""
+    from planner.executor.fp8 import check_fp8
+
+    device = torch.device("cuda", 0)
+    check_fp8(device)
+    losses = bf16_and_fp8_losses(device)
     assert max(abs(a - b) / b for a, b in zip(losses["fp8"], losses["bf16"])) < 0.05
 
 
@@ -244,24 +255,5 @@ def test_fp8_conversion_and_master_step_run_where_torchao_is_installed():
     Float8Linear, the LM head stays, parameters stay bf16 with fp32 masters, and 4 AdamW steps stay within 1% of
     the bf16 recipe's losses."""
     pytest.importorskip("torchao.float8")
-    from planner.executor.fp8 import apply_fp8
-    from planner.executor.parallelize import build_optimizer
-    from planner.executor.precision import MasterWeightOptimizer, cast_parameters
-    from planner.executor.train import synthetic_batches, train_steps
-    from planner.nn import Transformer
-
-    losses = {}
-    for precision in ("bf16", "fp8"):
-        model = Transformer(TINY)
-        model.init_weights(0)
-        cast_parameters(model, precision)
-        if precision == "fp8":
-            assert apply_fp8(model) == 7 * TINY.num_layers
-            assert sum(type(m).__name__ == "Float8Linear" for m in model.modules()) == 7 * TINY.num_layers
-            assert type(model.output).__name__ == "Linear"
-        opt = build_optimizer(model, zero_stage=0, lr=1e-2, precision=precision)
-        assert isinstance(opt, MasterWeightOptimizer)
-        losses[precision] = train_steps(model, opt, synthetic_batches(vocab_size=TINY.vocab_size, batch_size=4,
-                                                                      seq_len=16, steps=4, seed=0))
-        assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    losses = bf16_and_fp8_losses(torch.device("cpu"))
     assert max(abs(a - b) / b for a, b in zip(losses["fp8"], losses["bf16"])) < 0.01

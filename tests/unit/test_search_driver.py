@@ -57,34 +57,40 @@ def test_every_configuration_is_accounted_for():
     assert total == result.considered
 
 
-def test_bounds_are_below_evaluate():
-    request = small_request()
-    cost = make_cost_model(request)
-    space = Space(request, Options.from_request(request))
+def bounded_members(request):
+    """(cost model, variant bound, candidate) for every valid member of the request's space: what a bound must stay
+    below (the search's variant bound, computed as the branch and bound computes it)."""
     from planner.cost.model import Candidate
 
+    cost = make_cost_model(request)
+    space = Space(request, Options.from_request(request))
     state = _Search(request, cost, Options.from_request(request), exhaustive=False, progress=None)
-    checked = 0
     for group in space.groups():
         for schedule, vpp, _ in space.variants(group):
             variant_lower = state.variant_bound(group, schedule, vpp)
             for member in space.members(group, schedule, vpp):
                 cand = Candidate(**group.candidate_fields(), zero_stage=member.zero_stage, schedule=schedule, vpp=vpp,
                                  axis_order=member.axis_order)
-                if cost.validity_reasons(cand):
-                    continue
-                lc = cost.layer_costs(cand)
-                ev = cost.evaluate(cand)
-                times = lc.forward_s + lc.backward_s + lc.recompute_s
-                end = max(times[0], times[-1]) + min(times[1:-1])
-                lower = bounds.step_time_lower_bound_s(float(times.sum()), cand.num_microbatches, cand.pp, schedule, vpp, end)
-                assert lower <= ev.step_time_s * (1 + 1e-9)
-                assert variant_lower <= ev.step_time_s * (1 + 1e-9)
-                act = float(np.sum(np.minimum(lc.activation_bytes, lc.full_recompute_activation_bytes)))
-                other = min(cost.stage_other_bytes(cand, s) for s in range(cand.pp))
-                mem = bounds.memory_lower_bound_bytes(float(np.sum(lc.static_bytes)), act, cand.pp, other)
-                assert mem <= ev.peak_bytes * (1 + 1e-9)
-                checked += 1
+                if not cost.validity_reasons(cand):
+                    yield cost, variant_lower, cand
+
+
+def test_bounds_are_below_evaluate():
+    checked = 0
+    for cost, variant_lower, cand in bounded_members(small_request()):
+        lc = cost.layer_costs(cand)
+        ev = cost.evaluate(cand)
+        times = lc.forward_s + lc.backward_s + lc.recompute_s
+        end = max(times[0], times[-1]) + min(times[1:-1])
+        lower = bounds.step_time_lower_bound_s(float(times.sum()), cand.num_microbatches, cand.pp, cand.schedule,
+                                               cand.vpp, end)
+        assert lower <= ev.step_time_s * (1 + 1e-9)
+        assert variant_lower <= ev.step_time_s * (1 + 1e-9)
+        act = float(np.sum(np.minimum(lc.activation_bytes, lc.full_recompute_activation_bytes)))
+        other = min(cost.stage_other_bytes(cand, s) for s in range(cand.pp))
+        mem = bounds.memory_lower_bound_bytes(float(np.sum(lc.static_bytes)), act, cand.pp, other)
+        assert mem <= ev.peak_bytes * (1 + 1e-9)
+        checked += 1
     assert checked > 100
 
 

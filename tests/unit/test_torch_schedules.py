@@ -161,23 +161,11 @@ def test_search_proposes_v_schedules_only_when_asked():
 
 
 def test_bounds_of_torch_schedule_variants_are_below_evaluate():
-    from planner.cost.model import Candidate
-    from planner.search.driver import _Search, make_cost_model
-    from planner.search.space import Options, Space
+    from test_search_driver import bounded_members
 
     request = _small_request({"pp": 2}, schedules=("interleaved-zero-bubble", "zbv", "dualpipev"))
-    cost = make_cost_model(request)
-    space = Space(request, Options.from_request(request))
-    state = _Search(request, cost, Options.from_request(request), exhaustive=False, progress=None)
     checked = 0
-    for group in space.groups():
-        for schedule, vpp, _ in space.variants(group):
-            lower = state.variant_bound(group, schedule, vpp)
-            for member in space.members(group, schedule, vpp):
-                c = Candidate(**group.candidate_fields(), zero_stage=member.zero_stage, schedule=schedule, vpp=vpp,
-                              axis_order=member.axis_order)
-                if cost.validity_reasons(c):
-                    continue
-                assert lower <= cost.evaluate(c).step_time_s * (1 + 1e-9)
-                checked += 1
+    for cost, lower, cand in bounded_members(request):
+        assert lower <= cost.evaluate(cand).step_time_s * (1 + 1e-9)
+        checked += 1
     assert checked > 20
