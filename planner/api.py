@@ -259,9 +259,9 @@ def check_report(report) -> dict:
 
 def stage_rank(stage: int, *, pp: int, schedule: str) -> int:
     """The pipeline rank holding virtual stage `stage` under `schedule` (the cost model's placement, looped or V)."""
-    from planner.cost.schedule import stage_rank as _rank
+    from planner.schedules import schedule as schedule_of
 
-    return _rank(stage, pp=pp, schedule=schedule)
+    return schedule_of(schedule).stage_rank(stage, pp=pp)
 
 
 def megatron_split(num_layers: int, pp: int, vpp: int, *, first: int | None, last: int | None) -> tuple[int, ...]:

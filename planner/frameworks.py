@@ -18,6 +18,7 @@ from planner.errors import BadInputError
 from planner.frameworks_split import balanced_split, split_refusal
 from planner.io import load_file, shipped_names
 from planner.resources import ENV_OVERRIDES, data_dir
+from planner.schedules import BY_NAME, DEFAULT, DUALPIPEV, ONE_F_ONE_B
 from planner.schemas.compression import NONE
 from planner.schemas.framework import FrameworkProfile
 from planner.models.features import describe, has_feature
@@ -70,7 +71,7 @@ class Config:
     vpp: int = 1
     sp: bool = False
     zero_stage: int = 0
-    schedule: str = "1f1b"
+    schedule: str = DEFAULT.name
     recompute: str = "none"
     tp_overlap: str = "none"
     is_moe: bool = False
@@ -111,10 +112,10 @@ def torch_schedule_rule(class_name: str, *, pp: int, num_microbatches: int) -> s
     n = num_microbatches
     if pp == 1:
         return None
-    if class_name in ("1F1B", "Schedule1F1B") and n < pp:
+    if class_name in (ONE_F_ONE_B.executor_class, ONE_F_ONE_B.torchtitan_name) and n < pp:
         return f"{class_name} needs num_microbatches={n} >= the number of stages {pp}"
-    if class_name in ("ScheduleDualPipeV", "DualPipeV") and n < 2 * pp:  # two stages per rank: 2 pp stages (torchtitan: DualPipeV)
-        return f"schedule=dualpipev needs num_microbatches={n} >= pp*vpp={2 * pp} ({class_name}: at least one per stage)"
+    if class_name in (DUALPIPEV.executor_class, DUALPIPEV.torchtitan_name) and n < 2 * pp:  # two stages per rank: 2 pp stages
+        return f"schedule={DUALPIPEV.name} needs num_microbatches={n} >= pp*vpp={2 * pp} ({class_name}: at least one per stage)"
     if "Interleaved" in class_name:
         rounds = max(1, n // pp)
         if n % rounds:
@@ -143,18 +144,18 @@ def precision_refusal(profile: FrameworkProfile, precision: str) -> str | None:
 
 def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool = True) -> tuple[str, str] | None:
     """(pruned key, message) of the first capability the configuration needs and the stack lacks; None if it runs."""
-    caps, name = profile.capabilities, profile.name
+    caps, name, sched = profile.capabilities, profile.name, BY_NAME.get(c.schedule)
     if c.pp > 1 and c.schedule not in profile.schedule_names():
-        what = " (PipeDream-2BW: two weight versions, one-step-stale updates)" if c.schedule == "2bw" else ""
+        what = f" ({sched.title}: two weight versions, one-step-stale updates)" if sched and sched.stale_weights else ""
         return "schedule_not_in_framework", (f"schedule={c.schedule!r}{what} is not run by framework {name!r}: choose one "
                                              f"of {list(profile.schedule_names())}")
-    if c.schedule == "2bw" and c.pp > 1 and not allow_stale_weights:
-        return "stale_weights_not_allowed", ("schedule='2bw' (PipeDream-2BW) trains with one-step-stale weights: "
-                                             "pass --allow-stale-weights (or --schedule 2bw) to allow it")
+    if sched and sched.stale_weights and c.pp > 1 and not allow_stale_weights:
+        return "stale_weights_not_allowed", (f"schedule={c.schedule!r} ({sched.title}) trains with one-step-stale weights: "
+                                             f"pass --allow-stale-weights (or --schedule {c.schedule}) to allow it")
     if caps.torch_pipelining and c.pp > 1 and c.num_microbatches and c.schedule in profile.schedule_names():
         rule = torch_schedule_rule(profile.native_schedule(c.schedule), pp=c.pp, num_microbatches=c.num_microbatches)
         if rule is not None:
-            fix = (f"at least 2*pp={2 * c.pp}" if "dualpipev" in rule else f"a multiple of pp={c.pp}") + " micro-batches"
+            fix = (f"at least 2*pp={2 * c.pp}" if sched and sched.min_microbatches_is_stages else f"a multiple of pp={c.pp}") + " micro-batches"
             return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives {fix}"
     if c.recompute not in caps.recompute.modes:
         return "recompute_not_in_framework", f"recompute={c.recompute!r} is not run by framework {name!r}: choose one of {list(caps.recompute.modes)}"

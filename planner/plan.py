@@ -2,7 +2,7 @@
 
 Stages name the executor model's modules (planner.nn): "tok_embeddings" opens virtual stage 0, "layers.<i>" the
 decoder layers, and "norm", "output" close the last virtual stage. Virtual stage v runs on pipeline rank v % pp
-(zbv, dualpipev: in a V, planner.cost.schedule.stage_rank);
+(zbv, dualpipev: in a V, planner.schedules.Schedule.stage_rank);
 each stage's `memory` is the memory of the pipeline rank that runs it. Ranks come from
 planner.topology.placement.rank_map, process groups from the links the cost model used.
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from planner.cost.evaluate import Evaluation
 from planner.cost.model import Candidate, CostModel
-from planner.cost.schedule import stage_rank
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import (
     Alternative, Batch, LaunchPlan, MemoryReport, Parallelism, PlanRequest, Prediction, ProcessGroup, Recompute,
     SolverStats, Stage,
@@ -101,7 +101,7 @@ def build_launch_plan(
     memories = evaluation.stage_memory
     stages = tuple(
         Stage(stage=v, layers=names, recompute=Recompute(mode=cand.recompute, full_layers=evaluation.full_recompute_layers[v]),
-              memory=memories[stage_rank(v, pp=cand.pp, schedule=cand.schedule)], time=evaluation.stage_times[v])
+              memory=memories[schedule_of(cand.schedule).stage_rank(v, pp=cand.pp)], time=evaluation.stage_times[v])
         for v, names in enumerate(modules)
     )
     sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp}

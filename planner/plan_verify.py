@@ -17,7 +17,7 @@ compared within OTHER_VERSION_TOLERANCE instead (still catches a 0 s step or a 1
 `planner check` is the tool that reports how the numbers moved. A plan whose measured profile or framework
 file is not on this machine, or whose schedule the cost model does not price, cannot be re-derived: only its
 shape and the agreement of its numbers with each other are checked, and `unverified_reason` says why. (torch's
-zbv, dualpipev and interleaved-zero-bubble are priced: planner.cost.schedule.)
+zbv, dualpipev and interleaved-zero-bubble are priced: planner.schedules.)
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def unverified_reason(plan: LaunchPlan) -> str | None:
     """Why the plan's numbers cannot be re-derived on this machine (a file its request names is absent), or None."""
     from pathlib import Path
 
-    from planner.cost.schedule import SCHEDULES
+    from planner.schedules import NAMES
 
-    if plan.schedule not in SCHEDULES:  # a schedule name of a newer version
+    if plan.schedule not in NAMES:  # a schedule name of a newer version
         return f"its schedule {plan.schedule!r} is run by the executor but not costed by the planner"
     if plan.request.profile is not None and not Path(plan.request.profile).expanduser().is_file():
         return f"its measured profile {plan.request.profile} is not on this machine"

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import BadInputError
+from planner.schedules import GPIPE, INTERLEAVED
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import LaunchPlan
 
 MAX_DRAWN_MICROBATCHES = 8
-DRAWN_AS_1F1B = {"2bw": "2BW has no flush: its bubble is amortised across steps",
-                 "zero-bubble": "ZB-H1 fills bubbles with weight-gradient work, not drawn"}
 MEMORY_PARTS = (("params_bytes", "weights", "#4C72B0"), ("grads_bytes", "gradients", "#55A868"),
                 ("optimizer_bytes", "optimizer", "#C44E52"), ("activations_bytes", "activations", "#8172B2"),
                 ("other_bytes", "other", "#CCB974"))
@@ -50,7 +50,7 @@ def rank_order(schedule: str, *, rank: int, pp: int, vpp: int, m: int) -> list[O
     """The op order of one pipeline rank (see the module docstring)."""
     if vpp > 1:
         return _interleaved_order(rank=rank, pp=pp, vpp=vpp, m=m)
-    if schedule == "gpipe":
+    if schedule_of(schedule) is GPIPE:  # all forwards, then all backwards
         return [Op("F", i, rank) for i in range(m)] + [Op("B", i, rank) for i in range(m)]
     warmup = min(pp - rank - 1, m)
     ops = [Op("F", i, rank) for i in range(warmup)]
@@ -134,8 +134,9 @@ def _draw_timeline(ax, plan: LaunchPlan) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("time (s)")
     shown = f"{m} of {plan.batch.num_microbatches} micro-batches" + (" (capped)" if m < plan.batch.num_microbatches else "")
-    drawn_as = f" (drawn in 1F1B order; {DRAWN_AS_1F1B[plan.schedule]})" if plan.schedule in DRAWN_AS_1F1B and vpp == 1 else ""
-    if vpp > 1 and plan.schedule != "interleaved":  # zero-bubble / torch's names: their own orders are not drawn
+    note = schedule_of(plan.schedule).drawing_note
+    drawn_as = f" (drawn in 1F1B order; {note})" if note and vpp == 1 else ""
+    if vpp > 1 and schedule_of(plan.schedule) is not INTERLEAVED:  # zero-bubble / torch's names: their own orders are not drawn
         drawn_as = " (drawn in interleaved 1F1B order, stages looped; its own order and V placement not drawn)"
     kind = "no pipeline (pp=1)" if pp == 1 else f"{plan.schedule} pipeline, pp={pp}" + (f" vpp={vpp}" if vpp > 1 else "") + drawn_as
     ax.set_title(kind +

@@ -22,6 +22,7 @@ from typing import Any
 
 from planner.errors import BadInputError
 from planner.io import read_text_checked
+from planner.schedules import DEFAULT, INTERLEAVED
 
 MAX_LOG_BYTES = 256 << 20
 ARGS_START = re.compile(r"-{8,} arguments -{8,}")
@@ -122,7 +123,7 @@ def read_megatron(path: Path, *, model: Any = None, framework: str | None = None
         "framework": framework or "megatron-core", "gpus": args["world_size"], "global_batch_size": args["global_batch_size"],
         "seq_len": args["seq_length"], "precision": "fp8" if args.get("fp8") else "bf16" if args.get("bf16") or args.get("fp16") else "fp32",
         "configuration": {"parallelism": parallelism, "microbatch_size": args["micro_batch_size"],
-                          "schedule": "interleaved" if vpp > 1 else "1f1b",
+                          "schedule": INTERLEAVED.name if vpp > 1 else DEFAULT.name,
                           "recompute": args.get("recompute_granularity") or "none"},
         "step_time_s": step, "peak_memory_gib": megatron_peak_gib(text, source), "source": f"{source} ({lines})",
     }
@@ -220,7 +221,7 @@ def read_torchtitan(path: Path, config: Path, *, model: Any = None, gpus: int | 
     ac = job.get("activation_checkpoint", {}).get("mode", "selective")
     pp = degrees["pipeline_parallel"]
     # torchtitan's multi-stage schedules (Interleaved1F1B, ...) place 2 stages per rank unless the config says otherwise
-    interleaved = pp > 1 and "interleaved" in str(par.get("pipeline_parallel_schedule", "")).lower()
+    interleaved = pp > 1 and INTERLEAVED.name in str(par.get("pipeline_parallel_schedule", "")).lower()
     microbatch = int(par.get("pipeline_parallel_microbatch_size", 1)) if pp > 1 else training["local_batch_size"]
     return {
         "name": path.name, "model": model, "framework": framework or "torchtitan", "gpus": world,
@@ -230,7 +231,7 @@ def read_torchtitan(path: Path, config: Path, *, model: Any = None, gpus: int | 
                                           "zero_stage": 3 if degrees["data_parallel_shard"] > 1 else 0,
                                           "dp_replicate": degrees["data_parallel_replicate"] if degrees["data_parallel_shard"] > 1 else 1},
                           "microbatch_size": microbatch,
-                          "schedule": "interleaved" if interleaved else "1f1b",
+                          "schedule": INTERLEAVED.name if interleaved else DEFAULT.name,
                           "recompute": ac if ac in ("none", "selective", "full") else "selective"},
         "step_time_s": step, "peak_memory_gib": max(memory for _, _, memory in steps), "source": f"{source} ({lines}), {config}",
     }

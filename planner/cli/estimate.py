@@ -16,6 +16,9 @@ from rich.table import Table
 from planner.cli.common import emit_text, guarded, path_text
 from planner.errors import BadInputError
 from planner.io import format_validation_error
+from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
+from planner.schedules import NAMES as SCHEDULE_NAMES
+from planner.schedules import V_PLACED
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, PlanRequest
 from planner.units import GiB
@@ -99,7 +102,7 @@ def plan_tables(plan: LaunchPlan) -> list[Table]:
 
 CHOICES = {
     "recompute": ("none", "selective", "full"),
-    "schedule": ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev"),
+    "schedule": SCHEDULE_NAMES,
     "tp_overlap": ("none", "domino"),
     "zero": (0, 1, 2, 3),
     "precision": ("bf16", "amp-bf16", "fp32", "fp8"),
@@ -208,8 +211,8 @@ def estimate(
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0 | 1 | 2 | 3."),
     dp_replicate: int = typer.Option(1, "--dp-replicate", help="HSDP: dp as dp_replicate x dp_shard, ZeRO-2/3 state "
                                      "sharded within a replica and replicated across them (needs --zero 2|3; 1 = plain)."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | 2bw | zero-bubble | "
-                                  "interleaved-zero-bubble | zbv | dualpipev (zbv, dualpipev: --vpp 2, a V)."),
+    schedule: str = typer.Option(DEFAULT_SCHEDULE.name, "--schedule", help=" | ".join(SCHEDULE_NAMES) + (
+                                  f" ({', '.join(s.name for s in V_PLACED)}: --vpp 2, a V).")),
     tp_overlap: str = typer.Option("none", "--tp-overlap", help="none | domino."),
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, "

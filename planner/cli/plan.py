@@ -6,6 +6,8 @@ from typing import Optional
 import typer
 
 from planner.cli.common import emit_text, guarded, path_text
+from planner.schedules import NAMES as SCHEDULE_NAMES
+from planner.schedules import schedule as schedule_of
 
 HELP = """Find the fastest plan that fits: DP x TP x PP x EP x CP, ZeRO, SP, micro-batching, recompute, schedule.
 
@@ -65,8 +67,7 @@ def plan_command(
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="Fix HSDP replicas (dp = dp_replicate x dp_shard, "
                                      "ZeRO-2/3 only; not searched otherwise)."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: gpipe | 1f1b | interleaved | 2bw | zero-bubble "
-                                    "| interleaved-zero-bubble | zbv | dualpipev."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="Fix the schedule: " + " | ".join(SCHEDULE_NAMES) + "."),
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
         "lossy, so opt-in) | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch.")),
@@ -125,7 +126,7 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     from planner.errors import BadInputError
     from planner.schemas.plan import SearchLimits
 
-    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or schedule == "2bw",
+    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or (schedule in SCHEDULE_NAMES and schedule_of(schedule).stale_weights),
                         prefer_practice=not fastest)
     for name, allowed, key in (("recompute", ("none", "selective", "full"), "recompute_modes"),
                                ("tp_overlap", ("none", "domino"), "tp_overlap")):
@@ -137,9 +138,8 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:
-        allowed = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv", "dualpipev")
-        if schedule not in allowed:
-            raise BadInputError(f"--schedule={schedule!r}: choose one of {', '.join(allowed)}")
+        if schedule not in SCHEDULE_NAMES:
+            raise BadInputError(f"--schedule={schedule!r}: choose one of {', '.join(SCHEDULE_NAMES)}")
         fields["schedules"] = (schedule,)
     fields["fixed"] = {axis: value for axis, value in degrees.items() if value is not None}
     return SearchLimits(**fields)

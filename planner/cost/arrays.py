@@ -12,6 +12,7 @@ from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_
 from planner.cost.profiling_seam import apply_profile
 from planner.cost.types import Candidate, Detail, LayerCosts
 from planner.models import counting
+from planner.schedules import schedule as schedule_of
 
 if TYPE_CHECKING:
     from planner.cost.model import CostModel
@@ -122,10 +123,8 @@ def module_params_of(model: "CostModel", cand: "Candidate") -> tuple[np.ndarray,
     """(dense, expert) parameters per module held by one GPU, memoised per (tp, ep, a tied copy). A tied head
     keeps its own copy of the embedding where it runs on another rank than the embedding (pp > 1), not in a V
     (zbv, dualpipev: both on rank 0, planner.executor.pipeline shares the one matrix)."""
-    from planner.cost.schedule import V_SCHEDULES
-
     ep = expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp)
-    tied_copy = cand.pp > 1 and cand.schedule not in V_SCHEDULES
+    tied_copy = cand.pp > 1 and not schedule_of(cand.schedule).v_placed
     key = ("params", cand.tp, ep, tied_copy)
     if key not in model.memo:
         model.memo[key] = module_params(model.spec, tp=cand.tp, ep=ep, tied_copy=tied_copy)
@@ -136,7 +135,7 @@ def zero3_working_bytes(model: "CostModel", cand: "Candidate") -> float:
     """What the stack's ZeRO-3 holds gathered at once (memory.zero3_working_set_bytes): two whole blocks, or
     per sub-module (the largest nn.Linear or embedding on this GPU) within the resident-parameter limit; plus the
     contiguous gradient bucket a DeepSpeed-style stack allocates once."""
-    key = ("zero3_working", cand.tp, cand.ep, cand.pp > 1 and cand.schedule not in ("zbv", "dualpipev"))
+    key = ("zero3_working", cand.tp, cand.ep, cand.pp > 1 and not schedule_of(cand.schedule).v_placed)
     found = model.memo.get(key)
     if found is None:
         o = model.options
@@ -187,7 +186,7 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
     row = rows_of(module_table(model, cand, links), cand.recompute)
     key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.dp_replicate,
-           cand.schedule == "2bw" if cand.schedule not in ("zbv", "dualpipev") else "v")
+           schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed)
     static = model.memo.get(key)
     if static is None:
         static = model.memo[key] = sum(static_parts(model, cand, *module_params_of(model, cand)))
@@ -214,8 +213,9 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     if model.executor_recipe is not None and model.executor_recipe.autocast:
         weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.zero_shard,
                                                   expert_dp=cand.expert_shard, autocast_under_fsdp=not model.options.bf16_autocast)
-    if cand.schedule == "2bw":
-        weights = weights * 2
+    versions = schedule_of(cand.schedule).weight_versions
+    if versions > 1:
+        weights = weights * versions
     return weights, grads, optim
 
 

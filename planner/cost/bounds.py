@@ -28,6 +28,7 @@ from planner.cost import layers as L
 from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, module_params_of, module_table, rows_of, static_parts
 from planner.cost.evaluate import dp_exposed, dp_fits
 from planner.models import counting
+from planner.schedules import schedule as schedule_of
 from planner.topology.groups import GroupLink
 from planner.topology.placement import axis_link, make_link
 
@@ -127,8 +128,9 @@ def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
 def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
     """layer_costs under floor_links: every time at most the candidate's under any placement of its groups
     (memory arrays and static bytes are the candidate's). Shared by every axis order."""
-    key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), cand.schedule == "2bw",
-           cand.schedule in ("zbv", "dualpipev"))  # a V keeps no tied copy (arrays.module_params_of)
+    sched = schedule_of(cand.schedule)
+    key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), sched.weight_versions,
+           sched.v_placed)  # a V keeps no tied copy (arrays.module_params_of)
     return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand)))
 
 
@@ -153,7 +155,7 @@ def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
         return held
 
     key = ("held", cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.zero_stage, cand.num_microbatches == 1,
-           cand.schedule == "2bw")
+           schedule_of(cand.schedule).weight_versions)
     return _memo(model, key, make)
 
 

@@ -3,7 +3,7 @@
 Step time (per optimizer step) = m * t_b + bubble(t_b) + pp_comm + dp_comm_exposed + optimizer + step overhead (the
 training loop's per-step work outside the micro-batches, CostModel.step_overhead_s), where t_b is the
 per-micro-batch forward + backward (+ recompute) time of the bottleneck pipeline rank (the sum over its virtual
-stages) and the bubble follows the schedule (planner.cost.schedule). Where a node has fewer compute slots than
+stages) and the bubble follows the schedule (planner.schedules). Where a node has fewer compute slots than
 ranks (CPU processes sharing cores), the step is at least the node's compute work / slots plus the exposed
 communication (planner.cost.contention); the wait for a core is counted in compute_s. The breakdown splits m * t_b into compute,
 recompute and exposed TP/EP/CP communication, so its fields add up to the step time.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import autocast, comm, compression, contention, schedule, zero3_legacy
+from planner.cost import autocast, comm, compression, contention, zero3_legacy
 from planner.cost.arrays import ROWS, layer_working_bytes
 from planner.cost.compute import peak_tflops
 from planner.cost.executor import MASTER_STEP_CHUNK_ELEMENTS, MASTER_STEP_EXTRA_BYTES_TOUCHED, largest_parameter
@@ -28,6 +28,7 @@ from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
 from planner.cost.p2p import pp_comm_s
 from planner.errors import BadInputError
 from planner.frameworks_split import balanced_split
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import Breakdown, StageMemory, StageTime
 from planner.units import GiB
 
@@ -277,12 +278,12 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     fixed = _fixed(model, cand)
     sums = _stage_sums(detail.prefix, split, full, len(detail.costs.names))
     pp, m = cand.pp, cand.num_microbatches
-    ranks = schedule.rank_sums(sums, pp=pp, vpp=cand.vpp, schedule=cand.schedule)
+    ranks = schedule_of(cand.schedule).rank_sums(sums, pp=pp, vpp=cand.vpp)
     row = dict(zip(ROWS, ranks))
     rank_time = row["fwd"] + row["bwd"] + row["rec"]
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])
-    bubble = schedule.bubble_s(cand.schedule, pp=pp, vpp=cand.vpp, rank_time_s=t_b)
+    bubble = schedule_of(cand.schedule).bubble_s(pp=pp, vpp=cand.vpp, rank_time_s=t_b)
     dp = dp_exposed(model, cand, fixed, row) + _zero3_sync_gathers_s(model, cand, detail, row)
     opt = row["dense"] * fixed.optimizer_per_param_s[0] + row["expert"] * fixed.optimizer_per_param_s[1]
     optimizer = float(opt.max())

@@ -24,11 +24,11 @@ from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
 from planner.cost.links import candidate_links
 from planner.cost.overlay import apply_overlay
-from planner.cost.schedule import V_SCHEDULES, inflight_microbatches, loss_rank
 from planner.cost.stack import options_for
 from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
 from planner.cost.validity import validity_reasons as _validity
 from planner.io import load_file
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import PlanRequest
 from planner.schemas.profile import Profile
 
@@ -142,7 +142,7 @@ class CostModel:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.dp_replicate, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, cand.compression.has("fp8-dispatch"), cand.axis_order,
-                cand.schedule == "2bw" if cand.schedule not in V_SCHEDULES else "v")
+                (schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed))
 
     def links(self, cand: Candidate) -> L.Links:
         """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""
@@ -180,8 +180,8 @@ class CostModel:
     # --- schedule-dependent terms -----------------------------------------------------------------------
 
     def inflight_microbatches(self, cand: Candidate, stage: int) -> float:
-        """Micro-batches whose activations pipeline rank `stage` holds at its peak (planner.cost.schedule)."""
-        return inflight_microbatches(cand.schedule, pp=cand.pp, stage=stage, num_microbatches=cand.num_microbatches, vpp=cand.vpp)
+        """Micro-batches whose activations pipeline rank `stage` holds at its peak (planner.schedules)."""
+        return schedule_of(cand.schedule).inflight_microbatches(pp=cand.pp, stage=stage, num_microbatches=cand.num_microbatches, vpp=cand.vpp)
 
     def stage_other_bytes(self, cand: Candidate, stage: int) -> int:
         """The larger of two phases that do not overlap: the loss's logits buffer on the last pipeline rank (fp32
@@ -190,7 +190,7 @@ class CostModel:
         activations: arrays.layer_working_bytes); plus, with ZeRO-3, what the stack holds gathered
         (arrays.zero3_working_bytes). The allocator allowance is in capacity_bytes()."""
         other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
-        last = loss_rank(pp=cand.pp, vpp=cand.vpp, schedule=cand.schedule)  # pp - 1, or rank 0 in a V
+        last = schedule_of(cand.schedule).loss_rank(pp=cand.pp, vpp=cand.vpp)  # pp - 1, or rank 0 in a V
         if self.executor_recipe is not None:  # planner.cost.executor: logits held, the loss phase, cuBLAS workspaces
             if stage == last:
                 shape, recipe = self.shape(cand), self.executor_recipe_for(cand)
@@ -219,10 +219,10 @@ class CostModel:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
         key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp,
-               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap, cand.schedule in V_SCHEDULES)
+               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap, schedule_of(cand.schedule).v_placed)
         found = self.memo.get(key)
         if found is None:
-            last = loss_rank(pp=cand.pp, vpp=cand.vpp, schedule=cand.schedule)
+            last = schedule_of(cand.schedule).loss_rank(pp=cand.pp, vpp=cand.vpp)
             found = np.full(cand.pp, float(self.stage_other_bytes(cand, (last + 1) % cand.pp)))
             found[last] = float(self.stage_other_bytes(cand, last))
             found.setflags(write=False)

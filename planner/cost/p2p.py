@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.cost import comm, schedule
+from planner.cost import comm
 from planner.cost.memory import p2p_activation_bytes
+from planner.schedules import schedule as schedule_of
 
 if TYPE_CHECKING:
     from planner.cost.model import CostModel
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
 
 
 def p2p_transfers(model: "CostModel", cand: "Candidate") -> int:
-    """The sequential boundary transfers of the candidate's schedule (planner.cost.schedule.p2p_transfers)."""
-    return schedule.p2p_transfers(cand.schedule, pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches,
+    """The sequential boundary transfers of the candidate's schedule (planner.schedules.Schedule.p2p_transfers)."""
+    return schedule_of(cand.schedule).p2p_transfers(pp=cand.pp, vpp=cand.vpp, num_microbatches=cand.num_microbatches,
                                   overlapped=model.options.pp_overlap)
 
 
@@ -34,7 +35,7 @@ def p2p_bytes(model: "CostModel", cand: "Candidate") -> float:
 
 def pp_comm_s(model: "CostModel", cand: "Candidate") -> float:
     """Pipeline point-to-point time of one step (the breakdown's pp_comm_s): 2 directions x the sequential
-    boundary transfers of the schedule (planner.cost.schedule.p2p_transfers) x one activation send."""
+    boundary transfers of the schedule (planner.schedules.Schedule.p2p_transfers) x one activation send."""
     transfers = p2p_transfers(model, cand)
     if transfers == 0:
         return 0.0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.schedules import DEFAULT
 from planner.schemas.compression import NONE, Compression
 
 
@@ -30,7 +31,7 @@ class Candidate:
     tp_overlap: str = "none"  # "none" | "domino"
     microbatch_size: int
     num_microbatches: int
-    schedule: str = "1f1b"  # "gpipe" | "1f1b" | "interleaved" | "2bw" | "zero-bubble"
+    schedule: str = DEFAULT.name  # one of planner.schedules.NAMES
     recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
     axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")  # outermost -> innermost
     compression: Compression = NONE  # communication compression (planner.cost.compression)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.cost.schedule import SCHEDULES
 from planner.errors import BadInputError
 from planner.frameworks import interleaved_split_reason, load_framework
+from planner.schedules import BY_NAME, DEFAULT, NAMES
 from planner.topology.placement import expert_fold
 from planner.schemas.plan import PlanRequest
 
@@ -81,25 +81,16 @@ def _batch_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
 
 def _schedule_reasons(c: "Candidate") -> list[str]:
     out = []
-    if c.schedule not in SCHEDULES:
-        out.append(f"schedule={c.schedule!r} is unknown: choose one of {', '.join(SCHEDULES)}")
-    if c.schedule == "interleaved":
-        if c.pp < 2 or c.vpp < 2:
-            out.append(f"the interleaved schedule needs pp>1 and vpp>1 (got pp={c.pp}, vpp={c.vpp}): use 1f1b or raise vpp")
-    elif c.vpp > 1 and c.schedule in ("zero-bubble", "interleaved-zero-bubble"):
-        if c.pp < 2:  # torch's ScheduleInterleavedZeroBubble runs vpp stages per rank, as the executor does
-            out.append(f"vpp={c.vpp} with pp={c.pp}: virtual stages need pp>1; set vpp=1")
-    elif c.schedule in ("zbv", "dualpipev") and c.pp > 1:
-        if c.vpp != 2:  # torch's ScheduleZBVZeroBubble / ScheduleDualPipeV: exactly two stages per rank
-            out.append(f"schedule={c.schedule} places exactly 2 stages per rank in a V (got vpp={c.vpp}): set vpp=2")
-    elif c.vpp > 1:
-        out.append(f"vpp={c.vpp} needs schedule=interleaved, zero-bubble or interleaved-zero-bubble (zbv, dualpipev: "
-                   f"vpp=2 with pp>1) (got {c.schedule})")
-    if c.schedule == "2bw" and c.pp > 1 and c.num_microbatches < c.pp:
+    sched = BY_NAME.get(c.schedule) if c.schedule in NAMES else None
+    if sched is None:
+        out.append(f"schedule={c.schedule!r} is unknown: choose one of {', '.join(NAMES)}")
+    else:  # the schedule's own (pp, vpp) rules (planner.schedules.Schedule.vpp_reasons)
+        out += sched.vpp_reasons(pp=c.pp, vpp=c.vpp)
+    if sched is not None and sched.min_microbatches_is_pp and c.pp > 1 and c.num_microbatches < c.pp:
         # Narayanan et al. 2021 (PipeDream-2BW) Sec. 3.1: two weight versions suffice only when each update
         # accumulates m >= d micro-batches (d = pipeline depth); with fewer, in-flight inputs span more versions.
-        out.append(f"PipeDream-2BW needs num_microbatches={c.num_microbatches} >= pp={c.pp} (two weight versions hold "
-                   f"only when m >= d): raise the global batch, lower microbatch_size, or use 1f1b")
+        out.append(f"{sched.title} needs num_microbatches={c.num_microbatches} >= pp={c.pp} (two weight versions hold "
+                   f"only when m >= d): raise the global batch, lower microbatch_size, or use {DEFAULT.name}")
     if c.zero_stage not in (0, 1, 2, 3):
         out.append(f"zero_stage={c.zero_stage} must be 0, 1, 2 or 3")
     if c.recompute not in ("none", "selective", "full"):

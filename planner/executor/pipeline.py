@@ -6,7 +6,7 @@ Narayanan et al. 2021, sec. 2.2), so pipeline rank r holds stages r, r + pp, ...
 Schedules: gpipe -> ScheduleGPipe (Huang et al. 2019), 1f1b -> Schedule1F1B (PipeDream-flush, Narayanan
 et al. 2021), interleaved -> ScheduleInterleaved1F1B (sec. 2.2 of the same), zero-bubble ->
 ScheduleInterleavedZeroBubble (Qi et al. 2024, looped placement; also by torch's name interleaved-zero-bubble),
-zbv -> ScheduleZBVZeroBubble and dualpipev -> ScheduleDualPipeV (V placement, planner.launch_spec.schedules.stage_rank).
+zbv -> ScheduleZBVZeroBubble and dualpipev -> ScheduleDualPipeV (V placement, planner.schedules.Schedule.stage_rank).
 PipeDream-2BW runs on its own send/recv loop (planner.executor.twobw).
 
 The loss is the mean next-token cross entropy of each micro-batch; the schedule divides gradients by the
@@ -23,17 +23,17 @@ import torch
 from torch import nn
 
 from planner.errors import BadInputError
-from planner.launch_spec.schedules import MULTI_STAGE, SCHEDULE_CLASSES
 from planner.nn.model import Transformer, keep_only
+from planner.schedules import EXECUTOR_CLASSES
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import LaunchPlan, Stage
 
 
 def local_stages(plan: LaunchPlan, pp_rank: int) -> list[Stage]:
     """The plan's virtual stages held by pipeline rank `pp_rank`, in execution order (looped, or V for zbv/dualpipev)."""
-    from planner.launch_spec.schedules import stage_rank
-
+    sched = schedule_of(plan.schedule)
     ordered = sorted(plan.stages, key=lambda s: s.stage)
-    return [s for s in ordered if stage_rank(s.stage, pp=plan.parallelism.pp, schedule=plan.schedule) == pp_rank]
+    return [s for s in ordered if sched.stage_rank(s.stage, pp=plan.parallelism.pp) == pp_rank]
 
 
 def cut_stage(full: Transformer, names: tuple[str, ...]) -> Transformer:
@@ -48,17 +48,17 @@ def build_schedule(plan: LaunchPlan, modules: list[nn.Module], stages: list[Stag
     from torch.distributed import pipelining
 
     name = plan.schedule
-    if name not in SCHEDULE_CLASSES:
-        raise BadInputError(f"schedule={name!r} is not runnable by the executor: choose one of {list(SCHEDULE_CLASSES)}")
+    if name not in EXECUTOR_CLASSES:
+        raise BadInputError(f"schedule={name!r} is not runnable by the executor: choose one of {list(EXECUTOR_CLASSES)}")
     par = plan.parallelism
     num_stages = par.pp * par.vpp
     pipe_stages = [
         pipelining.PipelineStage(module, stage.stage, num_stages, device, group=pp_group)
         for module, stage in zip(modules, stages)
     ]
-    cls = getattr(pipelining, SCHEDULE_CLASSES[name])
+    cls = getattr(pipelining, EXECUTOR_CLASSES[name])
     n = plan.batch.num_microbatches
-    if name in MULTI_STAGE:
+    if schedule_of(name).multi_stage:
         return cls(pipe_stages, n_microbatches=n, loss_fn=loss_fn)
     if len(pipe_stages) != 1:
         raise BadInputError(f"schedule={name!r} runs one stage per pipeline rank but vpp={par.vpp}: use interleaved")
@@ -84,10 +84,8 @@ def tied_embedding_group(plan: LaunchPlan, mesh):
     weight. One group per line of the pp axis pairs them; other ranks get None. Collective: every rank calls."""
     import torch.distributed as dist
 
-    from planner.launch_spec.schedules import V_SCHEDULES
-
     par = plan.parallelism
-    if not plan.request.model.tied_embeddings or par.pp == 1 or plan.schedule in V_SCHEDULES:
+    if not plan.request.model.tied_embeddings or par.pp == 1 or schedule_of(plan.schedule).v_placed:
         return None  # V placement: both copies on pipeline rank 0, summed locally by sync_tied_embeddings
     dims = list(par.axis_order)
     lines = mesh.mesh.movedim(dims.index("pp"), -1).reshape(-1, par.pp)

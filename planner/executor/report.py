@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from planner.executor.host import HostLoad
+from planner.schedules import schedule as schedule_of
 from planner.schemas.base import Schema
 from planner.schemas.plan import Batch, LaunchPlan, Parallelism, Schedule
 
@@ -131,10 +132,8 @@ def rel_error(predicted: float, measured: float) -> float | None:
 
 def loss_rank(plan: LaunchPlan) -> int:
     """The rank whose losses the report shows: last pipeline stage, first of every other axis."""
-    from planner.launch_spec.schedules import stage_rank
-
     par = plan.parallelism
-    last = stage_rank(par.pp * par.vpp - 1, pp=par.pp, schedule=plan.schedule)  # 0 for the V schedules
+    last = schedule_of(plan.schedule).loss_rank(pp=par.pp, vpp=par.vpp)  # 0 for the V schedules
     for entry in sorted(plan.ranks, key=lambda e: e.rank):
         if entry.coords.get("pp", 0) == last and all(v == 0 for k, v in entry.coords.items() if k != "pp"):
             return entry.rank

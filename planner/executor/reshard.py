@@ -18,6 +18,8 @@ The model and the precision never change. No torch import here.
 
 from __future__ import annotations
 
+from planner.schedules import BY_NAME
+
 RESHARDABLE = ("gpus", "dp", "tp", "pp", "vpp", "cp", "schedule", "zero_stage")
 
 
@@ -36,6 +38,6 @@ def refusal(before: dict, now: dict) -> str | None:
         return f"{said}: ZeRO-1 saves each rank's optimizer partition in its own file, which cannot be resharded"
     if now.get("tp_overlap") == "domino" and "tp" in changed:
         return f"{said}: Domino's hand-sharded TP weights are saved per TP rank (@tp<r>of<n> keys), so tp cannot change"
-    if "2bw" in (before.get("schedule"), now.get("schedule")) and "schedule" in changed:
+    if any(BY_NAME[s].stale_weights for s in (before.get("schedule"), now.get("schedule")) if s in BY_NAME) and "schedule" in changed:
         return f"{said}: PipeDream-2BW keeps two weight versions that a flush schedule does not have"
     return None

@@ -43,7 +43,7 @@ from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
 from planner.io import atomic_write_text, load_file
 from planner.launch_spec.options import RunOptions
 from planner.launch_spec.runnable import check_runnable
-from planner.launch_spec.schedules import ZERO_BUBBLE_SCHEDULES
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import LaunchPlan
 
 FAIL_RANK_ENV, FAIL_STEP_ENV, FAIL_WHERE_ENV = "PLANNER_FAIL_RANK", "PLANNER_FAIL_STEP", "PLANNER_FAIL_WHERE"
@@ -188,7 +188,7 @@ def build_parts(job: Job, materialize: Callable[[], AbstractContextManager] = nu
 
 
 def is_2bw(plan: LaunchPlan) -> bool:
-    return plan.schedule == "2bw" and plan.parallelism.pp > 1
+    return schedule_of(plan.schedule).executor_class is None and plan.parallelism.pp > 1  # PipeDream-2BW's own loop
 
 
 def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Module:
@@ -209,7 +209,7 @@ def parallelize_part(job: Job, module: nn.Module, stage, groups, fns) -> nn.Modu
         fns.apply_tp(module, mesh["tp"], sp=par.sp, loss_parallel=job.loss_parallel)
     fns.apply_ac(module, stage.recompute.mode, stage.recompute.full_layers)
     precision = plan.request.precision
-    zero = 2 if (par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3) else par.zero_stage
+    zero = 2 if (par.pp > 1 and schedule_of(plan.schedule).splits_backward and par.zero_stage == 3) else par.zero_stage
     if par.dp == 1 and ep_group is None:
         return module
     # use_ddp=False in pipeline stages: DDP's reducer does not follow the schedules' per-micro-batch backwards

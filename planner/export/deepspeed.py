@@ -29,6 +29,8 @@ from typing import Any
 
 from planner.export.common import Export, base_recompute, check_exportable, check_framework, rank_layer_counts, refuse
 from planner.frameworks_split import deepspeed_type_split
+from planner.schedules import DEFAULT
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import LaunchPlan
 
 TARGET = "deepspeed"
@@ -51,15 +53,17 @@ def _check(plan: LaunchPlan, warnings: list[str]) -> None:
             f"cp={par.cp}: DeepSpeed has no ring context parallelism (Ulysses sequence parallelism is a different algorithm)",
             "re-plan with --cp 1",
         )
-    if par.pp > 1 and (par.vpp > 1 or plan.schedule in ("interleaved", "zero-bubble", "2bw")):
+    sched = schedule_of(plan.schedule)
+    if par.pp > 1 and (par.vpp > 1 or (sched.deepspeed is None and not sched.runs_as)):
         raise refuse(
             TARGET,
             f"schedule {plan.schedule!r} (vpp={par.vpp}): the DeepSpeed pipeline engine runs only its 1F1B TrainSchedule "
             "without virtual stages",
-            "re-plan with --schedule 1f1b",
+            f"re-plan with --schedule {DEFAULT.name}",
         )
-    if par.pp > 1 and plan.schedule == "gpipe":
-        warnings.append("GPipe exported as DeepSpeed's 1F1B TrainSchedule: same bubble, less activation memory")
+    if par.pp > 1 and sched.runs_as:
+        runs = schedule_of(sched.runs_as)
+        warnings.append(f"{sched.title} exported as DeepSpeed's {runs.title} {runs.deepspeed}: same bubble, less activation memory")
     counts = rank_layer_counts(plan)
     if par.pp > 1 and tuple(counts) != _type_split(plan):
         warnings.append(

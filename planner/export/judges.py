@@ -376,7 +376,7 @@ def judge_deepspeed(plan: LaunchPlan, export: Export) -> Verdict:
 def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
     """check_runnable, then torch's schedule class built as planner/executor/pipeline.py build_schedule builds it
     (the class names and the runnable rules live in planner.launch_spec, below both the executor and the exporters)
-    (SCHEDULE_CLASSES[plan.schedule] on rank 0's virtual stages, n_microbatches = the plan's): the constructor's
+    (the schedule's executor_class on rank 0's virtual stages, n_microbatches = the plan's): the constructor's
     checks (1F1B: n >= stages; interleaved and zero-bubble: n a multiple of max(1, n // pp)) run before step 1."""
     from planner.errors import BadInputError
     from planner.launch_spec.runnable import check_runnable
@@ -390,18 +390,19 @@ def judge_planner(plan: LaunchPlan, export: Export) -> Verdict:
         return Verdict(True)
     from torch.distributed import pipelining
 
-    from planner.launch_spec.schedules import MULTI_STAGE, SCHEDULE_CLASSES
+    from planner.schedules import schedule as schedule_of
 
-    if plan.schedule not in SCHEDULE_CLASSES:  # 2BW: the executor's own send/recv loop, no torch schedule class
+    sched = schedule_of(plan.schedule)
+    if sched.executor_class is None:  # 2BW: the executor's own send/recv loop, no torch schedule class
         return Verdict(True)
-    cls = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
+    cls = getattr(pipelining, sched.executor_class)
     total = par.pp * par.vpp
-    v_placement = SCHEDULE_CLASSES[plan.schedule] in ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    v_placement = sched.v_placed
     indices = (0, total - 1) if v_placement else range(0, total, par.pp)  # rank 0's stages (V: first and last)
     stages = [_StubStage(index, total, par.pp, 0) for index in indices]
     try:
         with quiet():
-            cls(stages if plan.schedule in MULTI_STAGE else stages[0], n_microbatches=plan.batch.num_microbatches)
+            cls(stages if sched.multi_stage else stages[0], n_microbatches=plan.batch.num_microbatches)
     except (ValueError, AssertionError) as exc:
         return Verdict(False, f"torch {cls.__name__}: {first_line(exc)}")
     return Verdict(True)

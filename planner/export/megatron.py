@@ -46,6 +46,8 @@ from planner.export.common import (
 )
 from planner.export.megatron_model import model_arguments
 from planner.frameworks_split import megatron_flags
+from planner.schedules import ALL as ALL_SCHEDULES
+from planner.schedules import schedule as schedule_of
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import LaunchPlan
 
@@ -89,14 +91,17 @@ def _check_schedule(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     par, batch = plan.parallelism, plan.batch
     if par.pp == 1:
         return []
-    if plan.schedule in ("zero-bubble", "2bw"):
+    sched = schedule_of(plan.schedule)
+    if sched.megatron is None and not sched.runs_as:
+        runs = [s.name for s in ALL_SCHEDULES if s.megatron]  # Megatron-Core's two pipeline functions
         raise refuse(
             TARGET,
             f"schedule {plan.schedule!r}: Megatron-LM implements 1F1B and interleaved 1F1B pipelines only",
-            "re-plan with --schedule 1f1b or interleaved",
+            f"re-plan with --schedule {' or '.join(runs)}",
         )
-    if plan.schedule == "gpipe":
-        warnings.append("GPipe exported as Megatron's 1F1B (same bubble, less activation memory)")
+    if sched.runs_as:
+        warnings.append(f"{sched.title} exported as Megatron's {schedule_of(sched.runs_as).title} (same bubble, less "
+                        "activation memory)")
     if par.vpp == 1:
         return []
     if batch.num_microbatches % par.pp:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from planner.errors import BadInputError
 from planner.frameworks import load_framework, plan_configs, precision_refusal, refusal
-from planner.launch_spec.schedules import V_SCHEDULES, ZERO_BUBBLE_SCHEDULES
 from planner.models.support import reference_refusal
+from planner.schedules import DEFAULT, V_PLACED
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import LaunchPlan
 
 EXECUTOR_FRAMEWORK = "planner"
-SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b", "2bw")
 EMBEDDING_PARTS = ("tok_embeddings",)
 HEAD_PARTS = ("norm", "output")
 
@@ -88,23 +88,24 @@ def _check_parallelism(plan: LaunchPlan) -> None:
 
 
 def _check_schedule(plan: LaunchPlan) -> None:
-    par = plan.parallelism
+    par, sched, m = plan.parallelism, schedule_of(plan.schedule), plan.batch.num_microbatches
     if par.pp == 1 and par.vpp > 1:
         raise BadInputError(f"vpp={par.vpp} with pp=1: virtual stages need pipeline parallelism; set vpp=1")
-    if par.pp > 1 and par.vpp > 1 and plan.schedule in SINGLE_STAGE_SCHEDULES:
+    if par.pp > 1 and par.vpp > 1 and sched.stages_per_rank == "one":
         raise BadInputError(f"vpp={par.vpp} needs schedule interleaved or zero-bubble, not {plan.schedule!r}")
-    if par.pp > 1 and plan.schedule == "2bw" and plan.batch.num_microbatches < par.pp:
+    if par.pp > 1 and sched.min_microbatches_is_pp and m < par.pp:
         raise BadInputError(
-            f"schedule=2bw needs num_microbatches={plan.batch.num_microbatches} >= pp={par.pp} (two weight versions "
-            f"suffice only when m >= d, Narayanan et al. 2021 sec. 3.1): raise num_microbatches or use 1f1b"
+            f"schedule={sched.name} needs num_microbatches={m} >= pp={par.pp} (two weight versions "
+            f"suffice only when m >= d, Narayanan et al. 2021 sec. 3.1): raise num_microbatches or use {DEFAULT.name}"
         )
-    if par.pp > 1 and plan.schedule in V_SCHEDULES and par.vpp != 2:
+    if par.pp > 1 and sched.v_placed and par.vpp != 2:
         raise BadInputError(f"schedule={plan.schedule} places two stages per pipeline rank in a V: set vpp=2 (got vpp={par.vpp})")
-    if par.pp > 1 and plan.schedule == "dualpipev" and plan.batch.num_microbatches < par.pp * par.vpp:
-        raise BadInputError(f"schedule=dualpipev needs num_microbatches={plan.batch.num_microbatches} >= pp*vpp={par.pp * par.vpp}: "
-                            "raise num_microbatches or use zbv")
-    if par.pp > 1 and plan.schedule == "interleaved" and par.vpp == 1:
-        raise BadInputError("schedule=interleaved needs vpp > 1: set vpp=2 or schedule=1f1b")
+    if par.pp > 1 and sched.min_microbatches_is_stages and m < par.pp * par.vpp:
+        other = next(s.name for s in V_PLACED if not s.min_microbatches_is_stages)
+        raise BadInputError(f"schedule={sched.name} needs num_microbatches={m} >= pp*vpp={par.pp * par.vpp}: "
+                            f"raise num_microbatches or use {other}")
+    if par.pp > 1 and sched.stages_per_rank == "several" and par.vpp == 1:
+        raise BadInputError(f"schedule={sched.name} needs vpp > 1: set vpp=2 or schedule={DEFAULT.name}")
 
 
 def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
@@ -126,14 +127,15 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     _check_stages(plan)
     _check_ranks(plan)
     notes = []
-    if par.pp > 1 and plan.schedule in ZERO_BUBBLE_SCHEDULES and par.zero_stage == 3:
+    sched = schedule_of(plan.schedule)
+    if par.pp > 1 and sched.splits_backward and par.zero_stage == 3:
         notes.append(f"{plan.schedule} with FSDP2: parameters are not resharded after forward (ZeRO-3 runs as ZeRO-2), else torch trains on wrong gradients")
-    if par.pp > 1 and plan.schedule == "2bw":
-        notes.append("2bw: one pipeline over all steps, never flushed; a step's time is the time between a rank's weight "
+    if par.pp > 1 and sched.stale_weights:
+        notes.append(f"{sched.name}: one pipeline over all steps, never flushed; a step's time is the time between a rank's weight "
                      "updates (step 1 includes the pipeline fill), its loss is on weights one step old")
     if par.dp_replicate > 1:
         notes.append(f"HSDP: dp={par.dp} runs as {par.dp_replicate} replicas x {par.dp // par.dp_replicate} FSDP shards; "
                      "priced so: state sharded within a replica, the gradient shard all-reduced across replicas")
-    if par.pp == 1 and plan.schedule != "1f1b":
+    if par.pp == 1 and plan.schedule != DEFAULT.name:
         notes.append(f"pp=1: schedule {plan.schedule!r} has no effect (gradient accumulation over {batch.num_microbatches} micro-batches)")
     return tuple(notes)

@@ -10,15 +10,15 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schemas.base import Schema
 from planner.schemas.compression import CompressionMethod
 
 FRAMEWORK_SCHEMA_VERSION = "1"
 
-# our schedule names (planner.schemas.plan.Schedule): the search proposes the first five; torch's V-shaped and
-# interleaved zero-bubble schedules are run by name where a stack has them
-CanonicalSchedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble", "interleaved-zero-bubble", "zbv",
-                            "dualpipev"]
+# our schedule names (planner.schedules.NAMES, as planner.schemas.plan.Schedule): the search proposes
+# SEARCHED_BY_DEFAULT; torch's V-shaped and interleaved zero-bubble schedules are run by name where a stack has them
+CanonicalSchedule = Literal[SCHEDULE_NAMES]
 ConditionField = Literal["dp", "tp", "pp", "cp", "ep", "vpp", "sp", "zero_stage", "schedule", "recompute", "tp_overlap",
                          "is_moe", "precision", "microbatch_size", "dp_replicate"]
 Sourced = Field(min_length=1, description="the framework file, flag or document these facts come from")

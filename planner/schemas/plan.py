@@ -10,6 +10,9 @@ from typing import Literal
 
 from pydantic import Field, model_serializer, model_validator
 
+from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
+from planner.schedules import NAMES as SCHEDULE_NAMES
+from planner.schedules import SEARCHED_BY_DEFAULT
 from planner.schemas import limits as L
 from planner.schemas.base import InputSchema, Schema, without
 from planner.schemas.calibration import CalibrationOverlay
@@ -20,10 +23,9 @@ from planner.schemas.topology import Topology
 PLAN_SCHEMA_VERSION = "1"
 
 Precision = Literal["bf16", "amp-bf16", "fp32", "fp8"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "2bw", "zero-bubble",
-                   # torch.distributed.pipelining's names, accepted by the executor (the search does not propose them):
-                   # "interleaved-zero-bubble" = "zero-bubble"; "zbv" and "dualpipev" place 2 stages per rank in a V
-                   "interleaved-zero-bubble", "zbv", "dualpipev"]
+# planner.schedules owns the names; the search proposes SEARCHED_BY_DEFAULT unless asked for torch's names
+# (interleaved-zero-bubble = zero-bubble; zbv and dualpipev place 2 stages per rank in a V)
+Schedule = Literal[SCHEDULE_NAMES]
 RecomputeMode = Literal["none", "selective", "full"]
 TpOverlap = Literal["none", "domino"]
 AXES = ("pp", "dp", "cp", "tp")
@@ -41,7 +43,7 @@ class SearchLimits(InputSchema):
         "between plans within the ranking band of the fastest, prefer one inside the framework's practice "
         "(planner.search.practice); false: the fastest predicted"))
     max_microbatch_size: int = Field(default=16, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE)
-    schedules: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved", "2bw", "zero-bubble")
+    schedules: tuple[Schedule, ...] = SEARCHED_BY_DEFAULT
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[RecomputeMode, ...] = ("none", "selective", "full")
     tp_overlap: tuple[TpOverlap, ...] = ("none", "domino")
@@ -292,7 +294,7 @@ class Configuration(Schema):
 
     parallelism: Parallelism
     microbatch_size: int = Field(default=1, gt=0)
-    schedule: Schedule = "1f1b"
+    schedule: Schedule = DEFAULT_SCHEDULE.name
     recompute: RecomputeMode = "none"
     stage_layers: tuple[int, ...] | None = Field(
         default=None, description="decoder layers per virtual stage (pp*vpp entries); None = balanced split"

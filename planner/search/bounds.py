@@ -7,7 +7,7 @@ Time. Every pipeline rank runs `num_microbatches` forward+backward(+recompute) p
 slowest rank's share of the per-micro-batch work T = sum_l (forward_s + backward_s + recompute_s) is at least
 T / pp (the maximum is at least the mean; with vpp chunks per rank the same sum is split). Pipeline flushes add the
 critical path of one micro-batch through the other stages (Huang et al. 2019 GPipe section 2.2; Narayanan et al.
-2021 section 2.2). The cost model charges the bubble as planner.cost.schedule.bubble_s(rank time), increasing in
+2021 section 2.2). The cost model charges the bubble as planner.schedules.Schedule.bubble_s(rank time), increasing in
 the rank time (GPipe and 1F1B (pp - 1) rank times, interleaved (pp - 1) / vpp, zero-bubble ZB-H1 a third of
 1F1B's, PipeDream-2BW none), and the rank time is at least T / pp, so
 
@@ -27,17 +27,17 @@ the least-memory variant of a factorisation bounds all of its configurations:
 
 from __future__ import annotations
 
+from planner.schedules import TWO_BW
+from planner.schedules import schedule as schedule_of
 
 
-def step_time_lower_bound_s(time_sum_s: float, num_microbatches: int, pp: int, schedule: str = "2bw", vpp: int = 1,
+def step_time_lower_bound_s(time_sum_s: float, num_microbatches: int, pp: int, schedule: str = TWO_BW.name, vpp: int = 1,
                             end_stage_s: float = 0.0) -> float:
     """Bound (1); the default schedule (2bw: no bubble) gives a bound of every schedule. `end_stage_s`: with
     pp > 1 the first and last ranks hold the embedding / the head plus at least one decoder layer, so the
     bottleneck rank time is also at least max(t_emb, t_head) + the fastest decoder layer."""
-    from planner.cost.schedule import bubble_s
-
     rank_s = max(time_sum_s / pp, end_stage_s if pp > 1 else 0.0)
-    return num_microbatches * rank_s + bubble_s(schedule, pp=pp, vpp=vpp, rank_time_s=rank_s)
+    return num_microbatches * rank_s + schedule_of(schedule).bubble_s(pp=pp, vpp=vpp, rank_time_s=rank_s)
 
 
 def memory_lower_bound_bytes(static_sum_bytes: float, activation_sum_bytes: float, pp: int, other_min_bytes: float) -> float:

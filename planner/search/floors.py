@@ -30,7 +30,8 @@ import numpy as np
 
 from planner.cost import bounds as cost_bounds
 from planner.cost import p2p
-from planner.cost.schedule import CHUNKED, V_SCHEDULES
+from planner.schedules import DEFAULT, V_PLACED
+from planner.schedules import schedule as schedule_of
 from planner.search import bounds
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
@@ -44,8 +45,8 @@ class Floors(BoundsState):
     def order(self, fact: Factorisation) -> tuple[str, ...]:
         return self._cached(("order", fact), lambda: axis_orders(fact, self.opts.profile)[0])
 
-    def shape(self, pp: int, vpp: int, schedule: str = "1f1b"):
-        v = schedule in V_SCHEDULES  # zbv, dualpipev: stages in a V, not looped
+    def shape(self, pp: int, vpp: int, schedule: str = DEFAULT.name):
+        v = schedule_of(schedule).v_placed  # zbv, dualpipev: stages in a V, not looped
         return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v))
 
     def candidate(self, group: Group, **member):
@@ -119,10 +120,10 @@ class Floors(BoundsState):
             for schedule, vpp in schedule_variants(f.pp, self.num_layers, self.opts):
                 if self.state.space.variant_reason(group, schedule, vpp) is not None:
                     continue
-                if schedule == "2bw" and group.num_microbatches < f.pp and self.cost.validity_reasons(
+                if schedule_of(schedule).min_microbatches_is_pp and group.num_microbatches < f.pp and self.cost.validity_reasons(
                         self.candidate(group, schedule=schedule)):
                     continue
-                by_vpp.setdefault((vpp, schedule in V_SCHEDULES), []).append(schedule)
+                by_vpp.setdefault((vpp, schedule_of(schedule).v_placed), []).append(schedule)
             found = self.memo[key] = [(vpp, tuple(schedules)) for (vpp, _), schedules in by_vpp.items()]
         return found
 
@@ -133,7 +134,7 @@ class Floors(BoundsState):
         akey = self.arrays_key(group)
         lower = np.inf
         for vpp, schedules in self.variants(group):
-            rkey = ("rank", akey, f.pp, vpp, schedules[0] in V_SCHEDULES)
+            rkey = ("rank", akey, f.pp, vpp, schedule_of(schedules[0]).v_placed)
             rank_s = memo.get(rkey)
             if rank_s is None:
                 rank_s = memo[rkey] = float(
@@ -154,12 +155,12 @@ class Floors(BoundsState):
         if not zeros:
             return np.inf
         for vpp, schedules in self.variants(group):
-            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
+            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedule_of(schedules[0]).v_placed
             inflight, fixed = self._cached(("least", f, m, group.microbatch_size, group.sp, vpp, v), lambda: (
                 np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
                     self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]),
                 np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
-                                   for s in {"2bw" if s == "2bw" else "1f1b": s for s in schedules}.values()])))
+                                   for s in {schedule_of(s).weight_versions: s for s in schedules}.values()])))
             act_floor = rank_sums(arrays.floor_bytes, ranks, f.pp)
             if float(fixed.max()) > MARGIN_BYTES or float((fixed + inflight * act_floor).max()) > MARGIN_BYTES:
                 continue
@@ -179,7 +180,7 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
         arrays, out = self.arrays(group), []
         for vpp, schedules in self.variants(group):
-            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
+            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedule_of(schedules[0]).v_placed
             times = rank_sums(arrays.time_s, ranks, f.pp)
             act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
             bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
@@ -212,7 +213,7 @@ class Floors(BoundsState):
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
         """planner.cost.bounds.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""
         f, m = group.fact, group.num_microbatches
-        key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
+        key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule_of(schedule).chunked_p2p)
         found = self.memo.get(key)
         if found is None:
             found = self.memo[key] = cost_bounds.pp_comm_floor_s(self.cost, self.candidate(group, schedule=schedule, vpp=vpp))
@@ -227,7 +228,7 @@ class Floors(BoundsState):
             time_s += self.pp_comm_floor_s(group, vpp, schedule)
             if time_s >= best:
                 continue
-            v = schedule in V_SCHEDULES
+            v = schedule_of(schedule).v_placed
             dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: cost_bounds.dp_exposed_s(self.cost,
                 self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": schedule} if v else {})),
                 self.shape(f.pp, vpp, schedule).ranks, floor=True))
@@ -241,10 +242,10 @@ class Floors(BoundsState):
         out = []
         for time_s, vpp, schedule, zero in bounds:
             for order in axis_orders(f, self.opts.profile):
-                key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
+                key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule_of(schedule).chunked_p2p)
                 ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
-                out.append((time_s + ppc, vpp, zero, order, schedule in V_SCHEDULES))
+                out.append((time_s + ppc, vpp, zero, order, schedule_of(schedule).v_placed))
         return sorted(out)
 
     def dp_refined(self, group: Group, bounds: list[tuple[float, int, int, tuple, bool]]) -> float:
@@ -255,9 +256,9 @@ class Floors(BoundsState):
         for time_s, vpp, zero, order, v in bounds:
             if time_s >= best:
                 break
-            ranks = self.shape(f.pp, vpp, V_SCHEDULES[0] if v else "1f1b").ranks
+            ranks = self.shape(f.pp, vpp, V_PLACED[0].name if v else DEFAULT.name).ranks
             dp = self._cached(("dp", f, order, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: (
                 cost_bounds.dp_exposed_s(self.cost, self.candidate(group, zero_stage=zero, vpp=vpp, axis_order=order,
-                                                      **({"schedule": V_SCHEDULES[0]} if v else {})), ranks)))
+                                                      **({"schedule": V_PLACED[0].name} if v else {})), ranks)))
             best = min(best, time_s + dp)
         return best

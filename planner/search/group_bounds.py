@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.schedule import bubble_s
+from planner.schedules import schedule as schedule_of
 from planner.search.refine import rank_of_modules, split_for
 
 MARGIN_BYTES = 1.0  # CostModel.capacity_bytes() is rounded down: only an excess above this certainly does not fit
@@ -65,7 +65,7 @@ def rank_sums(values: np.ndarray, ranks: np.ndarray, pp: int) -> np.ndarray:
 
 def step_lower_s(m: int, rank_s: float, schedule: str, pp: int, vpp: int, pp_comm_s: float) -> float:
     """Bound (3) for a bottleneck rank time."""
-    return m * rank_s + bubble_s(schedule, pp=pp, vpp=vpp, rank_time_s=rank_s) + pp_comm_s
+    return m * rank_s + schedule_of(schedule).bubble_s(pp=pp, vpp=vpp, rank_time_s=rank_s) + pp_comm_s
 
 
 def recompute_floor_s(arrays: ModuleArrays, ranks: np.ndarray, pp: int, excess: np.ndarray, inflight: np.ndarray,

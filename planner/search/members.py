@@ -16,7 +16,8 @@ import numpy as np
 
 from planner.cost import bounds as cost_bounds
 from planner.cost import p2p
-from planner.cost.schedule import CHUNKED, V_SCHEDULES
+from planner.schedules import DEFAULT
+from planner.schedules import schedule as schedule_of
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
                                          step_lower_s, variant_shape)
@@ -26,8 +27,8 @@ from planner.search.space import Group, axis_orders
 class Members(BoundsState):
     """Phase-2 bounds for one search (`state`: the driver's _Search)."""
 
-    def shape(self, pp: int, vpp: int, schedule: str = "1f1b"):
-        v = schedule in V_SCHEDULES  # zbv, dualpipev: stages in a V, not looped
+    def shape(self, pp: int, vpp: int, schedule: str = DEFAULT.name):
+        v = schedule_of(schedule).v_placed  # zbv, dualpipev: stages in a V, not looped
         return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v))
 
     def order_arrays(self, group: Group) -> list[tuple[tuple[str, ...], ModuleArrays]]:
@@ -45,7 +46,7 @@ class Members(BoundsState):
         out = []
         for order, arr in arrays:
             times = rank_sums(arr.time_s, ranks, f.pp)
-            key = ("ppc", f, order, m, group.microbatch_size, group.sp, schedule in CHUNKED, vpp)
+            key = ("ppc", f, order, m, group.microbatch_size, group.sp, schedule_of(schedule).chunked_p2p, vpp)
             ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                 self.state.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))
             out.append((step_lower_s(m, float(times.max()), schedule, f.pp, vpp, ppc), times, ppc))
@@ -61,8 +62,8 @@ class Members(BoundsState):
             cand = cand or self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)
             return cand
 
-        ranks, v = self.shape(f.pp, vpp, schedule).ranks, schedule in V_SCHEDULES
-        static = self._cached(("static", f, zero, schedule == "2bw", group.num_microbatches == 1, vpp, v), lambda: rank_sums(
+        ranks, v = self.shape(f.pp, vpp, schedule).ranks, schedule_of(schedule).v_placed
+        static = self._cached(("static", f, zero, schedule_of(schedule).weight_versions, group.num_microbatches == 1, vpp, v), lambda: rank_sums(
             cost_bounds.held_static_bytes(self.cost, probe()), ranks, f.pp))
         other = self._cached(("other", f, zero, group.microbatch_size, group.sp, v),
                              lambda: self.cost.other_per_rank(probe()))
@@ -70,8 +71,8 @@ class Members(BoundsState):
 
     def rank_fixed_rows(self, group: Group, schedule: str, vpp: int, zeros) -> np.ndarray:
         """rank_fixed_bytes for each ZeRO stage in `zeros`, as rows (memoised on what they read)."""
-        key = ("rows", group.fact, schedule == "2bw", group.num_microbatches == 1, vpp, group.microbatch_size,
-               group.sp, tuple(zeros), schedule in V_SCHEDULES)
+        key = ("rows", group.fact, schedule_of(schedule).weight_versions, group.num_microbatches == 1, vpp, group.microbatch_size,
+               group.sp, tuple(zeros), schedule_of(schedule).v_placed)
         return self._cached(key, lambda: np.stack([self.rank_fixed_bytes(group, schedule, vpp, z) for z in zeros]))
 
     def expand(self, group: Group, schedule: str, vpp: int, count: int, arrays, push) -> None:
@@ -115,5 +116,5 @@ class Members(BoundsState):
     def dp_exposed_s(self, group: Group, cand) -> float:
         """The member's exact exposed dp time (shared by members that differ in schedule, recompute, overlap)."""
         key = ("dp", group.fact, cand.axis_order, cand.zero_stage, cand.num_microbatches, cand.microbatch_size,
-               cand.sp, cand.vpp, cand.compression, cand.schedule in V_SCHEDULES)
+               cand.sp, cand.vpp, cand.compression, schedule_of(cand.schedule).v_placed)
         return self._cached(key, lambda: cost_bounds.dp_exposed_s(self.cost, cand, self.shape(cand.pp, cand.vpp, cand.schedule).ranks))

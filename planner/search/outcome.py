@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.schedules import ALL as ALL_SCHEDULES
 from planner.units import GiB
 
-SCHEDULE_RANK = {"1f1b": 0, "interleaved": 1, "zero-bubble": 2, "gpipe": 3, "2bw": 4, "interleaved-zero-bubble": 5,
-                 "zbv": 6, "dualpipev": 7}
+SCHEDULE_RANK = {s.name: s.tie_rank for s in ALL_SCHEDULES}  # planner.schedules.Schedule.tie_rank
 RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
 OVERLAP_RANK = {"none": 0, "domino": 1}
 BREAKDOWN_WORDS = {

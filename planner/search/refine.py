@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.schedule import V_SCHEDULES, stage_rank
 from planner.errors import InfeasibleError
 from planner.frameworks import load_framework
 from planner.frameworks_split import balanced_split
+from planner.schedules import DEFAULT, V_PLACED
+from planner.schedules import schedule as schedule_of
 from planner.search.partition import StageProblem
 
 
@@ -59,9 +60,9 @@ def chunk_ranges(stage_layers: Sequence[int]) -> list[range]:
 @lru_cache(maxsize=4096)
 def rank_of_modules(stage_layers: tuple[int, ...], pp: int, v_placed: bool = False) -> np.ndarray:
     """Pipeline rank of every module (embedding, decoder layers, head): virtual stage v runs on rank v % pp, or
-    in a V (`v_placed`: zbv, dualpipev; planner.cost.schedule.stage_rank)."""
-    schedule = V_SCHEDULES[0] if v_placed else "1f1b"
-    rank = [stage_rank(v, pp=pp, schedule=schedule) for v in range(len(stage_layers))]
+    in a V (`v_placed`: zbv, dualpipev; planner.schedules.Schedule.stage_rank)."""
+    schedule = V_PLACED[0] if v_placed else DEFAULT
+    rank = [schedule.stage_rank(v, pp=pp) for v in range(len(stage_layers))]
     ranks = [0] + [rank[v] for v, count in enumerate(stage_layers) for _ in range(count)] + [rank[-1]]
     return np.asarray(ranks, dtype=np.int64)
 
@@ -73,7 +74,7 @@ def rank_sums(values: np.ndarray, ranks: np.ndarray, pp: int) -> np.ndarray:
 
 def rank_excess_bytes(cost, cand, lc, stage_layers: Sequence[int]) -> list[float]:
     """Per pipeline rank: bytes over capacity (<= 0 when it fits), by the contract's per-stage memory formula."""
-    ranks = rank_of_modules(tuple(stage_layers), cand.pp, cand.schedule in V_SCHEDULES)
+    ranks = rank_of_modules(tuple(stage_layers), cand.pp, schedule_of(cand.schedule).v_placed)
     static = rank_sums(lc.static_bytes, ranks, cand.pp)
     act = rank_sums(lc.activation_bytes, ranks, cand.pp)
     return list(static + cost.inflight_per_rank(cand) * act + cost.other_per_rank(cand) - float(cost.capacity_bytes()))
@@ -117,7 +118,7 @@ def partial_recompute(cost, cand, lc, stage_layers: Sequence[int], counters: Cou
     counts = [0] * len(stage_layers)
     excess = rank_excess_bytes(cost, cand, lc, stage_layers) if excess is None else excess
     for rank, over in enumerate(excess):
-        chunks = [v for v in range(len(stage_layers)) if stage_rank(v, pp=cand.pp, schedule=cand.schedule) == rank]
+        chunks = [v for v in range(len(stage_layers)) if schedule_of(cand.schedule).stage_rank(v, pp=cand.pp) == rank]
         idx = [i for v in chunks for i in ranges[v]]
         k = _rank_recompute_count(idx, over, float(cost.inflight_microbatches(cand, rank)), lc, solve_ilp)
         if k is None:

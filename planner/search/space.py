@@ -45,12 +45,13 @@ from functools import lru_cache
 from planner.errors import BadInputError
 from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, model_refusal, parallel_refusal,
                                 precision_refusal)
+from planner.schedules import ALL as ALL_SCHEDULES
+from planner.schedules import DEFAULT
+from planner.schedules import schedule as schedule_of
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
 
-FLAT_SCHEDULES = ("gpipe", "1f1b", "2bw", "zero-bubble")
-V_SCHEDULES = ("zbv", "dualpipev")  # planner.cost.schedule.V_SCHEDULES: vpp 2 in a V
 
 
 def divisors(n: int) -> list[int]:
@@ -93,11 +94,11 @@ class Options:
         _check_fixed(pinned, request.gpus)
         _check_framework_request(profile, request.precision, pinned, request.model.moe is not None)
         _check_compression(profile, limits.compression)
-        stale = limits.allow_stale_weights or tuple(limits.schedules) == ("2bw",)
+        stale = limits.allow_stale_weights or tuple(schedule_of(s).stale_weights for s in limits.schedules) == (True,)
         runs = set(profile.schedule_names())
-        schedules = tuple(s for s in limits.schedules if s in runs and (s != "2bw" or stale))
+        schedules = tuple(s for s in limits.schedules if s in runs and (not schedule_of(s).stale_weights or stale))
         caps = profile.capabilities
-        if (limits.vpp or 1) > 1 and not {"interleaved", "interleaved-zero-bubble", *V_SCHEDULES} & set(schedules):
+        if (limits.vpp or 1) > 1 and not any(schedule_of(s).searched_vpp != "one" for s in schedules):
             raise BadInputError(f"vpp={limits.vpp} needs the interleaved schedule, which is not among {list(schedules)}: "
                                 f"drop --vpp or allow --schedule interleaved")
         zeros = tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp
@@ -249,15 +250,14 @@ def _orders(pp: bool, dp: bool, cp: bool) -> tuple[tuple[str, ...], ...]:
 def schedule_variants(pp: int, num_layers: int, opts: Options) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs of the space for this pp (see the module docstring)."""
     if pp == 1:
-        flat = [s for s in opts.schedules if s != "interleaved"]
-        return [("1f1b" if "1f1b" in flat else flat[0], 1)] if flat and opts.vpp in (None, 1) else []
-    variants = [(s, 1) for s in FLAT_SCHEDULES if s in opts.schedules]
+        flat = [s for s in opts.schedules if schedule_of(s).stages_per_rank != "several"]
+        return [(DEFAULT.name if DEFAULT.name in flat else flat[0], 1)] if flat and opts.vpp in (None, 1) else []
+    variants = [(s.name, 1) for s in ALL_SCHEDULES if s.searched_vpp == "one" and s.name in opts.schedules]
     ends = 2 if opts.min_layers_per_chunk == 1 and opts.profile.capabilities.interleaved_split.empty_chunks != "none" else 0
     most = (num_layers + ends) // (pp * opts.min_layers_per_chunk)  # end chunks may hold only the embedding / the loss
-    for name in ("interleaved", "interleaved-zero-bubble"):  # where the stack allows
-        if name in opts.schedules:
-            variants += [(name, v) for v in range(1 if name != "interleaved" else 2, most + 1)]
-    variants += [(s, 2) for s in V_SCHEDULES if s in opts.schedules and most >= 2]  # two stages per rank, a V
+    for kind in ("several", "any", "two"):  # where the stack allows; "two": two stages per rank, a V
+        variants += [(s.name, v) for s in ALL_SCHEDULES if s.searched_vpp == kind and s.name in opts.schedules
+                     for v in s.searched_vpps(most)]
     return [(s, v) for s, v in variants if opts.vpp in (None, v)]
 
 

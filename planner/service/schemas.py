@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.schemas import limits as L
 from planner.schemas.model import ModelSpec
+from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
 from planner.schemas.plan import Precision, RecomputeMode, Schedule, TpOverlap
 from planner.schemas.topology import Topology
 
@@ -58,7 +59,7 @@ class EstimateBody(PlanBody):
     vpp: int = Field(default=1, gt=0, le=L.MAX_LAYERS)
     microbatch_size: int = Field(default=1, gt=0, le=L.MAX_GLOBAL_BATCH_SIZE)
     zero_stage: Literal[0, 1, 2, 3] = 0
-    schedule: Schedule = "1f1b"
+    schedule: Schedule = DEFAULT_SCHEDULE.name
     recompute: RecomputeMode = "none"
     tp_overlap: TpOverlap = "none"
     stage_layers: tuple[Annotated[int, Field(ge=0, le=L.MAX_LAYERS)], ...] | None = Field(

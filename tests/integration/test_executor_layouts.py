@@ -17,7 +17,8 @@ from planner.errors import BadInputError  # noqa: E402
 from planner.executor.run import run_plan  # noqa: E402
 from planner.launch_spec.options import RunOptions  # noqa: E402
 from planner.launch_spec.runnable import check_runnable  # noqa: E402
-from planner.launch_spec.schedules import stage_rank  # noqa: E402
+from planner.schedules import EXECUTOR_CLASSES  # noqa: E402
+from planner.schedules import schedule as schedule_of  # noqa: E402
 
 
 def options(**kw) -> RunOptions:
@@ -57,12 +58,10 @@ def test_zero_bubble_with_selective_recompute_and_fsdp_matches_single_process(tm
 
 
 def test_torch_schedule_names_place_stages_and_refuse_what_they_cannot_run():
-    from planner.launch_spec.schedules import SCHEDULE_CLASSES
-
-    assert [stage_rank(s, pp=2, schedule="zbv") for s in range(4)] == [0, 1, 1, 0]  # V: rank 0 holds 0 and 3
-    assert [stage_rank(s, pp=2, schedule="zero-bubble") for s in range(4)] == [0, 1, 0, 1]  # looped
-    assert SCHEDULE_CLASSES["interleaved-zero-bubble"] == SCHEDULE_CLASSES["zero-bubble"] == "ScheduleInterleavedZeroBubble"
-    assert (SCHEDULE_CLASSES["zbv"], SCHEDULE_CLASSES["dualpipev"]) == ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+    assert [schedule_of("zbv").stage_rank(s, pp=2) for s in range(4)] == [0, 1, 1, 0]  # V: rank 0 holds 0 and 3
+    assert [schedule_of("zero-bubble").stage_rank(s, pp=2) for s in range(4)] == [0, 1, 0, 1]  # looped
+    assert EXECUTOR_CLASSES["interleaved-zero-bubble"] == EXECUTOR_CLASSES["zero-bubble"] == "ScheduleInterleavedZeroBubble"
+    assert (EXECUTOR_CLASSES["zbv"], EXECUTOR_CLASSES["dualpipev"]) == ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
     with pytest.raises(BadInputError, match="set vpp=2"):
         check_runnable(make_plan(pp=2, schedule="zbv", num_microbatches=4))
     with pytest.raises(BadInputError, match="dualpipev needs num_microbatches=2 >= pp\\*vpp=4"):

@@ -8,7 +8,9 @@ closes a circle is still a circle); only imports under `if TYPE_CHECKING:` do no
   CostModel type aside), nothing in it imports the search's bounds (planner.cost.bounds), and the CostModel has
   no function-local imports and no method forwarding to a bounds function;
 - the lower layers import nothing above them (LAYER_RULES, the rules that hold today);
-- no private name (leading underscore) is imported from another planner module, nor read off one as an attribute.
+- no private name (leading underscore) is imported from another planner module, nor read off one as an attribute;
+- a pipeline schedule's name is spelled only in planner/schedules.py (its Schedule object), which imports nothing
+  above planner.errors: every other module asks the object (no string constant equal to a schedule name).
 The checker itself is tested on small sources at the end, so a silent checker cannot pass for a clean package.
 """
 
@@ -46,8 +48,13 @@ LAYER_RULES = [
     ("planner.launch_spec", ABOVE_COST + ("planner.nn",),
      "the home the executor and the exporters share sits below both (and stays torch-free)"),
 ]
-# Only these may import from planner: the schemas are the bottom layer.
-SCHEMAS_MAY_IMPORT = ("planner.schemas", "planner.units", "planner.errors")
+# Only these may import from planner: the schemas are the bottom layer (the schedule registry sits below them: the
+# plan schema's Schedule Literal is built from its names).
+SCHEMAS_MAY_IMPORT = ("planner.schemas", "planner.units", "planner.errors", "planner.schedules")
+SCHEDULES_MODULE = "planner.schedules"
+SCHEDULES_MAY_IMPORT = ("planner.errors",)
+# Modules allowed to spell a schedule name as a string constant besides planner.schedules, each with its reason.
+SCHEDULE_NAME_ALLOWED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -302,6 +309,29 @@ def test_schemas_are_the_bottom_layer(graph):
     assert not bad, f"planner.schemas may import only {SCHEMAS_MAY_IMPORT}: {bad}"
 
 
+def test_the_schedules_are_the_bottom_layer(graph):
+    assert graph[SCHEDULES_MODULE] <= set(SCHEDULES_MAY_IMPORT), graph[SCHEDULES_MODULE]
+
+
+def schedule_name_constants(source: str, names: Iterable[str]) -> list[int]:
+    """Lines of the string constants equal to a schedule name (docstrings and prose that mention one do not count:
+    only a constant that is exactly the name, as a comparison, a default or a dict key spells it)."""
+    wanted = set(names)
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in wanted)
+
+
+def test_schedule_names_are_spelled_only_in_their_schedule(modules):
+    """Adding a schedule means one Schedule object in planner/schedules.py; nothing else names one."""
+    from planner.schedules import ALL
+
+    names = [n for s in ALL for n in (s.name, *s.aliases)]
+    bad = [f"{name}:{line}" for name, source in modules.items() if name != SCHEDULES_MODULE
+           and name not in SCHEDULE_NAME_ALLOWED for line in schedule_name_constants(source, names)]
+    assert not bad, f"ask planner.schedules (schedule(name), its attributes) instead of spelling the name: {bad}"
+    assert schedule_name_constants(modules[SCHEDULES_MODULE], names)  # the checker sees the registry's own names
+
+
 def test_only_the_adapters_import_the_facade(graph):
     """api.py is imported by the CLI and the service only; the service by the CLI only; the CLI by nobody."""
     allowed = {"planner.api": ("planner.cli", "planner.service"), "planner.service": ("planner.cli", "planner.service"),
@@ -318,9 +348,12 @@ def test_only_the_adapters_import_the_facade(graph):
 # the service's pool reads `planner.__file__` to put this copy of the package first on its workers' path.
 # Everything that does the work (search, cost, check, export, executor, models, topology, profiling,
 # frameworks, launch_spec) is reached through planner.api.
+# The schedule registry (planner.schedules: names, the default, the choices a flag offers) is a bottom-layer fact
+# like the units.
 CLI_MAY_IMPORT = ("planner.api", "planner.cli", "planner.report", "planner.plot", "planner.io", "planner.errors",
-                  "planner.schemas", "planner.units", "planner.service")
-SERVICE_MAY_IMPORT = ("planner.api", "planner.service", "planner.io", "planner.errors", "planner.schemas")
+                  "planner.schemas", "planner.units", "planner.service", "planner.schedules")
+SERVICE_MAY_IMPORT = ("planner.api", "planner.service", "planner.io", "planner.errors", "planner.schemas",
+                      "planner.schedules")
 
 
 @pytest.mark.parametrize("adapter, may_import", [("planner.cli", CLI_MAY_IMPORT), ("planner.service", SERVICE_MAY_IMPORT)])
@@ -335,7 +368,7 @@ def test_the_shared_launch_home_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, planner.launch_spec.commands, planner.launch_spec.runnable, planner.launch_spec.schedules, "
+    code = ("import sys, planner.launch_spec.commands, planner.launch_spec.runnable, planner.schedules, "
             "planner.export.scripts; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE_DIR.parent)
 
@@ -386,6 +419,11 @@ def test_checker_finds_private_names():
     uses = private_uses(SOURCE, "planner.cost.layers", known)
     assert any("import _hidden" in u for u in uses) and any("planner.search.driver._internal" in u for u in uses)
     assert not any("__name__" in u or "visible" in u for u in uses)
+
+
+def test_checker_finds_schedule_names():
+    source = 'X = "1f1b"\n"""the 1f1b schedule"""\ndef f(s="2bw"):\n    return f"{s} 1f1b" if s == "zbv" else s\n'
+    assert schedule_name_constants(source, ("1f1b", "2bw", "zbv")) == [1, 3, 4]
 
 
 def test_checker_finds_cycles():

@@ -1,4 +1,4 @@
-"""torch's schedule names (interleaved-zero-bubble, zbv, dualpipev) priced by the cost model (planner.cost.schedule:
+"""torch's schedule names (interleaved-zero-bubble, zbv, dualpipev) priced by the cost model (planner.schedules:
 Qi et al. 2024 ZB-V; DeepSeek-V3 Table 2 for DualPipe(V)), placed in a V as the executor places them, accepted by
 `planner estimate` for every name the `planner` profile lists, and re-derived by the plan check."""
 
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from planner import api
 from planner.cli import app
 from planner.cost import Candidate, CostModel
-from planner.cost import schedule as S
+from planner.schedules import schedule as S
 from planner.frameworks import load_framework
 
 RUNNER = CliRunner()
@@ -32,24 +32,26 @@ def cand(schedule: str, vpp: int = 2, **kw) -> Candidate:
 
 def test_formulas():
     t = 1.0
-    assert S.bubble_s("zbv", pp=8, vpp=2, rank_time_s=t) == 0.0  # ZB-V at F = B = W
-    assert S.bubble_s("dualpipev", pp=8, vpp=2, rank_time_s=t) == pytest.approx((8 / 2 - 1) * t / 3)
-    assert S.bubble_s("dualpipev", pp=2, vpp=2, rank_time_s=t) == 0.0
+    assert S("zbv").bubble_s(pp=8, vpp=2, rank_time_s=t) == 0.0  # ZB-V at F = B = W
+    assert S("dualpipev").bubble_s(pp=8, vpp=2, rank_time_s=t) == pytest.approx((8 / 2 - 1) * t / 3)
+    assert S("dualpipev").bubble_s(pp=2, vpp=2, rank_time_s=t) == 0.0
     for vpp in (1, 2, 4):
-        assert S.bubble_s("interleaved-zero-bubble", pp=8, vpp=vpp, rank_time_s=t) == S.bubble_s("zero-bubble", pp=8, vpp=vpp, rank_time_s=t)
+        assert S("interleaved-zero-bubble").bubble_s(pp=8, vpp=vpp, rank_time_s=t) == S("zero-bubble").bubble_s(pp=8, vpp=vpp, rank_time_s=t)
     for stage in range(PP):
-        assert S.inflight_microbatches("zbv", pp=PP, stage=stage, num_microbatches=M, vpp=2) == PP
-        assert S.inflight_microbatches("dualpipev", pp=PP, stage=stage, num_microbatches=M, vpp=2) == PP + 1
-    assert S.inflight_microbatches("dualpipev", pp=PP, stage=0, num_microbatches=3, vpp=2) == 3
-    assert S.p2p_transfers("zbv", pp=PP, vpp=2, num_microbatches=M) == 2 * M + PP - 1  # 2x 1F1B's volume
+        assert S("zbv").inflight_microbatches(pp=PP, stage=stage, num_microbatches=M, vpp=2) == PP
+        assert S("dualpipev").inflight_microbatches(pp=PP, stage=stage, num_microbatches=M, vpp=2) == PP + 1
+    assert S("dualpipev").inflight_microbatches(pp=PP, stage=0, num_microbatches=3, vpp=2) == 3
+    assert S("zbv").p2p_transfers(pp=PP, vpp=2, num_microbatches=M) == 2 * M + PP - 1  # 2x 1F1B's volume
 
 
-def test_v_placement_matches_the_executor():
-    executor = pytest.importorskip("planner.launch_spec.schedules")
+def test_one_placement_for_the_cost_model_the_executor_and_the_cli():
+    """The V placement is spelled once (planner.schedules.Schedule.stage_rank): the façade's stage_rank, which the
+    CLI tables and the executor's report read, is the schedule's."""
     for schedule in ("zbv", "dualpipev", "interleaved", "zero-bubble"):
         for stage in range(2 * PP):
-            assert S.stage_rank(stage, pp=PP, schedule=schedule) == executor.stage_rank(stage, pp=PP, schedule=schedule)
-    assert S.loss_rank(pp=PP, vpp=2, schedule="zbv") == 0 and S.loss_rank(pp=PP, vpp=2, schedule="interleaved") == PP - 1
+            assert api.stage_rank(stage, pp=PP, schedule=schedule) == S(schedule).stage_rank(stage, pp=PP)
+    assert [S("zbv").stage_rank(s, pp=PP) for s in range(2 * PP)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert S("zbv").loss_rank(pp=PP, vpp=2) == 0 and S("interleaved").loss_rank(pp=PP, vpp=2) == PP - 1
 
 
 def _rank_time(evaluation) -> float:
