@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from planner.cost import comm, compute, memory, schedule
+from planner.cost import comm, compute, memory
+from planner.schedules import schedule
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.evaluate import balanced_split
 from planner.schemas.model import ModelSpec
@@ -167,22 +168,22 @@ def test_domino_hides_at_most_half():
 
 
 def test_bubble_fractions():
-    assert schedule.bubble_fraction("1f1b", pp=8, vpp=1, num_microbatches=64) == pytest.approx(7 / 64)
-    assert schedule.bubble_fraction("gpipe", pp=8, vpp=1, num_microbatches=64) == pytest.approx(7 / 64)
-    assert schedule.bubble_fraction("interleaved", pp=8, vpp=4, num_microbatches=64) == pytest.approx(7 / 256)
-    assert schedule.bubble_fraction("zero-bubble", pp=8, vpp=1, num_microbatches=64) == pytest.approx(7 / 192)
-    assert schedule.bubble_fraction("2bw", pp=8, vpp=1, num_microbatches=64) == 0.0
-    assert schedule.bubble_fraction("1f1b", pp=1, vpp=1, num_microbatches=64) == 0.0
+    assert schedule("1f1b").bubble_fraction(pp=8, vpp=1, num_microbatches=64) == pytest.approx(7 / 64)
+    assert schedule("gpipe").bubble_fraction(pp=8, vpp=1, num_microbatches=64) == pytest.approx(7 / 64)
+    assert schedule("interleaved").bubble_fraction(pp=8, vpp=4, num_microbatches=64) == pytest.approx(7 / 256)
+    assert schedule("zero-bubble").bubble_fraction(pp=8, vpp=1, num_microbatches=64) == pytest.approx(7 / 192)
+    assert schedule("2bw").bubble_fraction(pp=8, vpp=1, num_microbatches=64) == 0.0
+    assert schedule("1f1b").bubble_fraction(pp=1, vpp=1, num_microbatches=64) == 0.0
 
 
 def test_inflight_microbatches_per_schedule():
-    assert schedule.inflight_microbatches("gpipe", pp=4, stage=3, num_microbatches=16) == 16
-    assert [schedule.inflight_microbatches("1f1b", pp=4, stage=r, num_microbatches=16) for r in range(4)] == [4, 3, 2, 1]
-    assert schedule.inflight_microbatches("1f1b", pp=4, stage=0, num_microbatches=2) == 2
-    assert schedule.inflight_microbatches("zero-bubble", pp=4, stage=0, num_microbatches=16) == 4
+    assert schedule("gpipe").inflight_microbatches(pp=4, stage=3, num_microbatches=16) == 16
+    assert [schedule("1f1b").inflight_microbatches(pp=4, stage=r, num_microbatches=16) for r in range(4)] == [4, 3, 2, 1]
+    assert schedule("1f1b").inflight_microbatches(pp=4, stage=0, num_microbatches=2) == 2
+    assert schedule("zero-bubble").inflight_microbatches(pp=4, stage=0, num_microbatches=16) == 4
     # Megatron interleaved warm-up: (p - r - 1) * 2 + (v - 1) * p chunk-micro-batches, plus the one in flight
-    assert schedule.inflight_microbatches("interleaved", pp=4, stage=0, num_microbatches=16, vpp=2) == pytest.approx((6 + 4 + 1) / 2)
-    assert schedule.inflight_microbatches("interleaved", pp=4, stage=3, num_microbatches=16, vpp=2) == pytest.approx((0 + 4 + 1) / 2)
+    assert schedule("interleaved").inflight_microbatches(pp=4, stage=0, num_microbatches=16, vpp=2) == pytest.approx((6 + 4 + 1) / 2)
+    assert schedule("interleaved").inflight_microbatches(pp=4, stage=3, num_microbatches=16, vpp=2) == pytest.approx((0 + 4 + 1) / 2)
 
 
 def test_balanced_split():

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from planner import api
-from planner.cost import comm, schedule
+from planner.cost import comm
+from planner.schedules import schedule
 from planner.cost.evaluate import dp_comm_s
 from planner.cost.model import Candidate, CostModel, CostOptions
 from planner.cost.p2p import pp_comm_s
@@ -32,9 +33,9 @@ def test_profiles_map_to_options():
 
 def test_overlapped_p2p_leaves_only_the_fill_exposed():
     """Megatron-Core --overlap-p2p-comm posts the steady-state sends beside compute: p - 1 transfers stay."""
-    assert schedule.p2p_transfers("interleaved", pp=8, vpp=2, num_microbatches=32) == 32 * 2 + 7
-    assert schedule.p2p_transfers("interleaved", pp=8, vpp=2, num_microbatches=32, overlapped=True) == 7
-    assert schedule.p2p_transfers("1f1b", pp=1, vpp=1, num_microbatches=32, overlapped=True) == 0
+    assert schedule("interleaved").p2p_transfers(pp=8, vpp=2, num_microbatches=32) == 32 * 2 + 7
+    assert schedule("interleaved").p2p_transfers(pp=8, vpp=2, num_microbatches=32, overlapped=True) == 7
+    assert schedule("1f1b").p2p_transfers(pp=1, vpp=1, num_microbatches=32, overlapped=True) == 0
 
 
 def test_scatter_gather_sends_one_tp_share_over_the_nic():
@@ -46,7 +47,7 @@ def test_scatter_gather_sends_one_tp_share_over_the_nic():
     whole = pp_comm_s(CostModel(req, options=options_for("megatron-lm", "bf16").__class__(
         **{**options_for("megatron-lm", "bf16").__dict__, "pp_scatter_gather": False})), cand)
     link = CostModel(req).links(cand).pp
-    latency_part = 2 * schedule.p2p_transfers("1f1b", pp=16, vpp=1, num_microbatches=128) * link.latency_s
+    latency_part = 2 * schedule("1f1b").p2p_transfers(pp=16, vpp=1, num_microbatches=128) * link.latency_s
     assert split - latency_part == pytest.approx((whole - latency_part) / 8, rel=1e-6)
 
 
