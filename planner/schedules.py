@@ -46,8 +46,9 @@ compared byte for byte), so do not regroup a product or a quotient.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 from planner.errors import BadInputError
@@ -255,11 +256,11 @@ DUALPIPEV = Schedule(
 
 ALL: tuple[Schedule, ...] = (GPIPE, ONE_F_ONE_B, INTERLEAVED, TWO_BW, ZERO_BUBBLE, INTERLEAVED_ZERO_BUBBLE, ZBV, DUALPIPEV)
 NAMES: tuple[str, ...] = tuple(s.name for s in ALL)
-EXECUTOR_CLASSES: dict[str, str] = {s.name: s.executor_class for s in ALL if s.executor_class}  # torch classes
+EXECUTOR_CLASSES: Mapping[str, str] = MappingProxyType({s.name: s.executor_class for s in ALL if s.executor_class})
 SEARCHED_BY_DEFAULT: tuple[str, ...] = tuple(s.name for s in ALL if s.searched_by_default)
 V_PLACED: tuple[Schedule, ...] = tuple(s for s in ALL if s.v_placed)
 DEFAULT = ONE_F_ONE_B  # what a plan without a pipeline (pp = 1) names, and the request's default
-BY_NAME: dict[str, Schedule] = {**{a: s for s in ALL for a in s.aliases}, **{s.name: s for s in ALL}}
+BY_NAME: Mapping[str, Schedule] = MappingProxyType({**{a: s for s in ALL for a in s.aliases}, **{s.name: s for s in ALL}})
 
 
 def schedule(name: str) -> Schedule:

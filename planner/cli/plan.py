@@ -126,7 +126,8 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     from planner.errors import BadInputError
     from planner.schemas.plan import SearchLimits
 
-    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or (schedule in SCHEDULE_NAMES and schedule_of(schedule).stale_weights),
+    asked_stale = schedule in SCHEDULE_NAMES and schedule_of(schedule).stale_weights  # --schedule 2bw allows it
+    fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or asked_stale,
                         prefer_practice=not fastest)
     for name, allowed, key in (("recompute", ("none", "selective", "full"), "recompute_modes"),
                                ("tp_overlap", ("none", "domino"), "tp_overlap")):

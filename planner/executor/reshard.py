@@ -38,6 +38,7 @@ def refusal(before: dict, now: dict) -> str | None:
         return f"{said}: ZeRO-1 saves each rank's optimizer partition in its own file, which cannot be resharded"
     if now.get("tp_overlap") == "domino" and "tp" in changed:
         return f"{said}: Domino's hand-sharded TP weights are saved per TP rank (@tp<r>of<n> keys), so tp cannot change"
-    if any(BY_NAME[s].stale_weights for s in (before.get("schedule"), now.get("schedule")) if s in BY_NAME) and "schedule" in changed:
+    stale = [BY_NAME[s].stale_weights for s in (before.get("schedule"), now.get("schedule")) if s in BY_NAME]
+    if any(stale) and "schedule" in changed:
         return f"{said}: PipeDream-2BW keeps two weight versions that a flush schedule does not have"
     return None
