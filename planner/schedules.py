@@ -260,12 +260,17 @@ EXECUTOR_CLASSES: Mapping[str, str] = MappingProxyType({s.name: s.executor_class
 SEARCHED_BY_DEFAULT: tuple[str, ...] = tuple(s.name for s in ALL if s.searched_by_default)
 V_PLACED: tuple[Schedule, ...] = tuple(s for s in ALL if s.v_placed)
 DEFAULT = ONE_F_ONE_B  # what a plan without a pipeline (pp = 1) names, and the request's default
-BY_NAME: Mapping[str, Schedule] = MappingProxyType({**{a: s for s in ALL for a in s.aliases}, **{s.name: s for s in ALL}})
+_INDEX: dict[str, Schedule] = {**{a: s for s in ALL for a in s.aliases}, **{s.name: s for s in ALL}}  # never written
+BY_NAME: Mapping[str, Schedule] = MappingProxyType(_INDEX)
 
 
 def schedule(name: str) -> Schedule:
-    """The Schedule called `name` (or one of its aliases, any case); BadInputError naming the choices otherwise."""
-    found = BY_NAME.get(name) or BY_NAME.get(str(name).lower())
+    """The Schedule called `name` (or one of its aliases, any case); BadInputError naming the choices otherwise.
+    Called per candidate on the search's hot paths: one dict lookup when the name is exact."""
+    try:
+        return _INDEX[name]
+    except KeyError:
+        found = _INDEX.get(str(name).lower())
     if found is None:
         raise BadInputError(f"schedule={name!r} is unknown: choose one of {', '.join(NAMES)}")
     return found

@@ -186,7 +186,7 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "La
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
     row = rows_of(module_table(model, cand, links), cand.recompute)
     key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.dp_replicate,
-           schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed)
+           (schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed))
     static = model.memo.get(key)
     if static is None:
         static = model.memo[key] = sum(static_parts(model, cand, *module_params_of(model, cand)))

@@ -140,9 +140,10 @@ class CostModel:
 
     def layout_key(self, cand: Candidate) -> tuple:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
+        sched = schedule_of(cand.schedule)
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.dp_replicate, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, cand.compression.has("fp8-dispatch"), cand.axis_order,
-                (schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed))
+                (sched.weight_versions, sched.v_placed))
 
     def links(self, cand: Candidate) -> L.Links:
         """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""
