@@ -53,7 +53,6 @@ from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
 
 
-
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -94,7 +93,8 @@ class Options:
         _check_fixed(pinned, request.gpus)
         _check_framework_request(profile, request.precision, pinned, request.model.moe is not None)
         _check_compression(profile, limits.compression)
-        stale = limits.allow_stale_weights or tuple(schedule_of(s).stale_weights for s in limits.schedules) == (True,)
+        only = limits.schedules[0] if len(limits.schedules) == 1 else None  # asking for 2BW alone allows it
+        stale = limits.allow_stale_weights or (only is not None and schedule_of(only).stale_weights)
         runs = set(profile.schedule_names())
         schedules = tuple(s for s in limits.schedules if s in runs and (not schedule_of(s).stale_weights or stale))
         caps = profile.capabilities
