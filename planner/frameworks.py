@@ -19,6 +19,7 @@ from planner.frameworks_split import balanced_split, split_refusal
 from planner.io import load_file, shipped_names
 from planner.resources import ENV_OVERRIDES, data_dir
 from planner.schemas.compression import NONE
+from planner.schemas.dims import ParallelDims
 from planner.schemas.framework import FrameworkProfile
 from planner.models.features import describe, has_feature
 from planner.schemas.model import ModelSpec
@@ -59,14 +60,10 @@ def _load_cached(path: str, _mtime_ns: int) -> FrameworkProfile:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config:
-    """The plain fields a stack's rules read (no plan objects: the search passes numbers)."""
+class Config(ParallelDims):
+    """The plain fields a stack's rules read (no plan objects: the search passes numbers): the parallel degrees
+    (a ParallelDims) and the per-plan choices the rules look at."""
 
-    dp: int
-    tp: int
-    pp: int
-    cp: int = 1
-    ep: int = 1
     vpp: int = 1
     sp: bool = False
     zero_stage: int = 0
@@ -76,18 +73,17 @@ class Config:
     is_moe: bool = False
     precision: str = "bf16"
     microbatch_size: int = 1
-    dp_replicate: int = 1  # HSDP replicas of the dp axis (1: plain dp / FSDP over all dp ranks)
     tied_embeddings: bool = False  # the model ties its LM head to the input embedding
     num_microbatches: int = 0  # 0: not known (a factorisation or group probe); torch's micro-batch rules skip it
     compression: tuple[str, ...] = ()  # planner.schemas.compression methods
 
 
 def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
-    """The Config of anything with the candidate's fields (a cost-model Candidate, a search candidate)."""
+    """The Config of a cost-model Candidate (its degrees and the choices the rules read)."""
     return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
                   zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
                   is_moe=model.moe is not None, precision=precision, microbatch_size=cand.microbatch_size,
-                  dp_replicate=getattr(cand, "dp_replicate", 1), tied_embeddings=model.tied_embeddings,
+                  dp_replicate=cand.dp_replicate, tied_embeddings=model.tied_embeddings,
                   num_microbatches=cand.num_microbatches, compression=getattr(cand, "compression", NONE).methods)
 
 
