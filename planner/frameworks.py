@@ -80,20 +80,20 @@ class Config(ParallelDims):
 
 def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
     """The Config of a cost-model Candidate (its degrees and the choices the rules read)."""
-    return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
+    return Config(**cand.as_dict(), vpp=cand.vpp, sp=cand.sp,
                   zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
                   is_moe=model.moe is not None, precision=precision, microbatch_size=cand.microbatch_size,
-                  dp_replicate=cand.dp_replicate, tied_embeddings=model.tied_embeddings,
+                  tied_embeddings=model.tied_embeddings,
                   num_microbatches=cand.num_microbatches, compression=getattr(cand, "compression", NONE).methods)
 
 
 def plan_configs(plan: LaunchPlan) -> list[Config]:
     """A LaunchPlan as Configs, one per recompute mode its stages use (each must be runnable)."""
     par, spec = plan.parallelism, plan.request.model
-    return [Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
+    return [Config(**par.dims.as_dict(), vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
                    schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
                    precision=plan.request.precision, microbatch_size=plan.batch.microbatch_size,
-                   dp_replicate=par.dp_replicate, tied_embeddings=spec.tied_embeddings,
+                   tied_embeddings=spec.tied_embeddings,
                    num_microbatches=plan.batch.num_microbatches, compression=par.compression.methods)
             for mode in sorted({s.recompute.mode for s in plan.stages} or {"none"})]
 

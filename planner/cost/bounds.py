@@ -103,9 +103,8 @@ def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:
 
 
 def _tp_link(model: "CostModel", cand: "Candidate") -> GroupLink:
-    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
     return _memo(model, ("tp_link", cand.tp, cand.world_size, _order(cand)),
-                 lambda: axis_link(model.topology, sizes, tuple(cand.axis_order), "tp"))
+                 lambda: axis_link(model.topology, cand.sizes(), tuple(cand.axis_order), "tp"))
 
 
 def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:

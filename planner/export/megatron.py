@@ -188,8 +188,8 @@ def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     """(arguments, warnings) for `pretrain_gpt.py`; raises BadInputError for what Megatron cannot run."""
     check_exportable(plan, TARGET)
-    check_framework(plan, TARGET)
-    warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "tp-cp-ep-dp-pp (innermost first)")
+    profile = check_framework(plan, TARGET)
+    warnings = axis_order_warning(plan, TARGET, tuple(profile.capabilities.rank_order.axes), "tp-cp-ep-dp-pp (innermost first)")
     _check_divisibility(plan)
     args = _parallel_args(plan, warnings) + _check_schedule(plan, warnings) + _layout_args(plan) + _recompute_args(plan, warnings)
     precision = plan.request.precision

@@ -63,7 +63,7 @@ def _check_ranks(plan: LaunchPlan) -> None:
     world = par.world_size
     if sorted(e.rank for e in plan.ranks) != list(range(world)):
         raise BadInputError(f"ranks: the rank map must list ranks 0..{world - 1} once each (dp*tp*pp*cp = {world}): regenerate the plan")
-    sizes = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    sizes = par.dims.layout_sizes()
     seen = set()
     for entry in plan.ranks:
         coords = tuple(entry.coords.get(axis, -1) for axis in par.axis_order)

@@ -122,20 +122,27 @@ class ParallelDims:
         """{axis name: degree} of every axis (the form planner.topology.placement takes)."""
         return {axis.value: getattr(self, axis.value) for axis in Axis}
 
-    def degrees(self) -> ParallelDims:
-        """The bare degrees of this record (a subclass's extra fields dropped): the key two plans share a layout by."""
-        return ParallelDims(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep, cp=self.cp, dp_replicate=self.dp_replicate)
+    def layout_sizes(self) -> dict[str, int]:
+        """{axis name: degree} of the axes ranks are laid out over (LAYOUT_AXES order; ep has no ranks of its own)."""
+        return {axis: getattr(self, axis) for axis in LAYOUT_AXES}
+
+    def as_dict(self) -> dict[str, int]:
+        """The degrees as keyword arguments (a subclass's other fields dropped): how a record with the same field
+        names (the LaunchPlan's Parallelism, a Candidate, a stack's Config) is built from this one."""
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "ep": self.ep, "cp": self.cp, "dp_replicate": self.dp_replicate}
 
     # ---- the one check ------------------------------------------------------------------------------------------
     def check(self, gpus: int | None = None) -> ParallelDims:
         """Self when the degrees are a layout (each a positive integer within the limits, dp_replicate dividing dp,
-        ep inside dp*cp or folded over tp, and with `gpus` the world size equal to it); else BadInputError naming
-        the field, the value and the fix."""
+        and with `gpus` the world size equal to it); else BadInputError naming the field, the value and the fix.
+
+        ep's rule (`expert_fold`) is not checked here: a fixed configuration's ep is judged with the model's rules
+        (ep dividing the experts, planner.cost.validity) so that one line names every problem, and the stack's span
+        narrows it further (planner.frameworks)."""
         for f in dataclasses.fields(ParallelDims):
             positive(f.name, getattr(self, f.name))
         if self.dp % self.dp_replicate:
             raise BadInputError(f"dp_replicate={self.dp_replicate} must divide dp={self.dp}: choose a divisor of dp, or 1")
-        self.expert_fold  # noqa: B018 - raises for an ep outside dp*cp and tp
         if gpus is not None and self.world_size != gpus:
             raise BadInputError(f"dp*tp*pp*cp={self.dp}*{self.tp}*{self.pp}*{self.cp}={self.world_size} must equal "
                                 f"gpus={gpus}: choose degrees whose product is {gpus}")

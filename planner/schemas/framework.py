@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 
 from planner.schemas.base import Schema
 from planner.schemas.compression import CompressionMethod
+from planner.schemas.dims import LAYOUT_AXES
 
 FRAMEWORK_SCHEMA_VERSION = "1"
 
@@ -133,8 +134,8 @@ class RankOrder(Schema):
     @field_validator("axes")
     @classmethod
     def _permutation(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if sorted(value) != sorted(("pp", "dp", "cp", "tp")):
-            raise ValueError(f"rank_order.axes={list(value)} must be a permutation of ['pp', 'dp', 'cp', 'tp']")
+        if sorted(value) != sorted(LAYOUT_AXES):
+            raise ValueError(f"rank_order.axes={list(value)} must be a permutation of {list(LAYOUT_AXES)}")
         return value
 
 

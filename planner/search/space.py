@@ -210,7 +210,7 @@ def axis_orders(fact: ParallelDims, profile: FrameworkProfile | None = None) -> 
 def _orders(pp: bool, dp: bool, cp: bool) -> tuple[tuple[str, ...], ...]:
     """axis_orders for the outer axes of size > 1 (pp, dp, cp): at most 8 distinct answers."""
     outer = [a for a in AXES if a != "tp"]
-    busy = [a for a in outer if {"pp": pp, "dp": dp, "cp": cp}[a]]
+    busy = [a for a in outer if {Axis.PP: pp, Axis.DP: dp, Axis.CP: cp}[a]]
     slots = [i for i, a in enumerate(outer) if a in busy]
     orders = []
     for perm in itertools.permutations(busy):
