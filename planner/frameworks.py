@@ -202,7 +202,7 @@ def compression_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str]
                                            f"{profile.name!r} ({entry.source}): use pp=1 or drop it")
         if method == "fp8-dispatch" and c.ep <= 1:
             return "compression_without_ep", "compression 'fp8-dispatch' needs expert parallelism (ep > 1): drop it"
-        if method != "fp8-dispatch" and c.dp * c.cp <= 1:
+        if method != "fp8-dispatch" and c.dp_cp <= 1:
             return "compression_without_dp", f"compression {method!r} needs data parallelism (dp > 1): drop it"
     return None
 
@@ -236,7 +236,7 @@ def parallel_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | 
     if c.ep > 1:
         if not caps.expert_parallel.supported:
             return "ep_not_in_framework", f"ep={c.ep}: framework {name!r} has no expert parallelism: use ep=1"
-        span = {"dp": c.dp, "dp_cp": c.dp * c.cp, "tp_dp_cp": c.dp * c.cp}[caps.expert_parallel.span]
+        span = {"dp": c.dp, "dp_cp": c.dp_cp, "tp_dp_cp": c.dp_cp}[caps.expert_parallel.span]
         folds = caps.expert_parallel.span == "tp_dp_cp" and c.ep % span == 0 and c.tp % (c.ep // span) == 0
         if span % c.ep and not folds:
             what = {"dp": "dp", "dp_cp": "dp*cp", "tp_dp_cp": "dp*cp (or dp*cp times a divisor of tp, folded)"}

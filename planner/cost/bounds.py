@@ -195,8 +195,8 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     if not floor:
         links = model.links(cand)
         return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
-    edp = max(1, cand.dp * cand.cp // cand.ep)
-    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
+    edp = cand.expert_dp
+    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp_cp),
                                                       dataclasses.replace(link, size=edp)), row))
                for link in _footprints(model, cand, cand.dp))
 

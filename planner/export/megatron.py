@@ -58,7 +58,7 @@ def _check_divisibility(plan: LaunchPlan) -> None:
         raise refuse(TARGET, f"dp_replicate={par.dp_replicate} (HSDP): this exporter writes no hybrid-sharding flags yet",
                      "re-plan with --dp-replicate 1, or export to torchtitan")
     world = plan.request.gpus
-    if world % (par.tp * par.pp * par.cp) or world // (par.tp * par.pp * par.cp) != par.dp:
+    if world % par.dims.model_parallel_size or world // par.dims.model_parallel_size != par.dp:
         raise refuse(TARGET, f"world size {world} is not tp*pp*cp*dp={par.tp}*{par.pp}*{par.cp}*{par.dp}", "regenerate the plan")
     if batch.global_batch_size % (batch.microbatch_size * par.dp):
         raise refuse(

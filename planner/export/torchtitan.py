@@ -81,7 +81,7 @@ def _data_parallel(plan: LaunchPlan) -> dict[str, object]:
     if par.zero_stage == 0:
         return {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
     reshard = "default" if par.zero_stage == 3 else "never"  # HSDP: replicas outer, shards inner, as the plan splits dp
-    return {"data_parallel_replicate_degree": par.dp_replicate, "data_parallel_shard_degree": par.dp // par.dp_replicate,
+    return {"data_parallel_replicate_degree": par.dp_replicate, "data_parallel_shard_degree": par.dims.dp_shard,
             "fsdp_reshard_after_forward": reshard}
 
 

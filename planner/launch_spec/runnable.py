@@ -132,7 +132,7 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
         notes.append("2bw: one pipeline over all steps, never flushed; a step's time is the time between a rank's weight "
                      "updates (step 1 includes the pipeline fill), its loss is on weights one step old")
     if par.dp_replicate > 1:
-        notes.append(f"HSDP: dp={par.dp} runs as {par.dp_replicate} replicas x {par.dp // par.dp_replicate} FSDP shards; "
+        notes.append(f"HSDP: dp={par.dp} runs as {par.dp_replicate} replicas x {par.dims.dp_shard} FSDP shards; "
                      "priced so: state sharded within a replica, the gradient shard all-reduced across replicas")
     if par.pp == 1 and plan.schedule != "1f1b":
         notes.append(f"pp=1: schedule {plan.schedule!r} has no effect (gradient accumulation over {batch.num_microbatches} micro-batches)")

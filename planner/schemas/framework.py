@@ -127,7 +127,7 @@ class RankOrder(Schema):
     """How the stack lays global ranks over the axes, outermost first (our axes: pp, dp, cp, tp; expert groups are
     carved from the dp x cp ranks, planner.topology.placement)."""
 
-    axes: tuple[Literal["pp", "dp", "cp", "tp"], ...] = Field(min_length=4, max_length=4, description="outermost first")
+    axes: tuple[Literal[LAYOUT_AXES], ...] = Field(min_length=4, max_length=4, description="outermost first")
     native: str = Field(min_length=1, description="the stack's own spelling of the order")
     source: str = Sourced
 

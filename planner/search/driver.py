@@ -105,7 +105,7 @@ class _Search:
         if not self.opts.compression_auto:
             return (cand,)
         found = compression_space.variants(
-            self.opts.profile, zero_stage=cand.zero_stage, pp=cand.pp, replicas=cand.dp * cand.cp,
+            self.opts.profile, zero_stage=cand.zero_stage, pp=cand.pp, replicas=cand.dp_cp,
             dp_link=self.cost.links(cand).dp, auto=True, fixed=self.opts.compression)
         return tuple(dataclasses.replace(cand, compression=c) for c in found)
 
