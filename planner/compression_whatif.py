@@ -43,7 +43,7 @@ def compression_rows(plan: LaunchPlan) -> tuple[CompressionRow, ...]:
                            recompute=_base_mode(plan), stage_layers=_stage_layers(plan))
     model = CostModel(request)
     base = candidate_of(request, config)
-    found = compression_space.variants(profile, zero_stage=base.zero_stage, pp=base.pp, replicas=base.dp * base.cp,
+    found = compression_space.variants(profile, zero_stage=base.zero_stage, pp=base.pp, replicas=base.dp_cp,
                                        dp_link=model.links(base).dp, auto=True, fixed=NONE)
     wanted = list(dict.fromkeys([NONE, *found, plan.parallelism.compression]))
     full = _full_layers(plan)

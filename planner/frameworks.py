@@ -20,6 +20,7 @@ from planner.io import load_file, shipped_names
 from planner.resources import ENV_OVERRIDES, data_dir
 from planner.schedules import BY_NAME, DEFAULT, DUALPIPEV, ONE_F_ONE_B
 from planner.schemas.compression import NONE
+from planner.schemas.dims import ParallelDims
 from planner.schemas.framework import FrameworkProfile
 from planner.models.features import describe, has_feature
 from planner.schemas.model import ModelSpec
@@ -60,14 +61,10 @@ def _load_cached(path: str, _mtime_ns: int) -> FrameworkProfile:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config:
-    """The plain fields a stack's rules read (no plan objects: the search passes numbers)."""
+class Config(ParallelDims):
+    """The plain fields a stack's rules read (no plan objects: the search passes numbers): the parallel degrees
+    (a ParallelDims) and the per-plan choices the rules look at."""
 
-    dp: int
-    tp: int
-    pp: int
-    cp: int = 1
-    ep: int = 1
     vpp: int = 1
     sp: bool = False
     zero_stage: int = 0
@@ -77,28 +74,27 @@ class Config:
     is_moe: bool = False
     precision: str = "bf16"
     microbatch_size: int = 1
-    dp_replicate: int = 1  # HSDP replicas of the dp axis (1: plain dp / FSDP over all dp ranks)
     tied_embeddings: bool = False  # the model ties its LM head to the input embedding
     num_microbatches: int = 0  # 0: not known (a factorisation or group probe); torch's micro-batch rules skip it
     compression: tuple[str, ...] = ()  # planner.schemas.compression methods
 
 
 def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
-    """The Config of anything with the candidate's fields (a cost-model Candidate, a search candidate)."""
-    return Config(dp=cand.dp, tp=cand.tp, pp=cand.pp, cp=cand.cp, ep=cand.ep, vpp=cand.vpp, sp=cand.sp,
+    """The Config of a cost-model Candidate (its degrees and the choices the rules read)."""
+    return Config(**cand.as_dict(), vpp=cand.vpp, sp=cand.sp,
                   zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
                   is_moe=model.moe is not None, precision=precision, microbatch_size=cand.microbatch_size,
-                  dp_replicate=getattr(cand, "dp_replicate", 1), tied_embeddings=model.tied_embeddings,
+                  tied_embeddings=model.tied_embeddings,
                   num_microbatches=cand.num_microbatches, compression=getattr(cand, "compression", NONE).methods)
 
 
 def plan_configs(plan: LaunchPlan) -> list[Config]:
     """A LaunchPlan as Configs, one per recompute mode its stages use (each must be runnable)."""
     par, spec = plan.parallelism, plan.request.model
-    return [Config(dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
+    return [Config(**par.dims.as_dict(), vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
                    schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
                    precision=plan.request.precision, microbatch_size=plan.batch.microbatch_size,
-                   dp_replicate=par.dp_replicate, tied_embeddings=spec.tied_embeddings,
+                   tied_embeddings=spec.tied_embeddings,
                    num_microbatches=plan.batch.num_microbatches, compression=par.compression.methods)
             for mode in sorted({s.recompute.mode for s in plan.stages} or {"none"})]
 
@@ -207,7 +203,7 @@ def compression_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str]
                                            f"{profile.name!r} ({entry.source}): use pp=1 or drop it")
         if method == "fp8-dispatch" and c.ep <= 1:
             return "compression_without_ep", "compression 'fp8-dispatch' needs expert parallelism (ep > 1): drop it"
-        if method != "fp8-dispatch" and c.dp * c.cp <= 1:
+        if method != "fp8-dispatch" and c.dp_cp <= 1:
             return "compression_without_dp", f"compression {method!r} needs data parallelism (dp > 1): drop it"
     return None
 
@@ -241,7 +237,7 @@ def parallel_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | 
     if c.ep > 1:
         if not caps.expert_parallel.supported:
             return "ep_not_in_framework", f"ep={c.ep}: framework {name!r} has no expert parallelism: use ep=1"
-        span = {"dp": c.dp, "dp_cp": c.dp * c.cp, "tp_dp_cp": c.dp * c.cp}[caps.expert_parallel.span]
+        span = {"dp": c.dp, "dp_cp": c.dp_cp, "tp_dp_cp": c.dp_cp}[caps.expert_parallel.span]
         folds = caps.expert_parallel.span == "tp_dp_cp" and c.ep % span == 0 and c.tp % (c.ep // span) == 0
         if span % c.ep and not folds:
             what = {"dp": "dp", "dp_cp": "dp*cp", "tp_dp_cp": "dp*cp (or dp*cp times a divisor of tp, folded)"}

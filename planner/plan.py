@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from planner.cost.evaluate import Evaluation
 from planner.cost.model import Candidate, CostModel
 from planner.schedules import schedule as schedule_of
+from planner.schemas.dims import Axis
 from planner.schemas.plan import (
     Alternative, Batch, LaunchPlan, MemoryReport, Parallelism, PlanRequest, Prediction, ProcessGroup, Recompute,
     SolverStats, Stage,
@@ -23,9 +24,8 @@ from planner.topology.placement import rank_map
 
 
 def parallelism_of(cand: Candidate) -> Parallelism:
-    return Parallelism(dp=cand.dp, tp=cand.tp, pp=cand.pp, ep=cand.ep, cp=cand.cp, sp=cand.sp, vpp=cand.vpp,
-                       zero_stage=cand.zero_stage, tp_overlap=cand.tp_overlap, axis_order=tuple(cand.axis_order),
-                       compression=cand.compression, dp_replicate=cand.dp_replicate)
+    return Parallelism(**cand.as_dict(), sp=cand.sp, vpp=cand.vpp, zero_stage=cand.zero_stage, tp_overlap=cand.tp_overlap,
+                       axis_order=tuple(cand.axis_order), compression=cand.compression)
 
 
 def batch_of(request: PlanRequest, cand: Candidate) -> Batch:
@@ -58,19 +58,17 @@ def _group(axis: str, link: GroupLink) -> ProcessGroup:
 def process_groups(model: CostModel, cand: Candidate) -> tuple[ProcessGroup, ...]:
     """One entry per axis with size > 1 (tp, cp, ep, dp, pp), with the link the cost model charged."""
     links = model.links(cand)
-    sizes = {"tp": cand.tp, "cp": cand.cp, "ep": cand.ep, "dp": cand.dp, "pp": cand.pp}
-    chosen = {"tp": links.tp, "cp": links.cp, "ep": links.ep, "pp": links.pp}
+    chosen = {Axis.TP: links.tp, Axis.CP: links.cp, Axis.EP: links.ep, Axis.PP: links.pp}
     groups = []
-    for axis, size in sizes.items():
-        if size <= 1:
+    for axis in (Axis.TP, Axis.CP, Axis.EP, Axis.DP, Axis.PP):
+        if cand.degree(axis) <= 1:
             continue
         link = chosen.get(axis)
         if link is None:  # dp: the dp axis itself (the cost model reduces over dp x cp)
             from planner.topology.placement import axis_link
 
-            link = axis_link(model.topology, {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep},
-                             tuple(cand.axis_order), "dp")
-        groups.append(_group(axis, link))
+            link = axis_link(model.topology, cand.sizes(), tuple(cand.axis_order), axis.value)
+        groups.append(_group(axis.value, link))
     return tuple(groups)
 
 
@@ -104,7 +102,7 @@ def build_launch_plan(
               memory=memories[schedule_of(cand.schedule).stage_rank(v, pp=cand.pp)], time=evaluation.stage_times[v])
         for v, names in enumerate(modules)
     )
-    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp}
+    sizes = cand.layout_sizes()
     return LaunchPlan(
         kind=kind, request=request, parallelism=parallelism_of(cand), batch=batch_of(request, cand),
         schedule=cand.schedule, stages=stages, ranks=tuple(rank_map(request.topology, sizes, tuple(cand.axis_order))),

@@ -20,6 +20,7 @@ from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import V_PLACED
 from planner.schemas.compression import NONE, Compression
+from planner.schemas.dims import ParallelDims
 from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, PlanRequest
 from planner.units import GiB
 
@@ -157,21 +158,9 @@ def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep:
                         ("dp-replicate", dp_replicate)):
         if value < 1:
             raise BadInputError(f"--{name}={value} must be at least 1")
-    model_parallel = tp * pp * cp
-    if dp is None:
-        if request.gpus % model_parallel:
-            raise BadInputError(
-                f"tp*pp*cp={tp}*{pp}*{cp}={model_parallel} does not divide gpus={request.gpus}: choose degrees whose "
-                f"product divides {request.gpus}, or pass --gpus as a multiple of {model_parallel}"
-            )
-        dp = request.gpus // model_parallel
-    if dp * model_parallel != request.gpus:
-        raise BadInputError(f"dp*tp*pp*cp={dp}*{tp}*{pp}*{cp}={dp * model_parallel} must equal gpus={request.gpus}: drop --dp or fix it")
-    if dp % dp_replicate:
-        raise BadInputError(f"--dp-replicate={dp_replicate} must divide dp={dp}: choose a divisor of dp, or 1")
+    dims = ParallelDims.resolve(request.gpus, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_replicate)
     try:
-        parallelism = Parallelism(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap,
-                                  compression=compression, dp_replicate=dp_replicate)
+        parallelism = Parallelism(**dims.as_dict(), sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap, compression=compression)
         return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                              stage_layers=stage_layers)
     except ValidationError as exc:

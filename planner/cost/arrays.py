@@ -185,7 +185,7 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
 def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "LayerCosts":
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
     row = rows_of(module_table(model, cand, links), cand.recompute)
-    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp * cand.cp, cand.dp_replicate,
+    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp_cp, cand.dp_replicate,
            (schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed))
     static = model.memo.get(key)
     if static is None:

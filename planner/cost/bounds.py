@@ -104,9 +104,8 @@ def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:
 
 
 def _tp_link(model: "CostModel", cand: "Candidate") -> GroupLink:
-    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
     return _memo(model, ("tp_link", cand.tp, cand.world_size, _order(cand)),
-                 lambda: axis_link(model.topology, sizes, tuple(cand.axis_order), "tp"))
+                 lambda: axis_link(model.topology, cand.sizes(), tuple(cand.axis_order), "tp"))
 
 
 def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
@@ -198,8 +197,8 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     if not floor:
         links = model.links(cand)
         return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
-    edp = max(1, cand.dp * cand.cp // cand.ep)
-    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
+    edp = cand.expert_dp
+    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp_cp),
                                                       dataclasses.replace(link, size=edp)), row))
                for link in _footprints(model, cand, cand.dp))
 

@@ -19,7 +19,7 @@ def candidate_links(topology: Topology, cand: "Candidate") -> Links:
     footprint with size dp*cp (exact when cp = 1), and the experts' over dp*cp/ep ranks. HSDP (dp_replicate > 1):
     dp and expert_dp are the shard groups' (placement.hsdp_links, size Candidate.zero_shard / expert_shard) and
     dp_replicate the replicas' all-reduce group."""
-    sizes = {"pp": cand.pp, "dp": cand.dp, "cp": cand.cp, "tp": cand.tp, "ep": cand.ep}
+    sizes = cand.sizes()
     order = tuple(cand.axis_order)
     if cand.dp_replicate > 1:
         shard, replicate = hsdp_links(topology, sizes, order, cand.dp_replicate)
@@ -33,7 +33,7 @@ def candidate_links(topology: Topology, cand: "Candidate") -> Links:
         tp=axis_link(topology, sizes, order, "tp"),
         cp=axis_link(topology, sizes, order, "cp"),
         ep=axis_link(topology, sizes, order, "ep"),
-        dp=dataclasses.replace(dp, size=cand.dp * cand.cp),
-        expert_dp=dataclasses.replace(dp, size=max(1, cand.dp * cand.cp // cand.ep)),
+        dp=dataclasses.replace(dp, size=cand.dp_cp),
+        expert_dp=dataclasses.replace(dp, size=cand.expert_dp),
         pp=axis_link(topology, sizes, order, "pp"),
     )

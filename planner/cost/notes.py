@@ -30,10 +30,9 @@ def candidate_of(request: PlanRequest, config: Configuration) -> Candidate:
             f"or another --microbatch-size"
         )
     return Candidate(
-        dp=par.dp, tp=par.tp, pp=par.pp, ep=par.ep, cp=par.cp, sp=par.sp, vpp=par.vpp, zero_stage=par.zero_stage,
-        tp_overlap=par.tp_overlap, microbatch_size=config.microbatch_size,
-        num_microbatches=request.global_batch_size // per_step, schedule=config.schedule, recompute=config.recompute,
-        axis_order=tuple(par.axis_order), compression=par.compression, dp_replicate=par.dp_replicate,
+        **par.dims.as_dict(), sp=par.sp, vpp=par.vpp, zero_stage=par.zero_stage, tp_overlap=par.tp_overlap,
+        microbatch_size=config.microbatch_size, num_microbatches=request.global_batch_size // per_step,
+        schedule=config.schedule, recompute=config.recompute, axis_order=tuple(par.axis_order), compression=par.compression,
     )
 
 

@@ -14,17 +14,14 @@ import numpy as np
 
 from planner.schedules import DEFAULT
 from planner.schemas.compression import NONE, Compression
+from planner.schemas.dims import LAYOUT_AXES, ParallelDims
 
 
 @dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """One point of the plan space (hashable)."""
+class Candidate(ParallelDims):
+    """One point of the plan space (hashable): its parallel degrees (a ParallelDims: dp, tp, pp, ep, cp,
+    dp_replicate and the sizes derived from them) and the per-plan choices on top of them."""
 
-    dp: int
-    tp: int
-    pp: int
-    ep: int = 1
-    cp: int = 1
     sp: bool = False
     vpp: int = 1
     zero_stage: int = 0
@@ -33,26 +30,8 @@ class Candidate:
     num_microbatches: int
     schedule: str = DEFAULT.name  # one of planner.schedules.NAMES
     recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
-    axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")  # outermost -> innermost
+    axis_order: tuple[str, ...] = LAYOUT_AXES  # outermost -> innermost
     compression: Compression = NONE  # communication compression (planner.cost.compression)
-    dp_replicate: int = 1  # HSDP: replicas of the ZeRO-2/3 shard group (1: plain FSDP/DDP over all dp ranks)
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
-
-    @property
-    def zero_shard(self) -> int:
-        """Ranks dense ZeRO state shards over: dp x cp, or under HSDP (dp_replicate > 1; Zhao et al. 2023, PyTorch
-        FSDP sec. 3.2.2 hybrid sharding, FSDP2 fully_shard on a (replicate, shard) mesh) the shard group's
-        dp x cp / dp_replicate; the dp_replicate replicas each hold the whole sharded state."""
-        return self.dp * self.cp // self.dp_replicate
-
-    @property
-    def expert_shard(self) -> int:
-        """Ranks routed experts' ZeRO state shards over: the expert-data-parallel dp x cp / ep ranks (/ dp_replicate
-        under HSDP)."""
-        return max(1, self.dp * self.cp // self.ep // self.dp_replicate)
 
 
 @dataclass(frozen=True, kw_only=True)

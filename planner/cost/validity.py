@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from planner.errors import BadInputError
 from planner.frameworks import interleaved_split_reason, load_framework
 from planner.schedules import BY_NAME, DEFAULT, NAMES
-from planner.topology.placement import expert_fold
+from planner.schemas.dims import Axis
 from planner.schemas.plan import PlanRequest
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
     elif spec.moe is not None and spec.moe.num_experts % c.ep:
         out.append(f"ep={c.ep} must divide num_experts={spec.moe.num_experts}: choose ep in {_divisors(spec.moe.num_experts)}")
     try:
-        expert_fold({"dp": c.dp, "cp": c.cp, "tp": c.tp, "ep": c.ep})
+        c.expert_fold  # noqa: B018 - raises BadInputError for an ep outside dp*cp and tp
     except BadInputError as exc:
         out.append(str(exc))
     if request.seq_len % c.cp:
@@ -105,7 +105,7 @@ def _schedule_reasons(c: "Candidate") -> list[str]:
 
 
 def _positive(cand: "Candidate") -> tuple[str, ...]:
-    for name in ("dp", "tp", "pp", "ep", "cp", "vpp"):
+    for name in (*Axis, "vpp"):
         if getattr(cand, name) < 1:
             return (f"{name}={getattr(cand, name)} must be at least 1",)
     return ()

@@ -131,7 +131,7 @@ def hsdp_mesh(plan, mesh, device_type: str):
     par = plan.parallelism
     dims = list(par.axis_order)
     layout = mesh.mesh.movedim(dims.index("dp"), -1)
-    layout = layout.reshape(*layout.shape[:-1], par.dp_replicate, par.dp // par.dp_replicate)
+    layout = layout.reshape(*layout.shape[:-1], par.dp_replicate, par.dims.dp_shard)
     names = tuple(d for d in dims if d != "dp") + ("dp_replicate", "dp_shard")
     return DeviceMesh(device_type, layout, mesh_dim_names=names)["dp_replicate", "dp_shard"]
 

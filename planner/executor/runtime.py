@@ -108,7 +108,7 @@ def rank_coords(plan: LaunchPlan, rank: int) -> dict[str, int]:
         if entry.rank == rank:
             return {axis: entry.coords.get(axis, 0) for axis in plan.parallelism.axis_order}
     par = plan.parallelism
-    sizes = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    sizes = par.dims.layout_sizes()
     coords, rest = {}, rank
     for axis in reversed(par.axis_order):
         coords[axis], rest = rest % sizes[axis], rest // sizes[axis]
@@ -120,7 +120,7 @@ def build_mesh(plan: LaunchPlan, device_type: str):
     from torch.distributed.device_mesh import DeviceMesh
 
     par = plan.parallelism
-    sizes = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    sizes = par.dims.layout_sizes()
     layout = torch.empty([sizes[a] for a in par.axis_order], dtype=torch.int64)
     for rank in range(par.world_size):
         coords = rank_coords(plan, rank)

@@ -60,7 +60,7 @@ def _check_divisibility(plan: LaunchPlan) -> None:
         raise refuse(TARGET, f"dp_replicate={par.dp_replicate} (HSDP): this exporter writes no hybrid-sharding flags yet",
                      "re-plan with --dp-replicate 1, or export to torchtitan")
     world = plan.request.gpus
-    if world % (par.tp * par.pp * par.cp) or world // (par.tp * par.pp * par.cp) != par.dp:
+    if world % par.dims.model_parallel_size or world // par.dims.model_parallel_size != par.dp:
         raise refuse(TARGET, f"world size {world} is not tp*pp*cp*dp={par.tp}*{par.pp}*{par.cp}*{par.dp}", "regenerate the plan")
     if batch.global_batch_size % (batch.microbatch_size * par.dp):
         raise refuse(
@@ -193,8 +193,8 @@ def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     """(arguments, warnings) for `pretrain_gpt.py`; raises BadInputError for what Megatron cannot run."""
     check_exportable(plan, TARGET)
-    check_framework(plan, TARGET)
-    warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "tp-cp-ep-dp-pp (innermost first)")
+    profile = check_framework(plan, TARGET)
+    warnings = axis_order_warning(plan, TARGET, tuple(profile.capabilities.rank_order.axes), "tp-cp-ep-dp-pp (innermost first)")
     _check_divisibility(plan)
     args = _parallel_args(plan, warnings) + _check_schedule(plan, warnings) + _layout_args(plan) + _recompute_args(plan, warnings)
     precision = plan.request.precision

@@ -81,7 +81,7 @@ def _data_parallel(plan: LaunchPlan) -> dict[str, object]:
     if par.zero_stage == 0:
         return {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
     reshard = "default" if par.zero_stage == 3 else "never"  # HSDP: replicas outer, shards inner, as the plan splits dp
-    return {"data_parallel_replicate_degree": par.dp_replicate, "data_parallel_shard_degree": par.dp // par.dp_replicate,
+    return {"data_parallel_replicate_degree": par.dp_replicate, "data_parallel_shard_degree": par.dims.dp_shard,
             "fsdp_reshard_after_forward": reshard}
 
 
@@ -160,7 +160,7 @@ def torchtitan_export_parts(plan: LaunchPlan) -> tuple[list[str], list[str], str
     check_exportable(plan, TARGET)
     profile = check_framework(plan, TARGET)
     par, batch = plan.parallelism, plan.batch
-    warnings = axis_order_warning(plan, TARGET, ("pp", "dp", "cp", "tp"), "mesh [pp, dp_replicate, dp_shard, cp, tp] (outermost first)")
+    warnings = axis_order_warning(plan, TARGET, tuple(profile.capabilities.rank_order.axes), "mesh [pp, dp_replicate, dp_shard, cp, tp] (outermost first)")
     parallelism = _data_parallel(plan)
     _check_rules(plan, int(parallelism["data_parallel_shard_degree"]))
     parallelism.update({"tensor_parallel_degree": par.tp, "enable_sequence_parallel": par.sp or par.tp == 1,

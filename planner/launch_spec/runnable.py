@@ -63,7 +63,7 @@ def _check_ranks(plan: LaunchPlan) -> None:
     world = par.world_size
     if sorted(e.rank for e in plan.ranks) != list(range(world)):
         raise BadInputError(f"ranks: the rank map must list ranks 0..{world - 1} once each (dp*tp*pp*cp = {world}): regenerate the plan")
-    sizes = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    sizes = par.dims.layout_sizes()
     seen = set()
     for entry in plan.ranks:
         coords = tuple(entry.coords.get(axis, -1) for axis in par.axis_order)
@@ -134,7 +134,7 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
         notes.append(f"{sched.name}: one pipeline over all steps, never flushed; a step's time is the time between a rank's weight "
                      "updates (step 1 includes the pipeline fill), its loss is on weights one step old")
     if par.dp_replicate > 1:
-        notes.append(f"HSDP: dp={par.dp} runs as {par.dp_replicate} replicas x {par.dp // par.dp_replicate} FSDP shards; "
+        notes.append(f"HSDP: dp={par.dp} runs as {par.dp_replicate} replicas x {par.dims.dp_shard} FSDP shards; "
                      "priced so: state sharded within a replica, the gradient shard all-reduced across replicas")
     if par.pp == 1 and plan.schedule != DEFAULT.name:
         notes.append(f"pp=1: schedule {plan.schedule!r} has no effect (gradient accumulation over {batch.num_microbatches} micro-batches)")

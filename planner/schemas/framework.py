@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schemas.base import Schema
 from planner.schemas.compression import CompressionMethod
+from planner.schemas.dims import LAYOUT_AXES
 
 FRAMEWORK_SCHEMA_VERSION = "1"
 
@@ -126,15 +127,15 @@ class RankOrder(Schema):
     """How the stack lays global ranks over the axes, outermost first (our axes: pp, dp, cp, tp; expert groups are
     carved from the dp x cp ranks, planner.topology.placement)."""
 
-    axes: tuple[Literal["pp", "dp", "cp", "tp"], ...] = Field(min_length=4, max_length=4, description="outermost first")
+    axes: tuple[Literal[LAYOUT_AXES], ...] = Field(min_length=4, max_length=4, description="outermost first")
     native: str = Field(min_length=1, description="the stack's own spelling of the order")
     source: str = Sourced
 
     @field_validator("axes")
     @classmethod
     def _permutation(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if sorted(value) != sorted(("pp", "dp", "cp", "tp")):
-            raise ValueError(f"rank_order.axes={list(value)} must be a permutation of ['pp', 'dp', 'cp', 'tp']")
+        if sorted(value) != sorted(LAYOUT_AXES):
+            raise ValueError(f"rank_order.axes={list(value)} must be a permutation of {list(LAYOUT_AXES)}")
         return value
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_serializer, model_validator
 
+from planner.errors import BadInputError
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import SEARCHED_BY_DEFAULT
@@ -17,6 +18,7 @@ from planner.schemas import limits as L
 from planner.schemas.base import InputSchema, Schema, without
 from planner.schemas.calibration import CalibrationOverlay
 from planner.schemas.compression import NONE, Compression
+from planner.schemas.dims import LAYOUT_AXES, ParallelDims
 from planner.schemas.model import ModelSpec
 from planner.schemas.topology import Topology
 
@@ -28,7 +30,7 @@ Precision = Literal["bf16", "amp-bf16", "fp32", "fp8"]
 Schedule = Literal[SCHEDULE_NAMES]
 RecomputeMode = Literal["none", "selective", "full"]
 TpOverlap = Literal["none", "domino"]
-AXES = ("pp", "dp", "cp", "tp")
+AXES = LAYOUT_AXES  # the default rank layout, outermost first (planner.schemas.dims)
 
 
 class SearchLimits(InputSchema):
@@ -112,8 +114,10 @@ class Parallelism(Schema):
     def _check(self) -> "Parallelism":
         if sorted(self.axis_order) != sorted(AXES):
             raise ValueError(f"axis_order={list(self.axis_order)} must be a permutation of {list(AXES)}")
-        if self.dp % self.dp_replicate:
-            raise ValueError(f"dp_replicate={self.dp_replicate} must divide dp={self.dp}")
+        try:
+            self.dims.check()
+        except BadInputError as exc:  # pydantic reports a ValueError under the field path
+            raise ValueError(str(exc)) from None
         return self
 
     @model_serializer(mode="wrap")
@@ -123,8 +127,13 @@ class Parallelism(Schema):
         return without(handler(self), dp_replicate=self.dp_replicate == 1, compression=not self.compression.methods)
 
     @property
+    def dims(self) -> ParallelDims:
+        """The plan's degrees as the one record the planner reads them through (planner.schemas.dims)."""
+        return ParallelDims(dp=self.dp, tp=self.tp, pp=self.pp, ep=self.ep, cp=self.cp, dp_replicate=self.dp_replicate)
+
+    @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dims.world_size
 
 
 class Batch(Schema):

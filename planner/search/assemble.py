@@ -37,14 +37,14 @@ def placement_note(cost, best: Scored, profile=None) -> str | None:
     stack with a fixed rank order (profile capabilities.rank_order) the note says the plan follows it."""
     import dataclasses
 
-    from planner.search.space import Factorisation, axis_orders
+    from planner.search.space import axis_orders
 
     c = best.cand
     fixed = profile.capabilities.rank_order if profile is not None else None
     if fixed is not None:
         return (f"placement: ranks laid out as framework {profile.name!r} builds them, {'>'.join(fixed.axes)} outermost "
                 f"first ({fixed.native}); links priced in that order")
-    orders = axis_orders(Factorisation(dp=c.dp, tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep))
+    orders = axis_orders(c)
     if len(orders) < 2:
         return None
     timed = []

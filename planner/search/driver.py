@@ -37,7 +37,7 @@ import heapq
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,7 +105,7 @@ class _Search:
         if not self.opts.compression_auto:
             return (cand,)
         found = compression_space.variants(
-            self.opts.profile, zero_stage=cand.zero_stage, pp=cand.pp, replicas=cand.dp * cand.cp,
+            self.opts.profile, zero_stage=cand.zero_stage, pp=cand.pp, replicas=cand.dp_cp,
             dp_link=self.cost.links(cand).dp, auto=True, fixed=self.opts.compression)
         return tuple(dataclasses.replace(cand, compression=c) for c in found)
 
@@ -316,7 +316,7 @@ def _slug(reason: str) -> str:
     return "_".join(words[:8]) or "invalid"
 
 
-def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progress: ProgressFn | None = None,
+def search(request: PlanRequest, *, fixed: Mapping[str, int] | None = None, progress: ProgressFn | None = None,
            exhaustive: bool = False, cost=None, opts: Options | None = None, ceiling_s: float | None = None) -> SearchResult:
     """Run the search; `exhaustive=True` turns every bound off (the reference the tests compare against). `opts`
     replaces the request's space (planner.search.practice narrows it); `ceiling_s` prunes every configuration
@@ -337,7 +337,7 @@ def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progres
     )
 
 
-def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dict[str, int] | None = None) -> LaunchPlan:
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: Mapping[str, int] | None = None) -> LaunchPlan:
     """The fastest plan that fits (or, within the ranking band, the best inside the stack's practice:
     planner.search.practice), as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is."""
     started = time.monotonic()

@@ -32,17 +32,18 @@ from planner.cost import bounds as cost_bounds
 from planner.cost import p2p
 from planner.schedules import DEFAULT, V_PLACED
 from planner.schedules import schedule as schedule_of
+from planner.schemas.dims import ParallelDims
 from planner.search import bounds
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
                                          step_lower_s, variant_shape)
-from planner.search.space import Factorisation, Group, axis_orders, schedule_variants
+from planner.search.space import Group, axis_orders, schedule_variants
 
 
 class Floors(BoundsState):
     """Bounds of groups for one search (`state`: the driver's _Search: cost, opts, request, space)."""
 
-    def order(self, fact: Factorisation) -> tuple[str, ...]:
+    def order(self, fact: ParallelDims) -> tuple[str, ...]:
         return self._cached(("order", fact), lambda: axis_orders(fact, self.opts.profile)[0])
 
     def shape(self, pp: int, vpp: int, schedule: str = DEFAULT.name):
@@ -64,10 +65,10 @@ class Floors(BoundsState):
             cost_bounds.floor_costs(self.cost, self.candidate(group, zero_stage=self.opts.zero_stages[0])),
             self.state.partial(group)))
 
-    def group(self, fact: Factorisation, mbs: int, sp: bool, recompute: str, overlap: str) -> Group:
+    def group(self, fact: ParallelDims, mbs: int, sp: bool, recompute: str, overlap: str) -> Group:
         return Group(fact, mbs, self.state.request.global_batch_size // (fact.dp * mbs), sp, recompute, overlap)
 
-    def shapes(self, sp: bool, overlap: str, facts: list[Factorisation]) -> dict[tuple[int, bool], list[Group]]:
+    def shapes(self, sp: bool, overlap: str, facts: list[ParallelDims]) -> dict[tuple[int, bool], list[Group]]:
         """The groups of a family by shape (micro-batch size, pp > 1): one ModuleArrays key but the recompute."""
         out: dict[tuple[int, bool], list[Group]] = {}
         space = self.state.space
@@ -80,7 +81,7 @@ class Floors(BoundsState):
                     out.setdefault((mbs, fact.pp > 1), []).extend(kept)
         return out
 
-    def family_lower(self, fact: Factorisation, sp: bool, overlap: str) -> float:
+    def family_lower(self, fact: ParallelDims, sp: bool, overlap: str) -> float:
         """A bound of every group with this factorisation's tp, cp, ep and these sp, tp_overlap, whatever its pp,
         micro-batch size and recompute: m * microbatch_size * (per-sample floor) / pp (planner.cost.bounds
         .per_sample_floor_s; bound (1) with T >= microbatch_size x the floor, recompute times being >= 0), the

@@ -36,9 +36,8 @@ with SearchLimits.allow_stale_weights (its one-step-stale weights change the opt
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -49,13 +48,9 @@ from planner.schedules import ALL as ALL_SCHEDULES
 from planner.schedules import DEFAULT
 from planner.schedules import schedule as schedule_of
 from planner.schemas.compression import NONE, Compression
+from planner.schemas.dims import Axis, FixedDims, ParallelDims, divisors
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
-
-
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 @dataclass(frozen=True)
@@ -68,7 +63,7 @@ class Options:
     tp_overlap: tuple[str, ...]
     max_microbatch_size: int
     profile: FrameworkProfile
-    fixed: dict[str, int] = field(default_factory=dict)  # degrees fixed by the caller (--tp, --pp, ...)
+    fixed: FixedDims = field(default_factory=FixedDims)  # degrees fixed by the caller (--tp, --pp, ...), checked
     allow_stale_weights: bool = False
     sp: bool | None = None  # fixed sequence parallelism (None: both)
     vpp: int | None = None  # fixed virtual stages per rank (None: every valid one)
@@ -86,11 +81,10 @@ class Options:
         return tuple(z for z in self.zero_stages if z in allowed)
 
     @staticmethod
-    def from_request(request: PlanRequest, fixed: dict[str, int] | None = None) -> Options:
+    def from_request(request: PlanRequest, fixed: Mapping[str, int] | None = None) -> Options:
         limits = request.search or SearchLimits()
         profile = framework_of(request)
-        pinned = {**limits.fixed, **(fixed or {})}
-        _check_fixed(pinned, request.gpus)
+        pinned = FixedDims.of({**limits.fixed, **(fixed or {})}, request.gpus)
         _check_framework_request(profile, request.precision, pinned, request.model.moe is not None)
         _check_compression(profile, limits.compression)
         only = limits.schedules[0] if len(limits.schedules) == 1 else None  # asking for 2BW alone allows it
@@ -120,15 +114,15 @@ class Options:
         )
 
 
-def _check_hsdp(profile: FrameworkProfile, dp_replicate: int, fixed: dict[str, int]) -> None:
+def _check_hsdp(profile: FrameworkProfile, dp_replicate: int, fixed: FixedDims) -> None:
     """A fixed dp_replicate (HSDP) the stack cannot run, or that cannot divide the fixed dp, has no answer."""
     if dp_replicate == 1:
         return
     if not profile.capabilities.zero.hsdp:
         raise BadInputError(f"dp_replicate={dp_replicate}: framework {profile.name!r} has no hybrid sharding (HSDP): "
                             f"drop --dp-replicate or choose another --framework")
-    if "dp" in fixed and fixed["dp"] % dp_replicate:
-        raise BadInputError(f"dp_replicate={dp_replicate} must divide dp={fixed['dp']}: choose a divisor of dp, or drop --dp-replicate")
+    if Axis.DP in fixed and fixed[Axis.DP] % dp_replicate:
+        raise BadInputError(f"dp_replicate={dp_replicate} must divide dp={fixed[Axis.DP]}: choose a divisor of dp, or drop --dp-replicate")
 
 
 def framework_of(request: PlanRequest) -> FrameworkProfile:
@@ -151,13 +145,13 @@ def _narrowed(name: str, asked: tuple, kept: tuple, profile: FrameworkProfile) -
     return kept
 
 
-def _check_framework_request(profile: FrameworkProfile, precision: str, fixed: dict[str, int], is_moe: bool) -> None:
+def _check_framework_request(profile: FrameworkProfile, precision: str, fixed: FixedDims, is_moe: bool) -> None:
     """A precision or fixed degree the framework cannot run has no answer: say so before searching."""
     refused = precision_refusal(profile, precision)
     if refused is not None:
         raise BadInputError(refused)
-    probe = Config(dp=fixed.get("dp", 1), tp=fixed.get("tp", 1), pp=fixed.get("pp", 1), cp=fixed.get("cp", 1),
-                   ep=1 if not is_moe else fixed.get("ep", 1), is_moe=is_moe)
+    probe = Config(dp=fixed.get(Axis.DP, 1), tp=fixed.get(Axis.TP, 1), pp=fixed.get(Axis.PP, 1), cp=fixed.get(Axis.CP, 1),
+                   ep=1 if not is_moe else fixed.get(Axis.EP, 1), is_moe=is_moe)
     found = parallel_refusal(profile, probe) if probe.cp > 1 or probe.ep > 1 else None
     if found is not None and found[0] != "ep_outside_framework_span":
         raise BadInputError(found[1])
@@ -175,30 +169,11 @@ def _check_compression(profile: FrameworkProfile, compression: Compression | str
                                 f"it runs {sorted(runs) or ['none']} (see `planner framework show {profile.name}`)")
 
 
-def _check_fixed(fixed: dict[str, int], gpus: int) -> None:
-    """Fixed degrees must name a parallel axis and divide the GPU count (ep divides dp*cp: checked by the space)."""
-    for axis, value in sorted(fixed.items()):
-        if axis not in ("dp", "tp", "pp", "cp", "ep"):
-            raise BadInputError(f"fixed degree {axis}={value}: unknown axis; choose among dp, tp, pp, cp, ep")
-        if value < 1 or (axis != "ep" and gpus % value):
-            choices = ", ".join(map(str, divisors(gpus)))
-            raise BadInputError(f"{axis}={value} must divide gpus={gpus}: choose {axis} in {{{choices}}}")
-
-
-@dataclass(frozen=True)
-class Factorisation:
-    dp: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-
-
 @dataclass(frozen=True)
 class Group:
     """Configurations that share the per-layer time arrays: everything but zero, schedule/vpp and axis order."""
 
-    fact: Factorisation
+    fact: ParallelDims
     microbatch_size: int
     num_microbatches: int
     sp: bool
@@ -221,7 +196,7 @@ class Member:
     axis_order: tuple[str, ...]
 
 
-def axis_orders(fact: Factorisation, profile: FrameworkProfile | None = None) -> tuple[tuple[str, ...], ...]:
+def axis_orders(fact: ParallelDims, profile: FrameworkProfile | None = None) -> tuple[tuple[str, ...], ...]:
     """The stack's own rank order when its profile fixes one (Megatron tp-cp-ep-dp-pp, torchtitan's mesh
     [pp, dp_replicate, dp_shard, cp, tp]: capabilities.rank_order), so the plan is placed and its links priced as
     the stack lays ranks out; else (our executor) tp innermost and every permutation of the outer axes with size > 1,
@@ -236,7 +211,7 @@ def axis_orders(fact: Factorisation, profile: FrameworkProfile | None = None) ->
 def _orders(pp: bool, dp: bool, cp: bool) -> tuple[tuple[str, ...], ...]:
     """axis_orders for the outer axes of size > 1 (pp, dp, cp): at most 8 distinct answers."""
     outer = [a for a in AXES if a != "tp"]
-    busy = [a for a in outer if {"pp": pp, "dp": dp, "cp": cp}[a]]
+    busy = [a for a in outer if {Axis.PP: pp, Axis.DP: dp, Axis.CP: cp}[a]]
     slots = [i for i, a in enumerate(outer) if a in busy]
     orders = []
     for perm in itertools.permutations(busy):
@@ -272,25 +247,25 @@ class Space:
         self._sizes: dict[int, list[int]] = {}
         self._variant_counts: dict[tuple[int, bool], tuple[int, Counter]] = {}
 
-    def factorisations(self) -> Iterator[Factorisation]:
+    def factorisations(self) -> Iterator[ParallelDims]:
         gpus, gpn, fixed = self.request.gpus, self.request.topology.gpus_per_node, self.opts.fixed
         for tp in divisors(gpus):
-            if (gpus > gpn and gpn % tp) or tp > gpn or fixed.get("tp", tp) != tp:
+            if (gpus > gpn and gpn % tp) or tp > gpn or not fixed.allows(Axis.TP, tp):
                 continue
             for pp in divisors(gpus // tp):
-                if pp > self.model.num_layers or fixed.get("pp", pp) != pp:
+                if pp > self.model.num_layers or not fixed.allows(Axis.PP, pp):
                     continue
                 for cp in divisors(gpus // (tp * pp)):
                     dp = gpus // (tp * pp * cp)
-                    if fixed.get("cp", cp) != cp or fixed.get("dp", dp) != dp:
+                    if not (fixed.allows(Axis.CP, cp) and fixed.allows(Axis.DP, dp)):
                         continue
                     for ep in self._eps(dp * cp):
-                        yield Factorisation(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+                        yield ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
 
     def _eps(self, span: int) -> list[int]:
         if self.model.moe is None:
             return [1]
-        return [e for e in divisors(span) if self.opts.fixed.get("ep", e) == e]
+        return [e for e in divisors(span) if self.opts.fixed.allows(Axis.EP, e)]
 
     def microbatch_sizes(self, dp: int) -> list[int]:
         found = self._sizes.get(dp)
@@ -301,7 +276,7 @@ class Space:
                                                        if (fixed is None and m <= self.opts.max_microbatch_size) or m == fixed]
         return found
 
-    def fact_reason(self, fact: Factorisation) -> str | None:
+    def fact_reason(self, fact: ParallelDims) -> str | None:
         """The first structural rule a factorisation breaks, as a `pruned` key; None when it is valid."""
         m, r = self.model, self.request
         if m.num_attention_heads % fact.tp:
@@ -322,7 +297,7 @@ class Space:
                                                              tied_embeddings=m.tied_embeddings))
         return refused[0] if refused is not None else None
 
-    def group_options(self, fact: Factorisation) -> tuple[list[int], list[bool], list[str]]:
+    def group_options(self, fact: ParallelDims) -> tuple[list[int], list[bool], list[str]]:
         """microbatch sizes (at least one even for an invalid dp, for counting), sp and tp_overlap choices."""
         sizes = self.microbatch_sizes(fact.dp) or [1]
         sps = [sp for sp in ([False, True] if fact.tp > 1 else [False]) if self.opts.sp in (None, sp)]
@@ -331,16 +306,16 @@ class Space:
         overlaps = list(self.opts.tp_overlap) if fact.tp > 1 else ["none"]
         return sizes, sps, overlaps
 
-    def members_per_group(self, fact: Factorisation) -> int:
+    def members_per_group(self, fact: ParallelDims) -> int:
         variants = schedule_variants(fact.pp, self.model.num_layers, self.opts)
         return len(self.opts.zero_stages) * len(variants) * len(axis_orders(fact, self.opts.profile))
 
-    def fact_count(self, fact: Factorisation) -> int:
+    def fact_count(self, fact: ParallelDims) -> int:
         """Configurations of the space with this factorisation (every group times its members)."""
         sizes, sps, overlaps = self.group_options(fact)
         return len(sizes) * len(sps) * len(overlaps) * len(self.opts.recompute_modes) * self.members_per_group(fact)
 
-    def fact_groups(self, fact: Factorisation) -> list[Group]:
+    def fact_groups(self, fact: ParallelDims) -> list[Group]:
         """The groups of a valid factorisation, in a fixed order; a group every member of which the framework
         refuses for its group-level fields (sp, recompute, tp_overlap, micro-batch) is counted under the rule."""
         sizes, sps, overlaps = self.group_options(fact)
@@ -397,7 +372,7 @@ class Space:
         `reason`, its variants that break an interleaving rule under that rule (what `variants` would count)."""
         self.prune_members(group.fact, group.num_microbatches, reason, copies)
 
-    def prune_members(self, fact: Factorisation, num_microbatches: int, reason: str, copies: int) -> None:
+    def prune_members(self, fact: ParallelDims, num_microbatches: int, reason: str, copies: int) -> None:
         """prune_group for `copies` groups of `fact` with `num_microbatches`."""
         key = (fact.pp, num_microbatches % fact.pp == 0)
         found = self._variant_counts.get(key)

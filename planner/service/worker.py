@@ -17,6 +17,7 @@ import traceback
 
 from planner.errors import BadInputError, InfeasibleError, PlannerError, SolverTimeoutError
 from planner.io import canonical_json
+from planner.schemas.dims import ParallelDims
 from planner.schemas.plan import Configuration, Parallelism, SearchLimits
 from planner.service.schemas import EstimateBody, PlanBody
 
@@ -44,13 +45,9 @@ def _request(body: PlanBody, max_gpus: int):
 def _configuration(body: EstimateBody, request) -> Configuration:
     from planner import api
 
-    gpus = request.gpus
-    model_parallel = body.tp * body.pp * body.cp
-    dp = body.dp if body.dp is not None else gpus // model_parallel
-    if dp < 1 or dp * model_parallel != gpus:
-        raise BadInputError(f"dp={dp} x tp={body.tp} x pp={body.pp} x cp={body.cp} must equal gpus={gpus}: adjust the degrees")
+    dims = ParallelDims.resolve(request.gpus, dp=body.dp, tp=body.tp, pp=body.pp, cp=body.cp, ep=body.ep)
     return Configuration(
-        parallelism=Parallelism(dp=dp, tp=body.tp, pp=body.pp, ep=body.ep, cp=body.cp, sp=body.sp, vpp=body.vpp,
+        parallelism=Parallelism(**dims.as_dict(), sp=body.sp, vpp=body.vpp,
                                 zero_stage=body.zero_stage, tp_overlap=body.tp_overlap,
                                 compression=api.compression(body.compression, request.topology)),
         microbatch_size=body.microbatch_size, schedule=body.schedule, recompute=body.recompute,

@@ -36,6 +36,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.errors import BadInputError
+from planner.schemas.dims import ParallelDims
 from planner.schemas.plan import AXES, RankEntry
 from planner.schemas.topology import Topology
 from planner.topology.groups import GroupLink
@@ -85,20 +86,9 @@ def _coords(rank: int, dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple
 
 
 def expert_fold(sizes: Mapping[str, int]) -> int:
-    """How many tp ranks an expert group takes (MoE parallel folding, Megatron-Core parallel_state.py): 1 when ep
-    divides dp*cp (experts inside the data-parallel ranks), k when ep = dp*cp*k with k dividing tp (the expert mesh
-    ep x etp, etp = tp/k, over the same tp*dp*cp ranks). Anything else is refused naming both forms."""
-    ep = int(sizes.get("ep", 1))
-    tp = int(sizes.get("tp", 1))
-    span = int(sizes.get("dp", 1)) * int(sizes.get("cp", 1))
-    if span % ep == 0:
-        return 1
-    if ep % span == 0 and tp % (ep // span) == 0:
-        return ep // span
-    divisors = [d for d in range(1, span + 1) if span % d == 0]
-    folded = [span * k for k in range(2, tp + 1) if tp % k == 0]
-    raise BadInputError(f"ep={ep} must divide dp*cp={span} or, folded over tp={tp}, be dp*cp times a divisor of tp: "
-                        f"choose ep in {{{', '.join(map(str, divisors + folded))}}}")
+    """How many tp ranks an expert group takes, for a sizes mapping (ParallelDims.expert_fold, the one rule)."""
+    return ParallelDims(dp=int(sizes.get("dp", 1)), tp=int(sizes.get("tp", 1)), pp=1, cp=int(sizes.get("cp", 1)),
+                        ep=int(sizes.get("ep", 1))).expert_fold
 
 
 def _check_ep(sizes: Mapping[str, int]) -> int:

@@ -13,7 +13,8 @@ from planner.cost.model import Candidate, CostModel
 from planner.cost.p2p import pp_comm_s
 from planner.schemas.model import ModelSpec, MoESpec
 from planner.search.refine import rank_of_modules, split_for
-from planner.search.space import Factorisation, axis_orders
+from planner.schemas.dims import ParallelDims
+from planner.search.space import axis_orders
 
 SMALL = ModelSpec(name="small", num_layers=6, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
                   num_kv_heads=4, vocab_size=8000, seq_len=1024, activation="swiglu", norm="rmsnorm")
@@ -28,7 +29,7 @@ def _candidates(gpus: int, moe: bool):
         for ep in ((1, 2, 4, 8, 16) if moe else (1,)):
             if (dp * cp) % ep or 16 % ep:
                 continue
-            for order in axis_orders(Factorisation(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)):
+            for order in axis_orders(ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)):
                 yield dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, axis_order=order, sp=tp > 1,
                            tp_overlap="domino" if tp > 1 else "none")
 

@@ -117,7 +117,7 @@ def test_plan_with_dp_replicate_keeps_it_and_rederives_to_itself(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["estimate", "--gpus", "4", "--zero", "3", "--dp-replicate", "3"], "--dp-replicate=3 must divide dp=4"),
+    (["estimate", "--gpus", "4", "--zero", "3", "--dp-replicate", "3"], "dp_replicate=3 must divide dp=4"),
     (["plan", "--gpus", "4", "--dp", "4", "--dp-replicate", "3"], "dp_replicate=3 must divide dp=4"),
     (["estimate", "--gpus", "4", "--zero", "0", "--dp-replicate", "2", "--framework", "torchtitan"],
      "zero_stage=0 has no shards; use zero_stage 2 or 3"),
