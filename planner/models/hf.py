@@ -111,7 +111,8 @@ def architecture_fields(cfg: HFConfig, fields: dict[str, Any]) -> dict[str, Any]
 GRANITE_TYPES = ("granite", "granitemoe")  # configuration_granite.py: embedding/residual/attention multipliers, logits_scaling
 ROPE_SCALING_KEYS = {"original_max_position_embeddings": "original_max_position_embeddings",
                      "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
-                     "beta_fast": "beta_fast", "beta_slow": "beta_slow"}
+                     "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale",
+                     "mscale_all_dim": "mscale_all_dim", "truncate": "truncate"}
 
 
 def rope_scaling_of(cfg: HFConfig, rope: dict[str, Any]) -> dict[str, Any] | None:

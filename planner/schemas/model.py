@@ -129,6 +129,9 @@ class RopeScalingSpec(InputSchema):
     high_freq_factor: float | None = Field(default=None, gt=0, description="llama3")
     beta_fast: float | None = Field(default=None, gt=0, description="yarn")
     beta_slow: float | None = Field(default=None, gt=0, description="yarn")
+    mscale: float | None = Field(default=None, gt=0, description="yarn (DeepSeek)")
+    mscale_all_dim: float | None = Field(default=None, ge=0, description="yarn (DeepSeek)")
+    truncate: bool | None = Field(default=None, description="yarn: floor/ceil the correction range (gpt-oss: false)")
 
 
 class MultiplierSpec(InputSchema):
