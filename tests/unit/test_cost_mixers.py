@@ -122,3 +122,26 @@ def test_linear_attention_is_cheaper_than_full_attention_at_long_sequences():
         lc = cost.layer_costs(cand)
         times[name] = float((lc.forward_s + lc.backward_s).sum())
     assert times["hybrid"] < 0.7 * times["full"]
+
+
+@pytest.mark.parametrize(("framework", "folder", "piece"), [
+    ("megatron-core", "qwen3-next-80b-a3b", "Gated DeltaNet linear-attention layers .* the export writes none of its flags"),
+    ("megatron-core", "jamba-v0.1", "Mamba-1 selective-scan layers .* builds Mamba-2 mixers"),
+    ("megatron-lm", "jamba-v0.1", "Mamba-1 selective-scan layers"),
+    ("torchtitan", "qwen3-next-80b-a3b", "Gated DeltaNet .* qwen3_5 model only"),
+    ("torchtitan", "jamba-v0.1", "torchtitan 0.3 has no Mamba layers"),
+    ("planner", "jamba-v0.1", "Mamba-1 selective-scan layers .* reference decoder"),
+])
+def test_stacks_that_cannot_build_the_mixers_refuse_in_one_line(framework, folder, piece):
+    from planner.errors import BadInputError
+
+    with pytest.raises(BadInputError, match=piece) as caught:
+        api.build_request(model=load_model(str(HF / folder)), gpus=8, framework=framework)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_executor_check_names_the_mixers():
+    from planner.models.support import reference_refusal
+
+    assert "Gated DeltaNet ('linear') layers" in reference_refusal(QWEN3_NEXT.model_copy(update={"moe": None}))
+    assert "Mamba layers" in reference_refusal(JAMBA)
