@@ -72,7 +72,7 @@ def test_saved_activations_are_linear_in_the_sequence_and_split_by_tp():
     assert mixers.mixer_activation_bytes(QWEN3_NEXT, Shape(microbatch_size=2, seq_len=1024, tp=4), "linear") == 2048 * per_token / 4
 
 
-def _cost(spec, *, seq_len, tp=1, framework="megatron-core"):
+def _cost(spec, *, seq_len, tp=1, framework="pytorch-fsdp"):
     request = api.build_request(model=spec, topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=seq_len,
                                 framework=framework)
     cand = Candidate(dp=8 // tp, tp=tp, pp=1, cp=1, ep=1, sp=tp > 1, microbatch_size=1, num_microbatches=1,
