@@ -145,3 +145,21 @@ def test_the_executor_check_names_the_mixers():
 
     assert "Gated DeltaNet ('linear') layers" in reference_refusal(QWEN3_NEXT.model_copy(update={"moe": None}))
     assert "Mamba layers" in reference_refusal(JAMBA)
+
+
+@pytest.mark.parametrize(("folder", "patch", "message"), [
+    ("qwen3-next-80b-a3b", {"linear_num_value_heads": 24}, "num_value_heads=24 must be a multiple of num_key_heads=16"),
+    ("qwen3-next-80b-a3b", {"layer_types": ["sliding_attention"] * 48}, "layer kinds \\['sliding_attention'\\] are not modelled"),
+    ("jamba-v0.1", {"mamba_expand": 0}, "d_inner: Input should be greater than 0"),
+    ("jamba-v0.1", {"attn_layer_offset": 9}, "attn_layer_offset=9 .* smaller than attn_layer_period=8"),
+])
+def test_hybrid_configs_the_schema_cannot_express_are_one_line(folder, patch, message):
+    import json
+
+    from planner.errors import BadInputError
+    from planner.models.hf import spec_from_hf_config
+
+    config = {**json.loads((HF / folder / "config.json").read_text()), **patch}
+    with pytest.raises(BadInputError, match=message) as caught:
+        spec_from_hf_config(config)
+    assert "\n" not in str(caught.value)
