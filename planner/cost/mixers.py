@@ -94,7 +94,8 @@ def mixer_bytes(spec: ModelSpec, shape: Shape, mixer: str) -> float:
     Gated DeltaNet: conv1d + SiLU over the q, k, v channels (read, write), the L2 norms of q and k, the delta-rule
     kernels' inputs (q, k, v, g, beta) and output, the chunk states S (Hv*dk*dv per chunk: written by the state
     kernel, read by the output kernel), the gated RMSNorm (read o and z, write). Mamba: conv1d + SiLU over d_inner,
-    the scan (read u, Delta, z, B, C; write y; Sec. 3.3.2), the dt/B/C RMSNorms."""
+    the scan (read u, Delta, z, B, C; write y; Sec. 3.3.2: softplus(Delta + bias) and the z gate are fused in it),
+    the dt/B/C RMSNorms (replicated over tp: x_proj's output is all-reduced)."""
     t, tokens = shape.tp, shape.tokens
     if mixer == "linear":
         gdn = spec.linear_attention
@@ -104,7 +105,8 @@ def mixer_bytes(spec: ModelSpec, shape: Shape, mixer: str) -> float:
         return tokens * per_token / t
     m = spec.mamba
     narrow = m.dt_rank + 2 * m.d_state
-    return tokens * ((2 * m.d_inner + 4 * m.d_inner + m.d_inner + 2 * m.d_state) * ACT_BYTES / t + 2 * narrow * ACT_BYTES)
+    conv, scan = 2 * m.d_inner, 4 * m.d_inner + 2 * m.d_state  # read x, write u; read u, Delta, z, B, C, write y
+    return tokens * ((conv + scan) * ACT_BYTES / t + 2 * narrow * ACT_BYTES)  # the dt/B/C norms: read, write
 
 
 def mixer_activation_bytes(spec: ModelSpec, shape: Shape, mixer: str, *, gemm_input_bytes: int = 2) -> float:
