@@ -71,6 +71,8 @@ REQUESTS = [
     ("hf-llama4-scout-128gpu", "hf:llama-4-scout", 128, 512, 8192),
     ("hf-mistral-small-24b-32gpu", "hf:mistral-small-3.1-24b", 32, 256, 8192),
     ("hf-dsv3-2048gpu", "hf:deepseek-v3", 2048, 4096, 4096),
+    ("hf-qwen3-next-80b-64gpu", "hf:qwen3-next-80b-a3b", 64, 512, 4096),  # Gated DeltaNet + gated attention, MoE
+    ("hf-jamba-v0.1-64gpu", "hf:jamba-v0.1", 64, 256, 8192),  # Mamba-1 + attention, MoE on alternate layers
     # fixed dimensions (the search is told --tp/--pp/--cp/--ep, as a user pins them)
     ("70b-tp8-pp16-1024gpu", "llama3-70b", 1024, 1024, 8192, {"tp": 8, "pp": 16}),
     ("405b-cp8-1024gpu-128k", "llama3-405b", 1024, 64, 131072, {"cp": 8}),

@@ -111,7 +111,7 @@ def model_detail_tables(report: dict) -> list[Table]:
     counts.add_column("count", justify="right")
     counts.add_column("billions", justify="right")
     for key, value in params.items():
-        is_count = key not in ("dense_layers", "moe_layers")
+        is_count = not key.endswith("_layers")  # dense_layers, moe_layers, linear_mixer_layers, mamba_mixer_layers
         counts.add_row(key, f"{value:,}", _billions(value) if is_count else "")
     return [fields, counts]
 

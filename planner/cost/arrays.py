@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import compute, memory
+from planner.cost import compute, memory, mixer_layers, mixers
 from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, expert_shard_ep, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
 from planner.cost.types import Candidate, Detail, LayerCosts
@@ -24,7 +24,30 @@ ROWS = ("fwd", "bwd", "rec", "compute", "tp", "ep", "cp", "bwd_compute", "weight
 
 MODULE_FIELDS = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_fwd_s", "ep_bwd_s", "cp_fwd_s", "cp_bwd_s",
                  "selective_s", "act_none", "act_selective", "act_full", "full_recompute_s", "act_transient")
-KIND_ORDER = ("embedding", "decoder", "moe_decoder", "head")
+KIND_ORDER = ("embedding", "decoder", "moe_decoder", "head", "linear_decoder", "linear_moe_decoder", "mamba_decoder",
+              "mamba_moe_decoder")  # decoder kinds: token mixer (attention, Gated DeltaNet, Mamba) x FFN (dense, MoE)
+
+
+def kind_name(mixer: str, moe_layer: bool) -> str:
+    """The module type of a decoder layer: decoder / moe_decoder, prefixed by its mixer unless attention."""
+    return ("" if mixer == "attention" else f"{mixer}_") + ("moe_decoder" if moe_layer else "decoder")
+
+
+def layer_kinds(model: "CostModel") -> dict[str, tuple[str, bool, np.ndarray]]:
+    """Decoder module types present in the model: name -> (mixer, moe_layer, mask over the decoder layers)."""
+    found = model.memo.get("layer_kinds")
+    if found is None:
+        spec = model.spec
+        mixer = np.array([spec.mixer(i) for i in range(spec.num_layers)])
+        found = {}
+        for name in KIND_ORDER:
+            for kind in spec.mixers:
+                for moe_layer in (False, True):
+                    mask = (mixer == kind) & (model.moe_mask == moe_layer)
+                    if kind_name(kind, moe_layer) == name and mask.any():
+                        found[name] = (kind, moe_layer, mask)
+        model.memo["layer_kinds"] = found
+    return found
 
 
 def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str, ModuleCost]:
@@ -41,15 +64,14 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
               moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
               cp_flavours=model.options.cp_flavours)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
-    if not (model.moe_mask.size and model.moe_mask.all()):
-        kinds["decoder"] = decoder_cost(env, moe_layer=False)
-    if model.moe_mask.any():
-        kinds["moe_decoder"] = decoder_cost(env, moe_layer=True)
+    for name, (mixer, moe_layer, _) in layer_kinds(model).items():
+        kinds[name] = (decoder_cost(env, moe_layer=moe_layer) if mixer == "attention"
+                       else mixer_layers.decoder_cost(env, moe_layer=moe_layer, mixer=mixer))
     if model.profile is not None:
         return apply_profile(model, cand, kinds)
     model.analytic_shapes.update(
         f"{kind}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
-        for kind in kinds if kind in ("decoder", "moe_decoder")
+        for kind in kinds if kind.endswith("decoder")
     )
     return kinds
 
@@ -67,7 +89,10 @@ def module_table(model: "CostModel", cand: "Candidate", links: Links | None = No
         kinds = _kind_costs(model, cand, links)
         table = np.array([[getattr(kinds[k], f) for f in MODULE_FIELDS] if k in kinds else [0.0] * len(MODULE_FIELDS)
                           for k in KIND_ORDER]).T
-        index = np.concatenate([[0], np.where(model.moe_mask, 2, 1), [3]])
+        layers = np.zeros(model.spec.num_layers, dtype=int)
+        for name, (_, _, mask) in layer_kinds(model).items():
+            layers[mask] = KIND_ORDER.index(name)
+        index = np.concatenate([[0], layers, [3]])
         found = table[:, index]
         found[MODULE_FIELDS.index("full_recompute_s"), [0, -1]] = 0.0  # embedding and head are never recomputed
         found.setflags(write=False)  # shared by every Detail of this shape: callers must not modify it
@@ -92,13 +117,16 @@ def _count_flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarra
     n = spec.num_layers
     model_f, hw_f, core_f = np.zeros(n + 2), np.zeros(n + 2), np.zeros(n + 2)
     moe = counting.moe_params(spec) if spec.moe is not None else None
-    for moe_layer in (False, True) if moe is not None else (False,):
-        attn = compute.attention_gemms(spec, shape, full=True)
+    for mixer, moe_layer, layers in layer_kinds(model).values():
+        if mixer == "attention":
+            attn, extra = compute.attention_gemms(spec, shape, full=True), 0.0
+        else:  # Gated DeltaNet / Mamba: their GEMMs and the conv1d and scan FLOPs (planner.cost.mixers)
+            attn, extra = mixers.mixer_gemms(spec, shape, mixer, full=True), mixers.non_gemm_flops(spec, shape.tokens, mixer)
         mlp_model = compute.mlp_gemms(spec, shape, moe=moe if moe_layer else None, full=True, hardware=False)
         mlp_hw = compute.mlp_gemms(spec, shape, moe=moe if moe_layer else None, full=True, hardware=True)
-        mask = np.concatenate([[False], model.moe_mask == moe_layer, [False]])
-        model_f[mask] = compute.gemms_flops(attn + mlp_model)
-        hw_f[mask] = compute.gemms_flops(attn + mlp_hw)
+        mask = np.concatenate([[False], layers, [False]])
+        model_f[mask] = compute.gemms_flops(attn + mlp_model) + extra
+        hw_f[mask] = compute.gemms_flops(attn + mlp_hw) + extra
         core_f[mask] = compute.gemms_flops(attn, attention_only=True)
     head = compute.gemms_flops(compute.head_gemms(spec, shape, full=True))
     model_f[-1] = hw_f[-1] = head

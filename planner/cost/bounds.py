@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, p2p
+from planner.cost import autocast, comm, compute, mixers, p2p
 from planner.cost import layers as L
-from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, module_params_of, module_table, rows_of, static_parts
+from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table, rows_of, static_parts
 from planner.cost.evaluate import dp_exposed, dp_fits
 from planner.models import counting
 from planner.schedules import schedule as schedule_of
@@ -242,12 +242,11 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
     ep_s = min((sum(L.ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
                default=0.0) if cand.ep > 1 else 0.0
     total = tp_total = 0.0
-    for moe_layer in (False, True):
-        count = int(model.moe_mask.sum()) if moe_layer else int((~model.moe_mask).sum())
-        if count == 0:
-            continue
-        gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(
-            spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
+    for mixer, moe_layer, layers in layer_kinds(model).values():
+        count = int(layers.sum())
+        token_mixer = (compute.attention_gemms(spec, shape) if mixer == "attention"
+                       else mixers.mixer_gemms(spec, shape, mixer))  # Gated DeltaNet / Mamba layers
+        gemms = token_mixer + compute.mlp_gemms(spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
         fwd, bwd, _ = L.gemm_times(env, gemms)
         core = L.gemm_times(real, gemms)[2]
         cp_s = min((sum(L.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),

@@ -60,12 +60,17 @@ def weight_matrices(spec: ModelSpec) -> list[tuple[int, int, int]]:
     if spec.position == "learned":
         out.append((spec.position_rows, h, 1))
     moe_layers = spec.num_moe_layers
-    out += [(r, c, n * (spec.num_layers - moe_layers)) for r, c, n in attention + dense]
+    # attention matrices on attention layers only: Gated DeltaNet / Mamba mixers are left uncompressed (as MLA)
+    attention_moe = sum(spec.is_moe_layer(i) for i in range(spec.num_layers) if spec.mixer(i) == "attention")
+    attention_dense = sum(spec.mixer(i) == "attention" for i in range(spec.num_layers)) - attention_moe
+    out += [(r, c, n * attention_dense) for r, c, n in attention]
+    out += [(r, c, n * (spec.num_layers - moe_layers)) for r, c, n in dense]
     if spec.moe is not None and moe_layers:
         moe, f = spec.moe, spec.moe.expert_ffn_hidden_size
-        per_layer = attention + [(moe.num_experts, f * h, gated), (moe.num_experts, h * f, 1), (moe.num_experts, h, 1)]
+        per_layer = [(moe.num_experts, f * h, gated), (moe.num_experts, h * f, 1), (moe.num_experts, h, 1)]
         if moe.shared_ffn_hidden_size:
             per_layer += [(moe.shared_ffn_hidden_size, h, gated), (h, moe.shared_ffn_hidden_size, 1)]
+        out += [(r, c, n * attention_moe) for r, c, n in attention]
         out += [(r, c, n * moe_layers) for r, c, n in per_layer]
     return out
 

@@ -111,6 +111,8 @@ class Gemm:
     attention_core: bool = False
     block_seq: float = 0.0  # attention core: the sequence length one kernel call sees (s / cp)
     attended_fraction: float = 1.0  # attention core: share of full causal work a windowed/chunked model does
+    backward_factor: float = 2.0  # backward / forward FLOPs (grad of input and of weight); more where the backward
+    # recomputes part of the forward (the chunked delta rule: planner.cost.mixers)
 
 
 def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
@@ -121,7 +123,8 @@ def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> lis
     core = shape.microbatch_size * (s / cp) * s * a / t
     if spec.mla is None:
         d, kv = spec.dim_per_head, spec.kv_heads
-        proj = [Gemm("qkv", 2 * tokens * h * (a + 2 * kv) * d / t), Gemm("attn_out", 2 * tokens * a * d * h / t)]
+        q_out = 2 * a if spec.attention_output_gate else a  # Qwen3-Next: q_proj also emits the output gate
+        proj = [Gemm("qkv", 2 * tokens * h * (q_out + 2 * kv) * d / t), Gemm("attn_out", 2 * tokens * a * d * h / t)]
         qk_dim, v_dim = d, d
     else:
         mla = spec.mla

@@ -97,7 +97,7 @@ def gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float
     for gemm in gemms:
         t = compute.gemm_time_s(gemm, peak_tflops=attn_peak if gemm.attention_core else peak, cal=env.cal, flash=flash)
         fwd += t
-        bwd += t * (compute.FLASH_BACKWARD_FACTOR if gemm.attention_core and flash else 2.0)
+        bwd += t * (compute.FLASH_BACKWARD_FACTOR if gemm.attention_core and flash else gemm.backward_factor)
         if gemm.attention_core:
             core += t
     return fwd, bwd, core
@@ -183,7 +183,7 @@ def _layer_params_per_gpu(spec: ModelSpec, shape: Shape, moe_layer: bool) -> flo
     return base + moe.router + moe.shared / shape.tp + moe.num_experts * moe.per_expert / (shape.ep * shape.tp)
 
 
-def _autocast_cast_s(env: Env, params: float) -> tuple[float, float]:
+def autocast_cast_s(env: Env, params: float) -> tuple[float, float]:
     """Weight casts torch.autocast adds per micro-batch (memory.AUTOCAST_CAST_BYTES), as HBM streaming time."""
     precision = "amp-bf16" if env.executor is not None and env.executor.autocast else env.precision
     fwd_bytes, bwd_bytes = memory.AUTOCAST_CAST_BYTES.get(precision, (0.0, 0.0))
@@ -197,7 +197,7 @@ def _is_eager(env: Env) -> bool:
 
 def _eager_device_s(env: Env, ops: eager.OpCount, gemm_fwd_s: float, gemm_bwd_s: float, params: float) -> tuple[float, float]:
     """(forward, backward) device seconds of an eager module: GEMMs, counted memory-bound bytes, weight casts."""
-    cast_fwd, cast_bwd = _autocast_cast_s(env, params)
+    cast_fwd, cast_bwd = autocast_cast_s(env, params)
     return (gemm_fwd_s + compute.memory_bound_time_s(ops.fwd_bytes, device=env.device, cal=env.cal) + cast_fwd,
             gemm_bwd_s + compute.memory_bound_time_s(ops.bwd_bytes, device=env.device, cal=env.cal) + cast_bwd)
 
@@ -239,7 +239,7 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     core_bytes, rest_bytes = compute.layer_elementwise_bytes(spec, shape, moe=moe)
     core_mem = compute.memory_bound_time_s(core_bytes, device=env.device, cal=env.cal)
     rest_mem = compute.memory_bound_time_s(rest_bytes, device=env.device, cal=env.cal)
-    cast_fwd, cast_bwd = _autocast_cast_s(env, _layer_params_per_gpu(spec, shape, moe_layer))
+    cast_fwd, cast_bwd = autocast_cast_s(env, _layer_params_per_gpu(spec, shape, moe_layer))
     fwd = g_fwd + core_mem + rest_mem + cast_fwd
     bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
     core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
@@ -387,13 +387,14 @@ def module_params(spec: ModelSpec, *, tp: int, ep: int, tied_copy: bool) -> tupl
     dense, expert = np.zeros(n + 2), np.zeros(n + 2)
     dense[0] = counting.embedding_params(spec) / tp
     norm, layer_norms = counting.norm_params(spec), counting.layer_norm_params(spec)
-    attn = counting.attention_params(spec) / tp
+    mixer = {kind: counting.mixer_params(spec, kind) / tp for kind in spec.mixers}  # attention, GDN, Mamba
     head = counting.head_params(spec) - norm
     if spec.tied_embeddings and tied_copy:
         head = spec.vocab_size * spec.hidden_size
     dense[n + 1] = norm + head / tp
     moe = counting.moe_params(spec) if spec.moe is not None else None
     for index in range(n):
+        attn = mixer[spec.mixer(index)]
         if moe is not None and spec.is_moe_layer(index):
             dense[index + 1] = layer_norms + attn + moe.router + moe.shared / tp
             expert[index + 1] = moe.num_experts * moe.per_expert / (ep * tp)

@@ -100,16 +100,14 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     fp8 input; DeepSeek-V3 report Sec. 3.3.3 caches the MoE inputs in fp8); attention inputs stay bf16.
     """
     b, s, t = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp
-    h, a, kv = spec.hidden_size, spec.num_attention_heads, spec.kv_heads
-    d = spec.dim_per_head
-    qk_d, v_d = (d, d) if spec.mla is None else (spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim, spec.mla.v_head_dim)
+    h, a = spec.hidden_size, spec.num_attention_heads
     sbh = s * b * h
     k = shape.kernels
     g = 1 if shape.fp8_inputs else 2  # bytes of a saved GEMM input (Transformer Engine keeps the fp8 cast)
     saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
     saved_ffn = (k.saved_gated if spec.gated else k.saved_plain) - (2 - g)  # the fc2 input is a GEMM input
     replicated = (spec.norms_per_layer * saved_norm + g + g) * sbh + (2 * sbh if shape.dropout else 0)
-    sharded = 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + g * s * b * a * v_d
+    sharded = attention_saved_bytes(spec, shape)
     if moe_layer:
         cfg = spec.moe
         routed = s * b * cfg.top_k * moe_comm.load_factor(cfg)
@@ -125,6 +123,16 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     full = 2 * sbh / shape.sp_div
     return LayerActivations(none=base + core / t, selective=base, full=full,
                             transient=backward_transient_bytes(spec, shape, moe_layer=moe_layer))
+
+
+def attention_saved_bytes(spec: ModelSpec, shape: Shape) -> float:
+    """What attention saves between its input projection and its core, before the tp split: Q, K, V (bf16) and the
+    out-projection input (the saved GEMM input: 1 byte under fp8). The core's own (scores or log-sum-exp) apart."""
+    b, s = shape.microbatch_size, shape.seq_len / shape.cp
+    a, kv, d = spec.num_attention_heads, spec.kv_heads, spec.dim_per_head
+    qk_d, v_d = (d, d) if spec.mla is None else (spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim, spec.mla.v_head_dim)
+    g = 1 if shape.fp8_inputs else 2
+    return 2 * s * b * (a * qk_d + kv * qk_d + kv * v_d) + g * s * b * a * v_d
 
 
 def backward_transient_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) -> float:

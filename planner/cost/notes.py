@@ -55,6 +55,11 @@ def model_notes(model: CostModel) -> list[str]:
         notes.append(f"{ranks} ranks share {topo.compute_slots_per_node} compute slots per node: compute stretched "
                      f"{ranks / topo.compute_slots_per_node:.2g}x and no communication overlapped (planner.cost.contention)")
     cal = model.cal
+    mixers = [m for m in model.spec.mixers if m != "attention"]
+    if mixers:  # no measurement or published run covers them yet: the error band below is attention models'
+        notes.append(f"{' and '.join({'linear': 'Gated DeltaNet', 'mamba': 'Mamba'}[m] for m in mixers)} layers priced "
+                     "from their FLOPs on the GEMM curve and their bytes at HBM rate (planner.cost.mixers), not measured; "
+                     "the error band is that of attention models")
     if model.request.precision == "amp-bf16" and not model.fused_kernels:
         notes.append(f"eager recipe (HF transformers under torch.autocast): each phase of a dense layer takes max(device + "
                      f"kernels x {cal.eager_kernel_s * 1e6:.1f} us, aten operators x {cal.eager_host_op_s * 1e6:.1f} us host) "

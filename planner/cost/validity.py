@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.cost import mixers
 from planner.errors import BadInputError
 from planner.frameworks import interleaved_split_reason, load_framework
 from planner.schedules import BY_NAME, DEFAULT, NAMES
@@ -33,6 +34,8 @@ def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
         out.append(f"tp={c.tp} must divide num_kv_heads={spec.kv_heads}: choose tp in {_divisors(spec.kv_heads)}")
     if spec.ffn_hidden_size % c.tp:
         out.append(f"tp={c.tp} must divide ffn_hidden_size={spec.ffn_hidden_size}")
+    if spec.layer_types is not None:  # Gated DeltaNet heads / Mamba channels by tp; no cp for their scans
+        out.extend(mixers.tp_cp_reasons(spec, tp=c.tp, cp=c.cp))
     if c.ep > 1 and spec.moe is None:
         out.append(f"ep={c.ep} needs a mixture-of-experts model: {spec.name} is dense, use ep=1")
     elif spec.moe is not None and spec.moe.num_experts % c.ep:

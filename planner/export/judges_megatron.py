@@ -26,16 +26,18 @@ INT_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "cont
              "hidden-size", "ffn-hidden-size", "num-attention-heads", "seq-length", "max-position-embeddings", "vocab-size",
              "kv-channels", "num-query-groups", "num-experts", "moe-router-topk", "moe-ffn-hidden-size",
              "moe-shared-expert-intermediate-size", "kv-lora-rank", "q-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
-             "v-head-dim", "rotary-base", "moe-router-num-groups", "moe-router-group-topk")
-FLOAT_FLAGS = ("moe-expert-capacity-factor", "rotary-percent", "norm-epsilon", "moe-router-topk-scaling-factor")
+             "v-head-dim", "rotary-base", "moe-router-num-groups", "moe-router-group-topk",
+             "rotary-seq-len-interpolation-factor")
+FLOAT_FLAGS = ("moe-expert-capacity-factor", "rotary-percent", "norm-epsilon", "moe-router-topk-scaling-factor",
+               "rope-scaling-factor", "rotary-scaling-factor", "mscale", "mscale-all-dim")
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
              "position-embedding-type", "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq",
              "moe-token-dispatcher-type", "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function",
-             "no-rope-freq")
+             "no-rope-freq", "rope-type")
 BOOL_FLAGS = ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
               "add-qkv-bias", "qk-layernorm", "multi-latent-attention", "moe-shared-expert-gate", "moe-router-pre-softmax",
-              "moe-router-enable-expert-bias", "overlap-moe-expert-parallel-comm")
+              "moe-router-enable-expert-bias", "overlap-moe-expert-parallel-comm", "use-rope-scaling")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,7 +93,9 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
             kw["moe_layer_freq"] = ast.literal_eval(a.moe_layer_freq) if a.moe_layer_freq.startswith("[") else int(a.moe_layer_freq)
     if a.multi_latent_attention:
         kw.update(multi_latent_attention=True, q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank,
-                  qk_head_dim=a.qk_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, v_head_dim=a.v_head_dim)
+                  qk_head_dim=a.qk_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, v_head_dim=a.v_head_dim,
+                  rope_type=a.rope_type, rotary_scaling_factor=a.rotary_scaling_factor, mscale=a.mscale,
+                  mscale_all_dim=a.mscale_all_dim)
     kept = {key: value for key, value in kw.items() if value is not None}
     if a.multi_latent_attention:  # arguments.py: --q-lora-rank defaults to None (full-rank Q), the dataclass to 512
         kept["q_lora_rank"] = a.q_lora_rank

@@ -24,6 +24,7 @@ Warned, not refused (same shapes): an activation with no flag (ReLU: set activat
 
 from __future__ import annotations
 
+from planner.export import rope_scaling
 from planner.schemas.model import ModelSpec
 
 
@@ -60,7 +61,8 @@ def _attention_args(spec: ModelSpec) -> list[str]:
 
 
 def _position_args(spec: ModelSpec, warnings: list[str]) -> list[str]:
-    args = ["--position-embedding-type", "rope" if spec.position == "rope" else "learned_absolute"]  # no ALiBi: refused
+    kinds = {"rope": "rope", "learned": "learned_absolute", "none": "none"}  # no ALiBi: refused
+    args = ["--position-embedding-type", kinds[spec.position]]
     if spec.position == "rope" and spec.rope_theta is not None:
         theta = round(spec.rope_theta)
         if theta != spec.rope_theta:
@@ -71,7 +73,7 @@ def _position_args(spec: ModelSpec, warnings: list[str]) -> list[str]:
     if spec.position == "rope" and spec.nope_layers:  # 1 = no RoPE on that layer (arguments.py no_rope_freq_type)
         skipped = set(spec.nope_layers)
         args += ["--no-rope-freq", "[" + ",".join("1" if i in skipped else "0" for i in range(spec.num_layers)) + "]"]
-    return args
+    return args + rope_scaling.megatron_args(spec, warnings)
 
 
 def _moe_args(spec: ModelSpec) -> list[str]:

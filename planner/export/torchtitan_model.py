@@ -25,6 +25,7 @@ layers: the generated model has exactly the plan's num_layers).
 
 from __future__ import annotations
 
+from planner.export import rope_scaling
 from planner.export.common import refuse
 from planner.export.torchtitan_moe import family_gaps, moe_module
 from planner.models import load_model
@@ -50,8 +51,8 @@ def architecture(spec: ModelSpec) -> dict:
 
 
 def _core(spec: ModelSpec) -> dict:
-    """Architecture fields without RoPE base and norm epsilon, which our presets leave unsaid."""
-    return {k: v for k, v in architecture(spec).items() if k not in ("rope_theta", "norm_eps")}
+    """Architecture fields without RoPE base, RoPE scaling and norm epsilon, which our presets leave unsaid."""
+    return {k: v for k, v in architecture(spec).items() if k not in ("rope_theta", "norm_eps", "rope_scaling")}
 
 
 def _same_as_preset(spec: ModelSpec) -> tuple[str, str] | None:
@@ -76,12 +77,16 @@ def llama_family_gap(spec: ModelSpec) -> str | None:
         "q/k norms over whole projections": spec.qk_norm and spec.qk_norm_scope == "projection",
         f"{spec.norms_per_layer} norms per layer": spec.norms_per_layer != 2,
         "sliding-window or chunked attention layers": spec.layer_types is not None and set(spec.layer_types) != {"full"},
+        "a gated attention output (Qwen3-Next)": spec.attention_output_gate,
+        "q/k norms after RoPE (its qk_norm runs before RoPE)": spec.qk_norm_after_rope,
+        "Granite's activation multipliers": spec.multipliers is not None,
         "attention sinks": spec.attention_sinks,
         "partial RoPE": spec.rotary_percent is not None and spec.rotary_percent < 1,
         "layers without RoPE (NoPE)": bool(spec.nope_layers),
         "parallel attention/MLP residual": spec.parallel_residual,
     }
-    return next((what for what, present in gaps.items() if present), None)
+    found = next((what for what, present in gaps.items() if present), None)
+    return found or rope_scaling.torchtitan_gap(spec, complex_rope=True)
 
 
 def model_choice(spec: ModelSpec, cp: int = 1) -> tuple[str, str, str | None]:
@@ -112,7 +117,8 @@ def generated_module(spec: ModelSpec) -> str:
     values = dict(DIM=spec.hidden_size, N_LAYERS=spec.num_layers, N_HEADS=spec.num_attention_heads,
                   N_KV_HEADS=spec.kv_heads, HEAD_DIM=head_dim, FFN_DIM=spec.ffn_hidden_size, VOCAB=spec.vocab_size,
                   MAX_SEQ_LEN=max(spec.seq_len, spec.num_positions or 0), THETA=float(spec.rope_theta or 10000.0),
-                  EPS=float(spec.norm_eps or 1e-5), TIED=spec.tied_embeddings)
+                  EPS=float(spec.norm_eps or 1e-5), TIED=spec.tied_embeddings,
+                  ROPE_SCALING=rope_scaling.torchtitan_fields(spec))
     constants = "\n".join(f"{key} = {value!r}" for key, value in values.items())
     return f'''"""torchtitan 0.3 config module written by llm-planner: the model {spec.name!r}, exactly.
 
@@ -141,7 +147,7 @@ def _norm(width):
 
 
 def model_config(attn_backend="flex"):
-    rope = ComplexRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA)
+    rope = ComplexRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA, **ROPE_SCALING)
     layers = [
         Llama3TransformerBlock.Config(
             attention_norm=_norm(DIM),

@@ -13,14 +13,15 @@ torchtitan 0.3 builds mixture-of-experts decoders in three families (site-packag
 
 Each generated module returns the family's registered Trainer.Config with the model replaced by one of the plan's
 sizes and the loss vocabulary set to the model's. What a family's builders cannot express is refused, naming it.
-The model spec carries no RoPE scaling (YaRN): the generated RoPE is plain, with the spec's theta (no parameters
-depend on it). Load balancing is each family's own: auxiliary-loss-free expert bias (common/moe.py MoE,
+RoPE has the spec's theta and its scaling (ModelSpec.rope_scaling: yarn as gpt-oss and DeepSeek-V3 use it) as
+RoPE.Config fields (planner.export.rope_scaling; no parameters depend on them). Load balancing is each family's own: auxiliary-loss-free expert bias (common/moe.py MoE,
 load_balance_coeff=1e-3, a buffer as HF's e_score_correction_bias is); HF's auxiliary losses (Mixtral, Qwen3-MoE
 router_aux_loss_coef) are a training recipe torchtitan's families replace with it, so no parameter differs.
 """
 
 from __future__ import annotations
 
+from planner.export import rope_scaling
 from planner.schemas.model import ModelSpec
 
 GENERATED_CONFIG = "planner_model"
@@ -43,6 +44,13 @@ def _common_gaps(spec: ModelSpec) -> dict[str, bool]:
         "expert capacity (torchtitan's MoE is dropless)": spec.moe is not None and spec.moe.capacity_factor is not None,
         "a learned expert-score bias parameter": spec.moe is not None and spec.moe.expert_score_bias == "parameter",
         "chunked attention layers": spec.layer_types is not None and "chunked" in spec.layer_types,
+        "a gated attention output (Qwen3-Next)": spec.attention_output_gate,
+        "q/k norms after RoPE (its qk_norm runs before RoPE)": spec.qk_norm_after_rope,
+        "Granite's activation multipliers": spec.multipliers is not None,
+        "RoPE scaling 'linear' or 'dynamic' (torchtitan's RoPE scales 'llama' and 'yarn' only)":
+            spec.rope_scaling is not None and spec.rope_scaling.kind in ("linear", "dynamic"),
+        "llama3 RoPE scaling (the qwen3 and gpt_oss families' CosSinRoPE raises NotImplementedError for it)":
+            spec.rope_scaling is not None and spec.rope_scaling.kind == "llama3" and spec.mla is None,
     }
 
 
@@ -88,7 +96,7 @@ def _constants(spec: ModelSpec, **extra) -> str:
     values = dict(DIM=spec.hidden_size, N_LAYERS=spec.num_layers, N_HEADS=spec.num_attention_heads,
                   VOCAB=spec.vocab_size, MAX_SEQ_LEN=max(spec.seq_len, spec.num_positions or 0),
                   THETA=float(spec.rope_theta or 10000.0), EPS=float(spec.norm_eps or 1e-5), TIED=spec.tied_embeddings,
-                  **extra)
+                  ROPE_SCALING=rope_scaling.torchtitan_fields(spec), **extra)
     return "\n".join(f"{key} = {value!r}" for key, value in values.items())
 
 
@@ -106,7 +114,7 @@ _HEAD = '''"""torchtitan 0.3 config module written by llm-planner: the model {na
 
 Use: put this file on PYTHONPATH and run torchtitan with --module {module} --config {config}.
 Training settings (optimizer, data, checkpointing) are those of torchtitan's {base}; override them as usual.
-The plan's model spec carries no RoPE scaling: RoPE here is plain with the model's theta.
+RoPE: the model's theta and scaling (ROPE_SCALING: RoPE.Config fields).
 """
 
 import dataclasses
@@ -167,7 +175,7 @@ def _norm(width):
 
 
 def model_config(attn_backend=ATTN_BACKEND, moe_comm_backend="standard"):
-    rope = CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA)
+    rope = CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA, **ROPE_SCALING)
     output_init, experts_init = _residual_output_init(N_LAYERS), _moe_experts_init(N_LAYERS)
     layers = []
     for layer_id in range(N_LAYERS):
@@ -214,7 +222,7 @@ def model_config(attn_backend=ATTN_BACKEND, moe_comm_backend="standard"):
         router_num_expert_groups=GROUPS, router_num_limited_groups=GROUP_TOPK, router_route_scale=ROUTE_SCALE,
         router_route_norm=ROUTE_NORM, attn_backend=attn_backend, moe_comm_backend=moe_comm_backend,
         non_blocking_capacity_factor=None,
-        rope=ComplexRoPE.Config(dim=QK_ROPE_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA),
+        rope=ComplexRoPE.Config(dim=QK_ROPE_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA, **ROPE_SCALING),
     )
     config = _decoder(DeepSeekV3Model, layers, _EMBEDDING_INIT, _output_linear_init(DIM))
     config.mtp_layers = []
@@ -231,7 +239,7 @@ from torchtitan.models.gpt_oss.moe import GptOssMoE
 
 
 def model_config(attn_backend=ATTN_BACKEND, moe_comm_backend="standard"):
-    rope = CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA)
+    rope = CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=MAX_SEQ_LEN, theta=THETA, **ROPE_SCALING)
     layers = []
     for layer_id in range(N_LAYERS):
         attention = _make_gptoss_attn_config(dim=DIM, layer_id=layer_id, attn_backend=attn_backend, n_heads=N_HEADS,

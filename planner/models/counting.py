@@ -87,9 +87,10 @@ def attention_params(spec: ModelSpec) -> int:
         return _mla_params(spec)
     h, d = spec.hidden_size, spec.dim_per_head
     q_width, kv_width = spec.num_attention_heads * d, spec.kv_heads * d
-    params = h * q_width + 2 * h * kv_width + q_width * h
+    gate = 2 if spec.attention_output_gate else 1  # Qwen3-Next: q_proj emits query and gate (a*d*2 outputs)
+    params = gate * h * q_width + 2 * h * kv_width + q_width * h
     if spec.has_qkv_bias:
-        params += q_width + 2 * kv_width
+        params += gate * q_width + 2 * kv_width
     if spec.has_out_bias:
         params += h
     if spec.attention_sinks:  # modeling_gpt_oss.GptOssAttention.sinks: one learned logit per head
@@ -100,6 +101,43 @@ def attention_params(spec: ModelSpec) -> int:
         else:
             params += 2 * norm_width_params(spec, d)
     return params
+
+
+def gated_deltanet_params(spec: ModelSpec) -> int:
+    """One Gated DeltaNet mixer (modeling_qwen3_next.Qwen3NextGatedDeltaNet; Megatron-Core ssm/gated_delta_net.py):
+    in_proj_qkvz h*(2*Hk*dk + 2*Hv*dv), in_proj_ba h*2*Hv, depthwise conv1d (2*Hk*dk + Hv*dv)*kernel without bias,
+    dt_bias and A_log Hv each, the gated RMSNorm over dv (shared by heads), out_proj Hv*dv*h; no linear biases."""
+    gdn, h = spec.linear_attention, spec.hidden_size
+    assert gdn is not None
+    key, value = gdn.num_key_heads * gdn.key_head_dim, gdn.num_value_heads * gdn.value_head_dim
+    return (h * (2 * key + 2 * value) + h * 2 * gdn.num_value_heads + (2 * key + value) * gdn.conv_kernel
+            + 2 * gdn.num_value_heads + gdn.value_head_dim + value * h)
+
+
+def mamba_params(spec: ModelSpec) -> int:
+    """One Mamba-1 mixer (modeling_jamba.JambaMambaMixer; Gu & Dao 2023 Sec. 3.4): in_proj h*2*di (+2*di bias),
+    conv1d di*d_conv (+di bias), x_proj di*(dt_rank + 2*N), dt_proj dt_rank*di + di, A_log di*N, D di, out_proj
+    di*h (+h bias), and Jamba's RMSNorms over dt_rank, N and N."""
+    m, h = spec.mamba, spec.hidden_size
+    assert m is not None
+    di, n = m.d_inner, m.d_state
+    params = h * 2 * di + di * m.d_conv + di * (m.dt_rank + 2 * n) + m.dt_rank * di + di + di * n + di + di * h
+    if m.proj_bias:
+        params += 2 * di + h
+    if m.conv_bias:
+        params += di
+    if m.inner_norms:
+        params += m.dt_rank + 2 * n
+    return params
+
+
+def mixer_params(spec: ModelSpec, mixer: str) -> int:
+    """The token mixer of a layer of kind `mixer` (ModelSpec.mixer): attention, Gated DeltaNet or Mamba."""
+    if mixer == "linear":
+        return gated_deltanet_params(spec)
+    if mixer == "mamba":
+        return mamba_params(spec)
+    return attention_params(spec)
 
 
 def mlp_params(spec: ModelSpec, ffn_hidden_size: int, *, bias: bool | None = None) -> int:
@@ -161,11 +199,12 @@ def moe_params(spec: ModelSpec) -> MoEParams:
 
 
 def decoder_layer_params(spec: ModelSpec, index: int) -> int:
-    """Decoder layer `index` (0-based): norms_per_layer norms, attention, and a dense FFN or an MoE block (all experts)."""
+    """Decoder layer `index` (0-based): norms_per_layer norms, its token mixer (attention, Gated DeltaNet or Mamba),
+    and a dense FFN or an MoE block (all experts)."""
     if not 0 <= index < spec.num_layers:
         raise ValueError(f"layer index {index} out of range for num_layers={spec.num_layers}")
     ffn = moe_params(spec).total if spec.is_moe_layer(index) else mlp_params(spec, spec.ffn_hidden_size)
-    return layer_norm_params(spec) + attention_params(spec) + ffn
+    return layer_norm_params(spec) + mixer_params(spec, spec.mixer(index)) + ffn
 
 
 def head_params(spec: ModelSpec) -> int:

@@ -19,6 +19,12 @@ def _partial_linear_bias(spec: ModelSpec) -> bool:
     return any_bias and not all_bias
 
 
+def _scaled(multipliers) -> bool:
+    """Any Granite multiplier that changes the computation (1.0 and an unset attention multiplier do not)."""
+    return (multipliers.embedding != 1 or multipliers.residual != 1 or multipliers.logits_scaling != 1
+            or multipliers.attention is not None)
+
+
 MODEL_FEATURES: dict[str, tuple[str, Callable[[ModelSpec], bool]]] = {
     "parallel_residual": ("parallel attention/FFN residual (GPT-NeoX, Falcon, Cohere)", lambda s: s.parallel_residual),
     "chunked_attention": ("chunked attention layers (Llama-4 attention_chunk_size)", lambda s: "chunked" in (s.layer_types or ())),
@@ -45,6 +51,13 @@ MODEL_FEATURES: dict[str, tuple[str, Callable[[ModelSpec], bool]]] = {
     "shared_expert_gate": ("a shared-expert gate (Qwen2-MoE)", lambda s: s.moe is not None and s.moe.shared_expert_gate),
     "embedding_norm": ("a LayerNorm after the embedding (BLOOM)", lambda s: s.embedding_norm),
     "one_norm_per_layer": ("one norm per layer shared by attention and FFN (Falcon-7B, Cohere)", lambda s: s.norms_per_layer == 1),
+    "linear_attention": ("Gated DeltaNet linear-attention layers (Qwen3-Next)", lambda s: "linear" in (s.layer_types or ())),
+    "mamba_layers": ("Mamba-1 selective-scan layers (Jamba)", lambda s: "mamba" in (s.layer_types or ())),
+    "attention_output_gate": ("a sigmoid-gated attention output (Qwen3-Next)", lambda s: s.attention_output_gate),
+    "qk_norm_after_rope": ("q/k norms applied after RoPE (Hunyuan)", lambda s: s.qk_norm and s.qk_norm_after_rope),
+    "activation_multipliers": ("Granite's embedding, residual and attention multipliers and logits scaling",
+                               lambda s: s.multipliers is not None and _scaled(s.multipliers)),
+    "no_position_encoding": ("no position encoding (Jamba)", lambda s: s.position == "none"),
 }
 
 

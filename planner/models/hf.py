@@ -5,7 +5,8 @@ gemma2, gemma3_text, starcoder2, deepseek_v3 (planner.models.hf_modern, one tabl
 gpt2, gpt_neox, opt, bloom, falcon (planner.models.hf_classic), and the 2025-26 types gpt_oss, llama4 / llama4_text,
 glm4_moe, deepseek_v2, ernie4_5_moe, mistral3 / ministral, olmoe, dbrx, granitemoe, cohere2, smollm3, exaone4,
 hunyuan_v1_moe, phimoe (planner.models.hf_recent; llama4 and mistral3 are planned as their text_config's language
-model). qwen3_next (Gated DeltaNet) and jamba (Mamba) are refused naming the layer kind the planner lacks. Field names, key spellings of transformers
+model), and the hybrid stacks qwen3_next (Gated DeltaNet linear attention) and jamba (Mamba-1 layers)
+(planner.models.hf_hybrid). Field names, key spellings of transformers
 4.x and 5.x, and defaults follow the transformers configuration classes (planner.models.hf_config). Parameter
 counts equal transformers 5.x's `sum(p.numel() for p in model.parameters())` exactly for every supported type
 (tests/unit/test_models_hf_parity.py builds each on the meta device).
@@ -19,8 +20,9 @@ Recorded without parameters, for the exports (a job must set them): RoPE base (r
 partial rotary (NeoX rotary_pct, GLM partial_rotary_factor), norm epsilon, parallel residual (NeoX, Falcon, Cohere)
 (architecture_fields). Per-layer attention kinds (layer_types: sliding / chunked windows) are read for the 2025-26
 types and priced (ModelSpec.attention_fraction); for gemma2/gemma3_text/mistral they are still ignored (attention
-counted as full causal, an overestimate only for seq_len > sliding_window). Ignored: rope_scaling, soft-capping
-(Gemma2), Granite's multipliers and initialisation settings. Dropout is kept as
+counted as full causal, an overestimate only for seq_len > sliding_window). RoPE scaling (rope_scaling / 5.x
+rope_parameters rope_type linear, dynamic, yarn, llama3) and Granite's multipliers are recorded for the exports
+(ModelSpec.rope_scaling, ModelSpec.multipliers). Ignored: soft-capping (Gemma2) and initialisation settings. Dropout is kept as
 one flag (ModelSpec.dropout: any probability > 0; None when the config names none).
 Configurations the schema cannot express raise BadInputError naming the key, its value and the fix: OPT
 word_embed_proj_dim != hidden_size or without its final LayerNorm, Qwen-MoE mlp_only_layers other than the
@@ -37,7 +39,7 @@ from pydantic import ValidationError
 
 from planner.errors import BadInputError
 from planner.io import format_validation_error, load_structured
-from planner.models import hf_classic, hf_modern, hf_recent
+from planner.models import hf_classic, hf_hybrid, hf_modern, hf_recent
 from planner.models.hf_config import MAX_DEFAULT_SEQ_LEN, HFConfig
 from planner.schemas.model import ModelSpec
 
@@ -68,6 +70,10 @@ IMPORTERS: dict[str, Importer] = {
         model_type: Importer(build, hf_recent.DEFAULTS.get(model_type, {}), hf_recent.EXPECTS.get(model_type, {}))
         for model_type, build in hf_recent.BUILDERS.items()
     },
+    **{
+        model_type: Importer(build, hf_hybrid.DEFAULTS.get(model_type, {}))
+        for model_type, build in hf_hybrid.BUILDERS.items()
+    },
 }
 
 ROPE_THETA = ("rope_theta", "rotary_emb_base")  # NeoX spells it rotary_emb_base
@@ -91,7 +97,36 @@ def architecture_fields(cfg: HFConfig, fields: dict[str, Any]) -> dict[str, Any]
     eps = cfg.get(*NORM_EPS)
     if eps is not None:
         extra["norm_eps"] = float(eps)
+    scaling = rope_scaling_of(cfg, rope) if fields.get("position", "rope") == "rope" else None
+    if scaling is not None:
+        extra["rope_scaling"] = scaling
+    if cfg.model_type in GRANITE_TYPES:
+        extra["multipliers"] = {"embedding": float(cfg.get("embedding_multiplier", default=1.0)),
+                                "residual": float(cfg.get("residual_multiplier", default=1.0)),
+                                "attention": cfg.get("attention_multiplier"),
+                                "logits_scaling": float(cfg.get("logits_scaling", default=1.0))}
     return {**extra, **fields}
+
+
+GRANITE_TYPES = ("granite", "granitemoe")  # configuration_granite.py: embedding/residual/attention multipliers, logits_scaling
+ROPE_SCALING_KEYS = {"original_max_position_embeddings": "original_max_position_embeddings",
+                     "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+                     "beta_fast": "beta_fast", "beta_slow": "beta_slow", "mscale": "mscale",
+                     "mscale_all_dim": "mscale_all_dim", "truncate": "truncate"}
+
+
+def rope_scaling_of(cfg: HFConfig, rope: dict[str, Any]) -> dict[str, Any] | None:
+    """RoPE frequency scaling: 4.x `rope_scaling` {type|rope_type, factor, ...}, 5.x `rope_parameters` {rope_type,
+    factor, ...} (modeling_rope_utils ROPE_INIT_FUNCTIONS); None for the default (unscaled) RoPE. A kind the planner
+    does not record (longrope, su, mrope...) is refused with the key named."""
+    raw = cfg.data.get("rope_scaling") if isinstance(cfg.data.get("rope_scaling"), dict) else rope
+    kind = raw.get("rope_type") or raw.get("type")
+    if kind in (None, "default"):
+        return None
+    if kind not in ("linear", "dynamic", "yarn", "llama3"):
+        raise cfg.refuse("rope_scaling", kind, "only linear, dynamic, yarn and llama3 RoPE scaling are recorded")
+    fields = {ours: raw[theirs] for theirs, ours in ROPE_SCALING_KEYS.items() if raw.get(theirs) is not None}
+    return {"kind": kind, "factor": float(raw.get("factor", 1.0)), **fields}
 
 
 DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout",

@@ -12,9 +12,7 @@ names what departs from Llama. What they bring beyond the Llama lineage, and whe
   (Cohere2), an LM-head bias (PhiMoE): ModelSpec / MoESpec fields, counted in planner.models.counting.
 - MoE on alternate layers (Llama-4 interleave_moe_layer_step, ERNIE moe_layer_interval), MLA (DeepSeek-V2).
 
-Refused with the missing piece named (REFUSED): Gated DeltaNet linear attention (qwen3_next) and Mamba layers
-(jamba): the schema has no per-layer mixer kinds, so neither their parameters nor their FLOPs and state memory are
-modelled, and no stack profile or our executor builds them.
+The hybrid stacks (Gated DeltaNet in qwen3_next, Mamba-1 in jamba) are read by planner.models.hf_hybrid.
 Multimodal wrappers (llama4, mistral3) are planned as their language model (`text_config`): the vision tower and
 projector are not part of the plan, which says so in the spec's source.
 """
@@ -29,12 +27,7 @@ from planner.schemas.model import MoESpec
 
 KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
 
-REFUSED = {
-    "qwen3_next": "Gated DeltaNet linear-attention layers (layer_types 'linear_attention', modeling_qwen3_next."
-                  "Qwen3NextGatedDeltaNet): the planner has no linear-attention layer kind (parameters, FLOPs, state memory)",
-    "jamba": "Mamba layers (attn_layer_period/attn_layer_offset, modeling_jamba.JambaMambaMixer): the planner has no "
-             "state-space layer kind (parameters, FLOPs, state memory), and Megatron-Core builds Mamba-2 mixers only",
-}
+REFUSED: dict[str, str] = {}  # model_type -> the missing piece, refused in one line (none at present)
 
 
 def _every(n: int, step: int, offset: int = 0) -> list[bool]:
@@ -164,7 +157,8 @@ def phimoe(cfg: HFConfig) -> dict[str, Any]:
 
 
 def hunyuan_v1_moe(cfg: HFConfig) -> dict[str, Any]:
-    """Hunyuan-A13B (modeling_hunyuan_v1_moe): RMSNorm over head_dim on q and k (query/key_layernorm), routed experts and
+    """Hunyuan-A13B (modeling_hunyuan_v1_moe): RMSNorm over head_dim on q and k (query/key_layernorm) applied after
+    RoPE (HunYuanMoEV1Attention.forward: apply_rotary_pos_emb, then query_layernorm), routed experts and
     one shared MLP all of intermediate_size (HunYuanMoEV1Experts, HunYuanMoEV1Moe.shared_mlp); per-layer expert
     counts or top-k (lists) are refused."""
     experts, top_k = cfg.req("num_experts", "num_local_experts"), cfg.req("moe_topk", "num_experts_per_tok")
@@ -174,7 +168,8 @@ def hunyuan_v1_moe(cfg: HFConfig) -> dict[str, Any]:
                 raise cfg.refuse(key, value, "per-layer values differ; one value for every layer is supported")
     experts = experts[0] if isinstance(experts, list) else experts
     top_k = top_k[0] if isinstance(top_k, list) else top_k
-    fields = family_fields(cfg, Family(bias_keys={"attention_bias": ("qkv_bias", "out_bias")}, fixed={"qk_norm": True}))
+    fields = family_fields(cfg, Family(bias_keys={"attention_bias": ("qkv_bias", "out_bias")},
+                                       fixed={"qk_norm": True, "qk_norm_after_rope": True}))
     width = cfg.req("intermediate_size")
     fields["moe"] = MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden_size=width, num_shared_experts=1,
                             shared_expert_ffn_hidden_size=width)

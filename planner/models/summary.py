@@ -44,6 +44,10 @@ def parameter_breakdown(spec: ModelSpec) -> dict[str, Any]:
         "total": counting.total_params(spec),
         "active": counting.active_params(spec),
     }
+    for mixer in spec.mixers:  # hybrid stacks: how many layers of each token mixer, and one mixer's parameters
+        if mixer != "attention":
+            breakdown[f"{mixer}_mixer_layers"] = sum(spec.mixer(i) == mixer for i in range(spec.num_layers))
+            breakdown[f"{mixer}_mixer_per_layer"] = counting.mixer_params(spec, mixer)
     if spec.moe is not None:
         moe = counting.moe_params(spec)
         breakdown.update(

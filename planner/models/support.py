@@ -9,12 +9,15 @@ from planner.schemas.model import ModelSpec
 
 def reference_unsupported(spec: ModelSpec) -> str | None:
     """The first spec feature the reference decoder does not build (so our executor would time other work), or None."""
-    windowed = sorted(set(spec.layer_types or ()) - {"full"})
+    windowed = sorted(set(spec.layer_types or ()) - {"full", "linear", "mamba"})
     missing = {
         f"norms_per_layer={spec.norms_per_layer} (Gemma/Falcon layouts)": spec.norms_per_layer != 2,
         "qk_norm_scope='projection' (OLMo2)": spec.qk_norm and spec.qk_norm_scope == "projection",
         "moe.shared_expert_gate (Qwen2-MoE)": spec.moe is not None and spec.moe.shared_expert_gate,
         f"layer_types with {windowed} attention layers (its attention core is full causal)": bool(windowed),
+        "Gated DeltaNet ('linear') layers": "linear" in (spec.layer_types or ()),
+        "Mamba layers": "mamba" in (spec.layer_types or ()),
+        "attention_output_gate (Qwen3-Next)": spec.attention_output_gate,
     }
     return next((what for what, present in missing.items() if present), None)
 

@@ -15,7 +15,9 @@ MODEL_SCHEMA_VERSION = "1"
 
 Activation = Literal["gelu", "relu", "swiglu", "geglu"]
 GATED_ACTIVATIONS = ("swiglu", "geglu")
-LayerType = Literal["full", "sliding", "chunked"]
+LayerType = Literal["full", "sliding", "chunked", "linear", "mamba"]
+ATTENTION_KINDS = ("full", "sliding", "chunked")  # the softmax-attention layer kinds; "linear" and "mamba" are other mixers
+RopeScalingKind = Literal["linear", "dynamic", "yarn", "llama3"]
 
 
 class MoESpec(InputSchema):
@@ -80,6 +82,68 @@ class MLASpec(InputSchema):
     v_head_dim: int = Field(gt=0, le=L.MAX_HEAD_DIM)
 
 
+class GatedDeltaNetSpec(InputSchema):
+    """Gated DeltaNet linear-attention mixer (Yang, Kautz, Hatamizadeh 2024, "Gated Delta Networks", ICLR 2025), as
+    transformers' modeling_qwen3_next.Qwen3NextGatedDeltaNet and Megatron-Core's ssm/gated_delta_net.py build it:
+    in_proj_qkvz h -> 2*Hk*dk + 2*Hv*dv, in_proj_ba h -> 2*Hv, a depthwise causal conv1d over q, k, v (no bias),
+    dt_bias and A_log per value head, a gated RMSNorm over dv, out_proj Hv*dv -> h."""
+
+    num_key_heads: int = Field(gt=0, le=L.MAX_HEADS, description="query/key heads (HF linear_num_key_heads)")
+    num_value_heads: int = Field(gt=0, le=L.MAX_HEADS, description="value/gate heads (HF linear_num_value_heads)")
+    key_head_dim: int = Field(gt=0, le=L.MAX_HEAD_DIM, description="HF linear_key_head_dim")
+    value_head_dim: int = Field(gt=0, le=L.MAX_HEAD_DIM, description="HF linear_value_head_dim")
+    conv_kernel: int = Field(default=4, gt=0, le=64, description="depthwise conv1d width (HF linear_conv_kernel_dim)")
+    chunk_size: int = Field(default=64, gt=0, le=4096, description="chunk length of the chunked delta-rule kernel "
+                            "(fla chunk_gated_delta_rule: 64)")
+
+    @model_validator(mode="after")
+    def _heads(self) -> "GatedDeltaNetSpec":
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"linear_attention.num_value_heads={self.num_value_heads} must be a multiple of "
+                             f"num_key_heads={self.num_key_heads}")
+        return self
+
+
+class MambaSpec(InputSchema):
+    """Mamba-1 selective-scan mixer (Gu & Dao 2023, "Mamba", Sec. 3), as transformers' modeling_jamba.JambaMambaMixer
+    builds it: in_proj h -> 2*d_inner, depthwise conv1d over d_inner, x_proj d_inner -> dt_rank + 2*d_state, dt_proj
+    dt_rank -> d_inner (biased), A_log d_inner x d_state, D d_inner, out_proj d_inner -> h; Jamba adds RMSNorms over
+    dt (dt_rank), B and C (d_state each)."""
+
+    d_inner: int = Field(gt=0, le=L.MAX_FFN_HIDDEN_SIZE, description="expand * hidden_size (HF mamba_expand)")
+    d_state: int = Field(default=16, gt=0, le=1024, description="SSM state per channel (HF mamba_d_state)")
+    d_conv: int = Field(default=4, gt=0, le=64, description="depthwise conv1d width (HF mamba_d_conv)")
+    dt_rank: int = Field(gt=0, le=L.MAX_HIDDEN_SIZE, description="rank of the dt projection (HF mamba_dt_rank)")
+    conv_bias: bool = Field(default=True, description="conv1d has a bias (HF mamba_conv_bias)")
+    proj_bias: bool = Field(default=False, description="in_proj and out_proj have biases (HF mamba_proj_bias)")
+    inner_norms: bool = Field(default=True, description="RMSNorms over dt, B and C (Jamba's dt/b/c_layernorm)")
+
+
+class RopeScalingSpec(InputSchema):
+    """RoPE frequency scaling (HF rope_scaling / rope_parameters): no parameters, but a job must set it."""
+
+    kind: RopeScalingKind = Field(description="HF rope_type: linear, dynamic (NTK), yarn, llama3")
+    factor: float = Field(gt=0)
+    original_max_position_embeddings: int | None = Field(default=None, gt=0)
+    low_freq_factor: float | None = Field(default=None, gt=0, description="llama3")
+    high_freq_factor: float | None = Field(default=None, gt=0, description="llama3")
+    beta_fast: float | None = Field(default=None, gt=0, description="yarn")
+    beta_slow: float | None = Field(default=None, gt=0, description="yarn")
+    mscale: float | None = Field(default=None, gt=0, description="yarn (DeepSeek)")
+    mscale_all_dim: float | None = Field(default=None, ge=0, description="yarn (DeepSeek)")
+    truncate: bool | None = Field(default=None, description="yarn: floor/ceil the correction range (gpt-oss: false)")
+
+
+class MultiplierSpec(InputSchema):
+    """Granite's activation multipliers (modeling_granite: embeddings * embedding_multiplier, residual branches *
+    residual_multiplier, attention scale attention_multiplier instead of 1/sqrt(d), logits / logits_scaling)."""
+
+    embedding: float = Field(default=1.0, gt=0)
+    residual: float = Field(default=1.0, gt=0)
+    attention: float | None = Field(default=None, gt=0, description="None = 1/sqrt(head_dim)")
+    logits_scaling: float = Field(default=1.0, gt=0)
+
+
 class ModelSpec(InputSchema):
     """A decoder-only transformer. Field names follow Megatron-LM's arguments where one exists."""
 
@@ -95,7 +159,8 @@ class ModelSpec(InputSchema):
     seq_len: int = Field(gt=0, le=L.MAX_SEQ_LEN, description="training sequence length the model was built for (default of requests)")
     activation: Activation = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    position: Literal["rope", "learned", "alibi"] = "rope"
+    position: Literal["rope", "learned", "alibi", "none"] = Field(
+        default="rope", description="rope, a learned table, ALiBi, or none (Jamba: the Mamba layers carry position)")
     tied_embeddings: bool = False
     linear_bias: bool = Field(default=False, description="biases on QKV/out/FFN linears (GPT-2, BLOOM, OPT, NeoX)")
     qkv_bias: bool = Field(default=False, description="bias on QKV (Qwen2; Llama-family attention_bias with out_bias)")
@@ -138,6 +203,13 @@ class ModelSpec(InputSchema):
     attention_chunk: int | None = Field(default=None, gt=0, le=L.MAX_SEQ_LEN, description="block length of a 'chunked' layer")
     attention_sinks: bool = Field(default=False, description="a learned per-head sink logit in the softmax (gpt-oss): "
                                   "num_attention_heads parameters per layer")
+    attention_output_gate: bool = Field(default=False, description="q_proj also emits a per-channel gate, sigmoid(gate) "
+                                         "scales the attention output (Qwen3-Next gated attention)")
+    qk_norm_after_rope: bool = Field(default=False, description="the q/k norms run after RoPE (Hunyuan), not before")
+    rope_scaling: RopeScalingSpec | None = None
+    multipliers: MultiplierSpec | None = None
+    linear_attention: GatedDeltaNetSpec | None = Field(default=None, description="the mixer of 'linear' layers")
+    mamba: MambaSpec | None = Field(default=None, description="the mixer of 'mamba' layers")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     source: str | None = Field(default=None, description="where the numbers come from")
@@ -163,6 +235,10 @@ class ModelSpec(InputSchema):
             for kind, size in (("sliding", self.sliding_window), ("chunked", self.attention_chunk)):
                 if kind in self.layer_types and size is None:
                     field = "sliding_window" if kind == "sliding" else "attention_chunk"
+                    raise ValueError(f"layer_types names {kind!r} layers but {field} is not set: set {field}")
+            for kind, section in (("linear", self.linear_attention), ("mamba", self.mamba)):
+                if kind in self.layer_types and section is None:
+                    field = "linear_attention" if kind == "linear" else "mamba"
                     raise ValueError(f"layer_types names {kind!r} layers but {field} is not set: set {field}")
         return self
 
@@ -210,11 +286,24 @@ class ModelSpec(InputSchema):
         return s
 
     def attention_fraction(self, seq_len: int) -> float:
-        """Mean over layers of attended_keys / s: the share of full causal attention work (and of the s x s scores an
-        unfused softmax stores) this model's attention does at `seq_len`; 1 without windowed or chunked layers."""
+        """Mean over the attention layers of attended_keys / s: the share of full causal attention work (and of the
+        s x s scores an unfused softmax stores) one attention layer of this model does at `seq_len`; 1 without
+        windowed or chunked layers. Linear-attention and Mamba layers are costed by their own mixer."""
         if self.layer_types is None:
             return 1.0
-        return sum(self.attended_keys(i, seq_len) for i in range(self.num_layers)) / (self.num_layers * seq_len)
+        layers = [i for i in range(self.num_layers) if self.layer_types[i] in ATTENTION_KINDS] or [0]
+        return sum(self.attended_keys(i, seq_len) for i in layers) / (len(layers) * seq_len)
+
+    def mixer(self, index: int) -> str:
+        """Token mixer of layer `index`: "attention" (full, sliding or chunked), "linear" (Gated DeltaNet) or "mamba"."""
+        kind = "full" if self.layer_types is None else self.layer_types[index]
+        return "attention" if kind in ATTENTION_KINDS else kind
+
+    @property
+    def mixers(self) -> tuple[str, ...]:
+        """The distinct token mixers of the model's layers, attention first."""
+        kinds = {self.mixer(i) for i in range(self.num_layers)}
+        return tuple(k for k in ("attention", "linear", "mamba") if k in kinds)
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` (0-based) has a routed-expert FFN."""

@@ -11,7 +11,7 @@ from planner.api import build_request
 from planner.cost import bounds
 from planner.cost.model import Candidate, CostModel
 from planner.cost.p2p import pp_comm_s
-from planner.schemas.model import ModelSpec, MoESpec
+from planner.schemas.model import GatedDeltaNetSpec, MambaSpec, ModelSpec, MoESpec
 from planner.search.refine import rank_of_modules, split_for
 from planner.schemas.dims import ParallelDims
 from planner.search.space import axis_orders
@@ -34,13 +34,19 @@ def _candidates(gpus: int, moe: bool):
                            tp_overlap="domino" if tp > 1 else "none")
 
 
-CASES = [(SMALL, "dgx-h100", "bf16"), (MOE, "dgx-h100", "bf16"), (MOE, "mi300x-8", "fp8"), (SMALL, "dgx-a100-40g", "amp-bf16")]
+HYBRID = MOE.model_copy(update=dict(  # Gated DeltaNet, attention and Mamba layers (planner.cost.mixers)
+    name="small-hybrid", layer_types=("linear", "full", "mamba", "linear", "full", "mamba"),
+    linear_attention=GatedDeltaNetSpec(num_key_heads=4, num_value_heads=8, key_head_dim=32, value_head_dim=64),
+    mamba=MambaSpec(d_inner=1024, dt_rank=32)))
+CASES = [(SMALL, "dgx-h100", "bf16"), (MOE, "dgx-h100", "bf16"), (MOE, "mi300x-8", "fp8"), (SMALL, "dgx-a100-40g", "amp-bf16"),
+         (HYBRID, "dgx-h100", "bf16")]
 
 
 @pytest.mark.parametrize("model,topology,precision", CASES)
 def test_floors_are_below_the_candidates_costs(model, topology, precision):
+    stack = {"framework": "pytorch-fsdp"} if model is HYBRID else {}  # our executor does not build its mixers
     request = build_request(model=model, topology=topology, gpus=48, global_batch_size=96, seq_len=1024,
-                            precision=precision)
+                            precision=precision, **stack)
     cost = CostModel(request)
     checked = 0
     for fields in _candidates(48, model.moe is not None):

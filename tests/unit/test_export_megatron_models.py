@@ -99,3 +99,48 @@ def test_the_judge_rejects_flags_that_build_another_model():
     wrong = export.__class__(target=export.target, text=export.text.replace("--qk-layernorm", ""), suffix=export.suffix)
     verdict = judge(plan, wrong)
     assert not verdict.accepted and "parameters" in verdict.reason
+
+
+def _scaled(folder: str, scaling: dict) -> list[str]:
+    import json
+
+    from planner.models.hf import spec_from_hf_config
+
+    config = {**json.loads((HF / folder / "config.json").read_text()), "rope_scaling": scaling}
+    warnings: list[str] = []
+    return model_arguments(spec_from_hf_config(config), 4096, warnings), warnings
+
+
+def test_rope_scaling_flags_of_core_v0_16_1():
+    """llama3: --use-rope-scaling --rope-scaling-factor (Megatron fixes low/high 1/4 and 8192: other values warned);
+    integer linear: --rotary-seq-len-interpolation-factor; MLA yarn: --rope-type yarn with the MLA scaling flags;
+    yarn without MLA and dynamic NTK have no flag: one warning each, naming it."""
+    args, warned = _scaled("llama3-8b", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    assert args[args.index("--rope-scaling-factor") - 1:args.index("--rope-scaling-factor") + 2] == [
+        "--use-rope-scaling", "--rope-scaling-factor", "8.0"] and not warned
+    args, warned = _scaled("llama3-8b", {"rope_type": "llama3", "factor": 16.0, "high_freq_factor": 1.0})
+    assert "--use-rope-scaling" in args and "high_freq_factor=1.0" in warned[0]
+    args, warned = _scaled("llama3-8b", {"rope_type": "linear", "factor": 2.0})
+    assert args[args.index("--rotary-seq-len-interpolation-factor") + 1] == "2" and not warned
+    f = flags("deepseek-v3")
+    assert f["--rope-type"] == "yarn" and f["--rotary-scaling-factor"] == "40.0" and f["--mscale-all-dim"] == "1.0"
+    warned = []
+    args = model_arguments(load_model(str(HF / "gpt-oss-20b")), 4096, warned)
+    assert "--rope-type" not in args and any("rope_scaling yarn (factor 32.0) is not exported" in w for w in warned)
+    args, warned = _scaled("llama3-8b", {"rope_type": "dynamic", "factor": 2.0})
+    assert "no dynamic-NTK RoPE" in warned[0]
+
+
+def test_megatron_core_builds_the_scaled_and_positionless_flags():
+    """The flags above parse and build in megatron-core (RoPE scaling holds no parameters; Jamba's --position-
+    embedding-type none is what its attention uses, though Megatron refuses Jamba's Mamba-1 layers)."""
+    pytest.importorskip("megatron.core")
+    from planner.export.judges_megatron import megatron_core_params
+
+    args, _ = _scaled("llama3-8b", {"rope_type": "llama3", "factor": 8.0})
+    base = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--micro-batch-size", "1",
+            "--global-batch-size", "8"]
+    assert megatron_core_params(base + args) == total_params(load_model(str(HF / "llama3-8b")))
+    jamba = load_model(str(HF / "jamba-v0.1"))
+    assert model_arguments(jamba, 4096, [])[model_arguments(jamba, 4096, []).index("--position-embedding-type") + 1] == "none"

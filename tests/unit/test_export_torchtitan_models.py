@@ -141,8 +141,7 @@ def test_the_generated_module_builds_the_plans_model(model, monkeypatch, tmp_pat
 @pytest.mark.parametrize(("model", "family"), [
     (str(HF / "qwen3-30b-a3b"), "qwen3"),          # GQA + per-head q/k norm + 128 experts
     ("mixtral-8x7b", "qwen3"),                      # GQA + 8 experts, no q/k norm
-    (str(HF / "hunyuan-a13b"), "qwen3"),            # + one shared expert, tied embeddings (pp=1)
-    (str(HF / "granite-3.0-1b-a400m"), "qwen3"),    # tied embeddings (pp=1)
+    # hunyuan-a13b (q/k norms after RoPE) and granite-3.0-1b-a400m (multipliers): refused, test_hunyuan_and_granite_...
     (str(HF / "deepseek-v2-lite"), "deepseek_v3"),  # MLA with a full Q projection, 1 dense layer, 2 shared experts
     (str(HF / "gpt-oss-20b"), "gpt_oss"),           # sinks, biased QKV/out/router/experts, alternate 128-key windows
 ])
@@ -210,3 +209,50 @@ def test_gpt_oss_with_context_parallelism_gets_flex_attention_and_varlen_is_caug
                     suffix=export.suffix)
     verdict = judge(plan, broken)
     assert not verdict.accepted and "Variable-length attention CP" in verdict.reason
+
+
+@pytest.mark.parametrize(("folder", "piece"), [("hunyuan-a13b", "q/k norms applied after RoPE"),
+                                               ("granite-3.0-1b-a400m", "Granite's embedding, residual and attention multipliers")])
+@pytest.mark.parametrize("framework", ["torchtitan", "megatron-core"])
+def test_hunyuan_and_granite_are_refused_naming_the_piece_the_stack_lacks(folder, piece, framework):
+    """Same parameters, another computation: torchtitan's and Megatron-Core's q/k norms run before RoPE (Hunyuan's
+    after), and neither has Granite's embedding/residual multipliers or logits scaling. One line, at plan time."""
+    from planner.errors import BadInputError
+
+    with pytest.raises(BadInputError, match=piece) as caught:
+        api.build_request(model=load_model(str(HF / folder)), gpus=8, framework=framework)
+    assert "\n" not in str(caught.value)
+
+
+def _with_rope_scaling(folder: str, scaling: dict):
+    import json
+
+    from planner.models.hf import spec_from_hf_config
+
+    config = {**json.loads((HF / folder / "config.json").read_text()), "rope_scaling": scaling}
+    return spec_from_hf_config(config, name=f"{folder}-scaled")
+
+
+def test_rope_scaling_reaches_the_generated_model_and_torchtitan_builds_it():
+    """Qwen3-8B with YaRN (its published long-context recipe: factor 4 over 32,768): the generated module passes
+    the scaling to torchtitan's RoPE.Config (scaling='yarn', rope_factor, original_seq_len), and torchtitan itself
+    builds it (planner.export.judges)."""
+    pytest.importorskip("torchtitan.config")
+    from planner.export.judges import judge
+
+    spec = _with_rope_scaling("qwen3-8b", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    request = api.build_request(model=spec, topology="dgx-h100", gpus=16, global_batch_size=64, seq_len=4096,
+                                framework="torchtitan")
+    plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=4, tp=2, pp=2, sp=True, zero_stage=3),
+                                               schedule="1f1b"))
+    export = export_plan(plan, "torchtitan")
+    assert "ROPE_SCALING = {'scaling': 'yarn', 'rope_factor': 4.0, 'original_seq_len': 32768}" in export.text
+    assert "theta=THETA, **ROPE_SCALING)" in export.text
+    verdict = judge(plan, export)
+    assert verdict.accepted, verdict.reason
+
+
+def test_rope_scaling_torchtitan_lacks_is_refused():
+    spec = _with_rope_scaling("qwen3-8b", {"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(BadInputError, match="RoPE scaling 'linear'"):
+        model_choice(spec)
