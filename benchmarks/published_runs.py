@@ -23,7 +23,10 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - sequence length (`seq_len_of`): the stated one, else the named model's own default (the shipped preset
   planner/models/presets/<name>.yaml whose name the run's model text contains: its seq_len is the model's
   max_position_embeddings), else the run is refused;
-- recompute unsaid: the planner's choice below (no stack's recipe default is recorded with a source yet);
+- recompute unsaid (`recipe_recompute`): what the stack's own recipe runs for a model of that size: the recipe of
+  the profile's behaviour.defaults.recompute_recipes (each cited in its recompute_source) nearest the run's model
+  in log total parameters among recipes of the same kind (dense / MoE; any kind where none is), or full where
+  that does not fit (a run that ran fitted); a stack that records no recipe: the planner's choice below;
 - dropout: no source states it. Gated activations imply none (the Llama convention, as for RMSNorm and RoPE:
   Llama, Mixtral, DeepSeek and Qwen configs set 0); otherwise the model spec leaves it unsaid (ModelSpec.dropout
   None) and the stack's default applies (frameworks/<stack>.yaml behaviour.defaults: 2021-22 Megatron-LM and
@@ -318,7 +321,21 @@ def recompute_of(run: dict) -> str | None:
     return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
 
 
-READING_RULES = ("interleaving_unstated_is_1f1b",)  # rules accuracy.py can switch off (its ablation table)
+READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe")  # rules accuracy.py can switch off
+
+
+def recipe_recompute(run: dict, stack: str) -> str | None:
+    """The recompute the stack's own recipe runs for the run's model (None: the profile records no recipe): the
+    recipe nearest in log total parameters, among those of the run's kind (dense or MoE) where the profile has any."""
+    from planner.models import counting
+
+    recipes = load_framework(stack).behaviour.defaults.recompute_recipes
+    if not recipes:
+        return None
+    spec = model_spec(run)
+    same = [r for r in recipes if r.moe == (spec.moe is not None)] or list(recipes)
+    params_b = counting.total_params(spec) / 1e9
+    return min(same, key=lambda r: (abs(math.log(params_b / r.params_b)), r.params_b)).recompute
 
 
 def schedule_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str | None, int | None]:
@@ -357,7 +374,10 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
         choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
     if fixed["microbatch_size"] is None:
         choices["microbatch_size"] = MICROBATCH_CHOICES
-    if fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
+    recipe = recipe_recompute(run, stack) if "recompute_unstated_is_recipe" not in off else None
+    if fixed["recompute"] is None and recipe is not None:  # the recipe's mode, else full where it does not fit
+        choices["recompute"] = tuple(dict.fromkeys(m for m in (recipe, "full") if m in caps.recompute.modes))
+    elif fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
         choices["recompute"] = tuple(m for m in caps.recompute.modes if m != "selective")
     if fixed["zero_stage"] is None:
         choices["zero_stage"] = caps.zero.stages_with_pp if fixed["pp"] > 1 else caps.zero.stages

@@ -258,11 +258,24 @@ class MemoryHabits(Schema):
     source: str = Sourced
 
 
+class RecipeRecompute(Schema):
+    """The activation recompute one of the stack's own recipes (launch script, train config) runs for one model."""
+
+    model: str = Field(min_length=1, description="the recipe's model and file, e.g. 'llama3_70b.toml'")
+    params_b: float = Field(gt=0, le=1e5, description="the model's total parameters, billions")
+    moe: bool = Field(default=False, description="a mixture-of-experts model")
+    recompute: Literal["none", "selective", "full"]
+
+
 class TrainingDefaults(Schema):
     """What the stack does when neither the model nor the request says (a model spec's None fields)."""
 
     dropout: bool = Field(default=False, description="dropout layers on by default (attention and hidden dropout)")
     source: str = Field(default="no dropout unless the model says", min_length=1)
+    recompute_recipes: tuple[RecipeRecompute, ...] = Field(
+        default=(), description="the recompute of the stack's own recipes by model size: what a published run that "
+        "does not state its recompute is read to have run (benchmarks/published_runs.py recipe_recompute)")
+    recompute_source: str = Field(default="no recipe recorded", min_length=1)
 
 
 class ExecutorCode(Schema):
