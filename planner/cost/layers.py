@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, context_parallel, eager, memory, moe_comm
+from planner.cost import autocast, comm, compute, context_parallel, eager, memory, moe_comm, sac
 from planner.cost import executor as executor_cost
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compression import FP8_DISPATCH_BYTES
@@ -264,6 +264,11 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
         act_selective = (acts.none + acts.full) / 2
     elif env.selective_mode == "norm_and_up_proj":
         selective, act_selective = _norm_up_selective(env, gemms, acts.selective)
+    elif env.selective_mode == "op_sac":  # torchtitan's per-op policy as it runs (planner.cost.sac)
+        per_gemm = {g.name: gemm_times(env, [g])[0] for g in gemms}
+        selective = sac.recompute_s(spec, shape, moe_layer=moe_layer, gemm_fwd_s=per_gemm, elementwise_s=rest_mem,
+                                    tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd)
+        act_selective = min(acts.none, sac.saved_bytes(spec, shape, moe_layer=moe_layer))
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,

@@ -232,10 +232,11 @@ class MemoryHabits(Schema):
     main_grads_fp32: bool = Field(description="gradients accumulated in an fp32 buffer (4 bytes/param) under bf16")
     distributed_optimizer: bool = Field(description="ZeRO-1 is the stack's distributed optimizer")
     allocator_allowance_fraction: float = Field(ge=0, lt=0.5, description="device memory kept back for fragmentation")
-    selective_recompute: Literal["attention_core", "half_forward", "norm_and_up_proj"] = Field(
+    selective_recompute: Literal["attention_core", "half_forward", "norm_and_up_proj", "op_sac"] = Field(
         default="attention_core", description="what `selective` recompute reruns: the attention core (Megatron, "
-                                              "Korthikanti et al. 2022), half of each layer's forward (torchtitan), "
-                                              "or the norms and MLA up-projections (DeepSeek-V3)")
+                                              "Korthikanti et al. 2022), half of each layer's forward (torchtitan's "
+                                              "every-other-layer option), the norms and MLA up-projections "
+                                              "(DeepSeek-V3), or torchtitan's per-op policy (planner.cost.sac)")
     fp8_saves_fp8_inputs: bool = Field(default=True, description="under fp8 the GEMMs save their fp8-cast inputs "
                                        "for backward (Transformer Engine); False: the high-precision inputs (torchao "
                                        "Float8Linear saves input_hp and weight_hp)")
