@@ -374,8 +374,9 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
         choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
     if fixed["microbatch_size"] is None:
         choices["microbatch_size"] = MICROBATCH_CHOICES
-    recipe = recipe_recompute(run, stack) if "recompute_unstated_is_recipe" not in off else None
-    if fixed["recompute"] is None and recipe is not None:  # the recipe's mode, else full where it does not fit
+    unsaid = fixed["recompute"] is None
+    recipe = recipe_recompute(run, stack) if unsaid and "recompute_unstated_is_recipe" not in off else None
+    if unsaid and recipe is not None:  # the recipe's mode, else full where it does not fit
         choices["recompute"] = tuple(dict.fromkeys(m for m in (recipe, "full") if m in caps.recompute.modes))
     elif fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
         choices["recompute"] = tuple(m for m in caps.recompute.modes if m != "selective")
