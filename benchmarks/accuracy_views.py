@@ -52,6 +52,8 @@ ABLATIONS = (
     ("DeepSpeed 2021 per-tensor synchronous ZeRO-3 gathers (v0.4 code)", "zero3_sync_per_tensor", None),
     ("'interleaving not stated' read as the stack default 1F1B (reading rule)", "interleaving_unstated_is_1f1b", None),
     ("'recompute not stated' read as the stack's recipe for that size (reading rule)", "recompute_unstated_is_recipe", None),
+    ("torchtitan 'selective layer' as every other layer fully recomputed (reading rule)", "selective_layer_is_every_other_layer",
+     None),
     ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
     ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
 )

@@ -33,6 +33,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   Megatron-DeepSpeed default to 0.1 attention and hidden dropout; Megatron-Core's large-model recipes and the
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
+- torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
+  selective_ac_option "2", the default of the published runs' code), its "selective op" the profile's per-op policy;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
   schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
   stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
@@ -306,10 +308,23 @@ def global_batch(run: dict) -> int:
 
 @dataclass(frozen=True)
 class Settings:
-    """Published settings (None = unsaid) and, per unsaid field, the values the stack runs (choices)."""
+    """Published settings (None = unsaid) and, per unsaid field, the values the stack runs (choices);
+    `full_every`: every n-th decoder layer fully recomputed on top of the base mode (layer_checkpoint_every)."""
 
     fixed: dict
     choices: dict = field(default_factory=dict)
+    full_every: int | None = None
+
+
+TORCHTITAN_LAYER_AC_EVERY = 2  # torchtitan config_manager.py (613bfd0): --activation_checkpoint.selective_ac_option "2"
+
+
+def layer_checkpoint_every(run: dict, stack: str) -> int | None:
+    """torchtitan's "selective layer" activation checkpointing (selective_ac_option an int, default "2": "checkpoint
+    every other layer", torchtitan/config_manager.py at 613bfd0; parallelize_llama.py checkpoint_wrapper wraps every
+    x-th block in full checkpointing): every second layer fully recomputed, none on the others; None otherwise."""
+    text = (run["training"].get("recompute") or "").lower()
+    return TORCHTITAN_LAYER_AC_EVERY if stack == "torchtitan" and "selective layer" in text else None
 
 
 def recompute_of(run: dict) -> str | None:
@@ -321,7 +336,8 @@ def recompute_of(run: dict) -> str | None:
     return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
 
 
-READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe")  # rules accuracy.py can switch off
+READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
+                 "selective_layer_is_every_other_layer")  # rules accuracy.py can switch off (its ablation table)
 
 
 def recipe_recompute(run: dict, stack: str) -> str | None:
@@ -369,6 +385,9 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
     fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=par.get("ep") or 1,
                  sp=par.get("sp"), microbatch_size=train.get("micro_batch"), recompute=recompute_of(run),
                  zero_stage=zero_of(run), schedule=schedule, vpp=vpp)
+    every = layer_checkpoint_every(run, stack) if "selective_layer_is_every_other_layer" not in off else None
+    if every:  # full recompute of every n-th layer on a base of none (Settings.full_every)
+        fixed["recompute"] = "none"
     choices = {}
     if fixed["sp"] is None:
         choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
@@ -386,7 +405,7 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
         choices["schedule"] = tuple(s for s in ("1f1b", "interleaved") if s in [x.name for x in caps.schedules])
     if fixed["vpp"] is None:
         choices["vpp"] = VPP_CHOICES
-    return Settings(fixed=fixed, choices=choices)
+    return Settings(fixed=fixed, choices=choices, full_every=every)
 
 
 def measured_step_s(run: dict, model_flops: float, hardware_flops: float, peak_tflops: float) -> tuple[float, str] | None:

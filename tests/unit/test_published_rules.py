@@ -3,6 +3,7 @@ validation/published_runs.json rows are: negated precision, precision implied by
 memory, peak and power, and a sequence length from the named model's own default."""
 
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -123,3 +124,27 @@ def test_unsaid_recompute_of_an_moe_model_reads_the_moe_recipes():
               model__num_layers=27, model__hidden=2048, model__num_heads=16, model__num_kv_heads=16,
               model__ffn_hidden=None, model__params_b=16)
     assert P.recipe_recompute(moe, "torchtitan") == "selective"
+
+
+def test_torchtitan_selective_layer_is_every_other_layer_fully_recomputed():
+    """torchtitan config_manager.py at 613bfd0: selective_ac_option default "2" ("checkpoint every other layer")."""
+    layer = run(training__recompute="selective layer activation checkpointing")
+    s = P.settings(layer, "torchtitan")
+    assert s.fixed["recompute"] == "none" and s.full_every == 2
+    op = P.settings(run(training__recompute="selective op activation checkpointing"), "torchtitan")
+    assert op.fixed["recompute"] == "selective" and op.full_every is None
+    off = P.settings(layer, "torchtitan", ("selective_layer_is_every_other_layer",))
+    assert off.fixed["recompute"] == "selective" and off.full_every is None
+    assert P.settings(layer, "megatron-core").full_every is None  # a torchtitan option only
+
+
+def test_every_other_layer_costs_half_a_full_recompute():
+    """accuracy.evaluate: 16 of 32 layers fully recomputed: the recompute time is half the full recompute's."""
+    import accuracy as A
+
+    case = A.build_case(run(training__recompute="selective layer activation checkpointing"))
+    model = A.cost_model(case, None)
+    cand = case.candidates[0]
+    none, half = model.evaluate(cand), A.evaluate(model, case, cand)
+    full = model.evaluate(dataclasses.replace(cand, recompute="full"))
+    assert half.step_time_s - none.step_time_s == pytest.approx((full.step_time_s - none.step_time_s) / 2, rel=0.05)
