@@ -110,8 +110,10 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
         cand = Candidate(num_microbatches=request.global_batch_size // per_step, **f)
         if cand not in candidates:
             candidates.append(cand)
+    flavours = P.cp_flavour_of(run, stack, off)
+    fixed = {"cp_flavours": flavours} if flavours else {}
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
-                dict((overrides or {}).get(stack, {})), s.full_every)
+                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every)
 
 
 def options(case: Case, request: PlanRequest | None = None):

@@ -54,6 +54,7 @@ ABLATIONS = (
     ("'recompute not stated' read as the stack's recipe for that size (reading rule)", "recompute_unstated_is_recipe", None),
     ("torchtitan 'selective layer' as every other layer fully recomputed (reading rule)", "selective_layer_is_every_other_layer",
      None),
+    ("context-parallel flavour not stated read as the stack's default (reading rule)", "cp_flavour_unstated_is_default", None),
     ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
     ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
 )

@@ -33,6 +33,7 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   Megatron-DeepSpeed default to 0.1 attention and hidden dropout; Megatron-Core's large-model recipes and the
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
+- context parallelism's flavour, which no source names (`cp_flavour_of`): the stack's default;
 - torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
   selective_ac_option "2", the default of the published runs' code), its "selective op" the profile's per-op policy;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
@@ -337,7 +338,18 @@ def recompute_of(run: dict) -> str | None:
 
 
 READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
-                 "selective_layer_is_every_other_layer")  # rules accuracy.py can switch off (its ablation table)
+                 "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default")  # accuracy.py can switch off
+
+
+def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The context-parallel flavours a run is priced with: the stack's default (the first of its profile's
+    capabilities.context_parallel.flavours: Megatron-Core --cp-comm-type default ['p2p'], arguments.py; torchtitan
+    0.3 torch's all-gather rotation) where the run has cp > 1, since no source names its flavour; None (the profile's
+    choices, the fastest) with cp 1 or the rule `off`."""
+    if (run["parallel"].get("cp") or 1) <= 1 or "cp_flavour_unstated_is_default" in off:
+        return None
+    flavours = load_framework(stack).capabilities.context_parallel.flavours
+    return flavours[:1] or None
 
 
 def recipe_recompute(run: dict, stack: str) -> str | None:

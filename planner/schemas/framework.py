@@ -75,6 +75,8 @@ class Feature(Schema):
 
 
 class ContextParallel(Feature):
+    """Context parallelism; `flavours` lists the stack's default first (what a run that names none ran)."""
+
     with_pp: bool = Field(description="context parallelism combined with pipeline parallelism")
 
 

@@ -148,3 +148,16 @@ def test_every_other_layer_costs_half_a_full_recompute():
     none, half = model.evaluate(cand), A.evaluate(model, case, cand)
     full = model.evaluate(dataclasses.replace(cand, recompute="full"))
     assert half.step_time_s - none.step_time_s == pytest.approx((full.step_time_s - none.step_time_s) / 2, rel=0.05)
+
+
+def test_an_unnamed_cp_flavour_is_the_stacks_default():
+    """Megatron-Core's --cp-comm-type defaults to ['p2p'] (arguments.py); torchtitan 0.3 runs torch's all-gather."""
+    long = run(parallel__cp=4, parallel__dp=16)
+    assert P.cp_flavour_of(long, "megatron-core") == ("p2p",)
+    assert P.cp_flavour_of(long, "torchtitan") == ("allgather",)
+    assert P.cp_flavour_of(run(), "megatron-core") is None
+    assert P.cp_flavour_of(long, "megatron-core", ("cp_flavour_unstated_is_default",)) is None
+    import accuracy as A
+
+    assert A.build_case(run(parallel__cp=4, parallel__dp=16, training__framework="Megatron-Core")).overrides == \
+        {"cp_flavours": ("p2p",)}
