@@ -75,6 +75,16 @@ class Case:
     request: PlanRequest
     candidates: list[Candidate]
     overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
+    full_every: int | None = None  # every n-th decoder layer fully recomputed (published_runs.layer_checkpoint_every)
+
+
+def evaluate(model: CostModel, case: Case, cand: Candidate):
+    """model.evaluate(cand), with every case.full_every-th layer of each virtual stage fully recomputed."""
+    if not case.full_every:
+        return model.evaluate(cand)
+    stages = cand.pp * cand.vpp
+    per_stage = case.request.model.num_layers // stages
+    return model.evaluate(cand, full_recompute_layers=(per_stage // case.full_every,) * stages)
 
 
 def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = ()) -> Case | None:
@@ -100,8 +110,10 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
         cand = Candidate(num_microbatches=request.global_batch_size // per_step, **f)
         if cand not in candidates:
             candidates.append(cand)
+    flavours = P.cp_flavour_of(run, stack, off)
+    fixed = {"cp_flavours": flavours} if flavours else {}
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
-                dict((overrides or {}).get(stack, {})))
+                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every)
 
 
 def options(case: Case, request: PlanRequest | None = None):
@@ -126,7 +138,7 @@ def choose(case: Case, ceiling: float | None = None, overhead: float | None = No
     for cand in case.candidates:
         if model.validity_reasons(cand):
             continue
-        ev = model.evaluate(cand)
+        ev = evaluate(model, case, cand)
         key = (not ev.fits, ev.step_time_s)
         if best is None or key < best[0]:
             best = (key, cand, ev)
@@ -154,7 +166,7 @@ def evaluate_case(case: Case, ceiling: float | None = None, overhead: float | No
     if meas is None:
         return None
     step, basis = meas
-    return dict(run=case.run["id"], source=case.source, stack=case.stack, family=case.family, cand=cand,
+    return dict(run=case.run["id"], source=case.source, stack=case.stack, family=case.family, cand=cand, full_every=case.full_every,
                 predicted_s=ev.step_time_s, measured_s=step, basis=basis, error=ev.step_time_s / step - 1, fits=ev.fits,
                 peak_gib=ev.peak_bytes / 2**30, why="; ".join(ev.reasons)[:160])
 
@@ -165,7 +177,7 @@ def implied(case: Case, row: dict, overhead: float | None = None) -> float:
     cand = row["cand"]
 
     def tflops(c: float) -> float:
-        return 1.0 / cost_model(case, c, overhead).evaluate(cand).step_time_s
+        return 1.0 / evaluate(cost_model(case, c, overhead), case, cand).step_time_s
 
     return implied_ceiling(tflops, 1.0 / row["measured_s"])
 
@@ -299,7 +311,8 @@ def render(result: dict, *, quiet: bool = False) -> str:
         lines.append(f"{'run':44} {'stack':13} {'basis':16} {'meas s':>8} {'pred s':>8} {'err':>7} {'loso':>7} {'naive':>7} fits  settings")
         for r in rows:
             c = r["cand"]
-            desc = f"dp{c.dp} tp{c.tp} pp{c.pp} vpp{c.vpp} z{c.zero_stage} mbs{c.microbatch_size} {c.recompute}{' sp' if c.sp else ''}"
+            every = f"+full/{r['full_every']}" if r.get("full_every") else ""
+            desc = f"dp{c.dp} tp{c.tp} pp{c.pp} vpp{c.vpp} z{c.zero_stage} mbs{c.microbatch_size} {c.recompute}{every}{' sp' if c.sp else ''}"
             lines.append(f"{r['run'][:44]:44} {r['stack']:13} {r['basis'][:16]:16} {r['measured_s']:8.2f} {r['predicted_s']:8.2f} "
                          f"{r['error']:+7.1%} {r['loso_error']:+7.1%} {r['naive_error']:+7.1%} {'yes' if r['fits'] else 'NO':4}  {desc}")
     lines.append("")
@@ -368,8 +381,8 @@ def published_oom(run_id: str, gpus: int, microbatch_size: int,
     topology = case.request.topology.model_copy(update={"num_nodes": -(-gpus // case.request.topology.gpus_per_node)})
     request = case.request.model_copy(update={"gpus": gpus, "global_batch_size": per_gpu * gpus, "topology": topology})
     scale = gpus / case.request.gpus
-    failed = CostModel(request, calibration=cost_model(case, None).cal, options=options(case, request)).evaluate(
-        dataclasses.replace(cand, dp=int(cand.dp * scale), microbatch_size=microbatch_size))
+    failed = evaluate(CostModel(request, calibration=cost_model(case, None).cal, options=options(case, request)), case,
+                      dataclasses.replace(cand, dp=int(cand.dp * scale), microbatch_size=microbatch_size))
     return failed, ev, case.request.gpus
 
 

@@ -40,6 +40,8 @@ ABLATIONS = (
     ("in-place fused softmax backward (Megatron fused kernels)", "softmax_in_place", None),
     ("attention kernel per stack (cuDNN on megatron-core, FlashAttention v1 in llm-foundry)", "attention_kernel", None),
     ("selective recompute per stack (torchtitan SAC, DeepSeek-V3 norm/up-proj)", "selective_mode", None),
+    ("torchtitan selective as half the forward (the reading before planner/cost/sac.py's per-op policy)", "selective_mode",
+     "half_forward"),
     ("ZeRO-3 re-gathers for the recompute forward (DeepSpeed)", "zero3_regather_for_recompute", None),
     ("ZeRO-3 prefetch depth per stack", "zero3_prefetch_layers", None),
     ("16-bit gradient reduction (DeepSpeed communication_data_type)", "grad_reduce_fp32", None),
@@ -49,6 +51,10 @@ ABLATIONS = (
     ("ZeRO-3 gathers as flat rings (the removed DeepSpeed reading)", "zero3_hierarchical", False),
     ("DeepSpeed 2021 per-tensor synchronous ZeRO-3 gathers (v0.4 code)", "zero3_sync_per_tensor", None),
     ("'interleaving not stated' read as the stack default 1F1B (reading rule)", "interleaving_unstated_is_1f1b", None),
+    ("'recompute not stated' read as the stack's recipe for that size (reading rule)", "recompute_unstated_is_recipe", None),
+    ("torchtitan 'selective layer' as every other layer fully recomputed (reading rule)", "selective_layer_is_every_other_layer",
+     None),
+    ("context-parallel flavour not stated read as the stack's default (reading rule)", "cp_flavour_unstated_is_default", None),
     ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
     ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
 )
@@ -61,6 +67,8 @@ def ablation_overrides(field: str, value=None) -> dict[str, dict]:
     for stack in STACKS:
         if value is not None and field == "zero3_hierarchical" and stack != "deepspeed":
             continue  # the removed reading applied to DeepSpeed only, as it was
+        if value is not None and field == "selective_mode" and stack != "torchtitan":
+            continue  # the removed reading applied to torchtitan only, as it was
         profiles = (stack, *LEGACY.get(stack, ()))
         if any(getattr(options_for(profile, "bf16"), field) != default for profile in profiles):
             out[stack] = {field: default}

@@ -23,13 +23,19 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - sequence length (`seq_len_of`): the stated one, else the named model's own default (the shipped preset
   planner/models/presets/<name>.yaml whose name the run's model text contains: its seq_len is the model's
   max_position_embeddings), else the run is refused;
-- recompute unsaid: the planner's choice below (no stack's recipe default is recorded with a source yet);
+- recompute unsaid (`recipe_recompute`): what the stack's own recipe runs for a model of that size: the recipe of
+  the profile's behaviour.defaults.recompute_recipes (each cited in its recompute_source) nearest the run's model
+  in log total parameters among recipes of the same kind (dense / MoE; any kind where none is), or full where
+  that does not fit (a run that ran fitted); a stack that records no recipe: the planner's choice below;
 - dropout: no source states it. Gated activations imply none (the Llama convention, as for RMSNorm and RoPE:
   Llama, Mixtral, DeepSeek and Qwen configs set 0); otherwise the model spec leaves it unsaid (ModelSpec.dropout
   None) and the stack's default applies (frameworks/<stack>.yaml behaviour.defaults: 2021-22 Megatron-LM and
   Megatron-DeepSpeed default to 0.1 attention and hidden dropout; Megatron-Core's large-model recipes and the
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
+- context parallelism's flavour, which no source names (`cp_flavour_of`): the stack's default;
+- torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
+  selective_ac_option "2", the default of the published runs' code), its "selective op" the profile's per-op policy;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
   schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
   stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
@@ -303,10 +309,23 @@ def global_batch(run: dict) -> int:
 
 @dataclass(frozen=True)
 class Settings:
-    """Published settings (None = unsaid) and, per unsaid field, the values the stack runs (choices)."""
+    """Published settings (None = unsaid) and, per unsaid field, the values the stack runs (choices);
+    `full_every`: every n-th decoder layer fully recomputed on top of the base mode (layer_checkpoint_every)."""
 
     fixed: dict
     choices: dict = field(default_factory=dict)
+    full_every: int | None = None
+
+
+TORCHTITAN_LAYER_AC_EVERY = 2  # torchtitan config_manager.py (613bfd0): --activation_checkpoint.selective_ac_option "2"
+
+
+def layer_checkpoint_every(run: dict, stack: str) -> int | None:
+    """torchtitan's "selective layer" activation checkpointing (selective_ac_option an int, default "2": "checkpoint
+    every other layer", torchtitan/config_manager.py at 613bfd0; parallelize_llama.py checkpoint_wrapper wraps every
+    x-th block in full checkpointing): every second layer fully recomputed, none on the others; None otherwise."""
+    text = (run["training"].get("recompute") or "").lower()
+    return TORCHTITAN_LAYER_AC_EVERY if stack == "torchtitan" and "selective layer" in text else None
 
 
 def recompute_of(run: dict) -> str | None:
@@ -318,7 +337,33 @@ def recompute_of(run: dict) -> str | None:
     return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
 
 
-READING_RULES = ("interleaving_unstated_is_1f1b",)  # rules accuracy.py can switch off (its ablation table)
+READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
+                 "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default")  # accuracy.py can switch off
+
+
+def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The context-parallel flavours a run is priced with: the stack's default (the first of its profile's
+    capabilities.context_parallel.flavours: Megatron-Core --cp-comm-type default ['p2p'], arguments.py; torchtitan
+    0.3 torch's all-gather rotation) where the run has cp > 1, since no source names its flavour; None (the profile's
+    choices, the fastest) with cp 1 or the rule `off`."""
+    if (run["parallel"].get("cp") or 1) <= 1 or "cp_flavour_unstated_is_default" in off:
+        return None
+    flavours = load_framework(stack).capabilities.context_parallel.flavours
+    return flavours[:1] or None
+
+
+def recipe_recompute(run: dict, stack: str) -> str | None:
+    """The recompute the stack's own recipe runs for the run's model (None: the profile records no recipe): the
+    recipe nearest in log total parameters, among those of the run's kind (dense or MoE) where the profile has any."""
+    from planner.models import counting
+
+    recipes = load_framework(stack).behaviour.defaults.recompute_recipes
+    if not recipes:
+        return None
+    spec = model_spec(run)
+    same = [r for r in recipes if r.moe == (spec.moe is not None)] or list(recipes)
+    params_b = counting.total_params(spec) / 1e9
+    return min(same, key=lambda r: (abs(math.log(params_b / r.params_b)), r.params_b)).recompute
 
 
 def schedule_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str | None, int | None]:
@@ -352,12 +397,19 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
     fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=par.get("ep") or 1,
                  sp=par.get("sp"), microbatch_size=train.get("micro_batch"), recompute=recompute_of(run),
                  zero_stage=zero_of(run), schedule=schedule, vpp=vpp)
+    every = layer_checkpoint_every(run, stack) if "selective_layer_is_every_other_layer" not in off else None
+    if every:  # full recompute of every n-th layer on a base of none (Settings.full_every)
+        fixed["recompute"] = "none"
     choices = {}
     if fixed["sp"] is None:
         choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
     if fixed["microbatch_size"] is None:
         choices["microbatch_size"] = MICROBATCH_CHOICES
-    if fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
+    unsaid = fixed["recompute"] is None
+    recipe = recipe_recompute(run, stack) if unsaid and "recompute_unstated_is_recipe" not in off else None
+    if unsaid and recipe is not None:  # the recipe's mode, else full where it does not fit
+        choices["recompute"] = tuple(dict.fromkeys(m for m in (recipe, "full") if m in caps.recompute.modes))
+    elif fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
         choices["recompute"] = tuple(m for m in caps.recompute.modes if m != "selective")
     if fixed["zero_stage"] is None:
         choices["zero_stage"] = caps.zero.stages_with_pp if fixed["pp"] > 1 else caps.zero.stages
@@ -365,7 +417,7 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
         choices["schedule"] = tuple(s for s in ("1f1b", "interleaved") if s in [x.name for x in caps.schedules])
     if fixed["vpp"] is None:
         choices["vpp"] = VPP_CHOICES
-    return Settings(fixed=fixed, choices=choices)
+    return Settings(fixed=fixed, choices=choices, full_every=every)
 
 
 def measured_step_s(run: dict, model_flops: float, hardware_flops: float, peak_tflops: float) -> tuple[float, str] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from planner.cost.arrays import cp_flavour, moe_dispatcher
 from planner.cost.evaluate import Evaluation
 from planner.cost.model import Candidate, CostModel
 from planner.schedules import schedule as schedule_of
@@ -104,7 +105,9 @@ def build_launch_plan(
     )
     sizes = cand.layout_sizes()
     return LaunchPlan(
-        kind=kind, request=request, parallelism=parallelism_of(cand), batch=batch_of(request, cand),
+        kind=kind, request=request, batch=batch_of(request, cand),
+        parallelism=parallelism_of(cand).model_copy(update={"moe_dispatcher": moe_dispatcher(model, cand),
+                                                            "cp_comm_type": cp_flavour(model, cand)}),
         schedule=cand.schedule, stages=stages, ranks=tuple(rank_map(request.topology, sizes, tuple(cand.axis_order))),
         process_groups=process_groups(model, cand), prediction=prediction_of(evaluation, model.cal.error_band),
         memory=MemoryReport(peak_bytes=evaluation.peak_bytes, capacity_bytes=evaluation.capacity_bytes,

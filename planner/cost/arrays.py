@@ -76,6 +76,23 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str
     return kinds
 
 
+def moe_dispatcher(model: "CostModel", cand: "Candidate") -> str | None:
+    """The token dispatcher the candidate's MoE layers are priced with (planner.cost.moe_comm.choose: Megatron-Core's
+    name, alltoall / flex / allgather), which the plan carries for its exports; None without MoE layers or with ep 1."""
+    if cand.ep <= 1 or not model.moe_mask.any():
+        return None
+    return _kind_costs(model, cand, model.links(cand))["moe_decoder"].moe_dispatcher
+
+
+def cp_flavour(model: "CostModel", cand: "Candidate") -> str | None:
+    """The context-parallel flavour the candidate's decoder layers are priced with (planner.cost.context_parallel
+    .choose, the profile's spelling), which the plan carries for its exports; None with cp 1."""
+    if cand.cp <= 1:
+        return None
+    kinds = _kind_costs(model, cand, model.links(cand))
+    return (kinds.get("decoder") or kinds["moe_decoder"]).cp_flavour
+
+
 def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None) -> np.ndarray:
     """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and the links of the
     tp, cp and ep groups, the only links a module's cost reads (planner.cost.layers), so factorisations and axis

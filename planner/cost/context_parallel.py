@@ -17,7 +17,8 @@ profiles/kernels-h100.json). The flavours:
   attention core / cp).
 - all-to-all by heads (TE `a2a`, DeepSpeed-Ulysses, Jacobs et al. 2023): Q, K, V re-split from sequence to heads
   before the attention and the output back after it (needs heads divisible by cp), the backward the same bytes;
-  nothing overlaps it. `a2a+p2p` (TE's hierarchical) is not priced: it is not among the choices here.
+  nothing overlaps it. `a2a+p2p` (TE's hierarchical) is not priced: it is left out of the choices (options).
+The flavour chosen is the plan's (Parallelism.cp_comm_type) and the Megatron export writes it (--cp-comm-type).
 """
 
 from __future__ import annotations
@@ -47,21 +48,43 @@ def heads_s(*, q_bytes: float, kv_bytes: float, group: GroupLink) -> tuple[float
     return one, one
 
 
-def exposed_s(flavours: tuple[str, ...], *, q_bytes: float, kv_bytes: float, cp: int, heads: int, kv_heads: int,
-              group: GroupLink, core_fwd_s: float, core_bwd_s: float) -> tuple[float, float]:
-    """(forward, backward) exposed CP communication of one layer and micro-batch: the least over the stack's
-    flavours (forward + backward). `q_bytes`, `kv_bytes`: this rank's Q (or output) and K+V bytes."""
-    if cp <= 1:
-        return 0.0, 0.0
-    options = []
-    for kind in dict.fromkeys(FLAVOURS.get(f, "ring") for f in (flavours or ("p2p",))):
+def options(flavours: tuple[str, ...], *, q_bytes: float, kv_bytes: float, cp: int, heads: int, kv_heads: int,
+            group: GroupLink, core_fwd_s: float, core_bwd_s: float) -> dict[str, tuple[float, float]]:
+    """(forward, backward) exposed CP communication of one layer and micro-batch by each flavour the stack runs,
+    keyed by the profile's spelling (the first of each mechanism); a flavour FLAVOURS does not price (TE's a2a+p2p)
+    is left out, not priced as another, and a heads split the head counts do not allow is left out."""
+    out: dict[str, tuple[float, float]] = {}
+    seen = set()
+    for flavour in flavours or ("p2p",):
+        kind = FLAVOURS.get(flavour)
+        if kind is None or kind in seen:
+            continue
+        seen.add(kind)
         if kind == "ring":
-            options.append(ring_s(kv_bytes=kv_bytes, cp=cp, group=group, core_fwd_s=core_fwd_s, core_bwd_s=core_bwd_s))
+            out[flavour] = ring_s(kv_bytes=kv_bytes, cp=cp, group=group, core_fwd_s=core_fwd_s, core_bwd_s=core_bwd_s)
         elif kind == "allgather":
-            options.append(allgather_s(kv_bytes=kv_bytes, cp=cp, group=group, core_fwd_s=core_fwd_s, core_bwd_s=core_bwd_s))
+            out[flavour] = allgather_s(kv_bytes=kv_bytes, cp=cp, group=group, core_fwd_s=core_fwd_s, core_bwd_s=core_bwd_s)
         elif heads % cp == 0 and kv_heads % cp == 0:
-            options.append(heads_s(q_bytes=q_bytes, kv_bytes=kv_bytes, group=group))
-    if not options:  # only a heads split the head counts do not allow: ring attention's bytes, nothing hidden
-        fwd, bwd = ring_s(kv_bytes=kv_bytes, cp=cp, group=group, core_fwd_s=0.0, core_bwd_s=0.0)
-        return fwd, bwd
-    return min(options, key=sum)
+            out[flavour] = heads_s(q_bytes=q_bytes, kv_bytes=kv_bytes, group=group)
+    return out
+
+
+def choose(flavours: tuple[str, ...], **kwargs) -> tuple[str | None, float, float]:
+    """(flavour, exposed forward s, exposed backward s): the least exposed of `options` (the first on a tie);
+    (None, 0, 0) for cp 1. Where no flavour is left (only a heads split the head counts do not allow), ring
+    attention's bytes with nothing hidden, under no flavour name."""
+    if kwargs["cp"] <= 1:
+        return None, 0.0, 0.0
+    found = options(flavours, **kwargs)
+    if not found:
+        fwd, bwd = ring_s(kv_bytes=kwargs["kv_bytes"], cp=kwargs["cp"], group=kwargs["group"], core_fwd_s=0.0, core_bwd_s=0.0)
+        return None, fwd, bwd
+    name = min(found, key=lambda f: sum(found[f]))
+    return (name, *found[name])
+
+
+def exposed_s(flavours: tuple[str, ...], **kwargs) -> tuple[float, float]:
+    """(forward, backward) exposed CP communication of one layer and micro-batch: the least over the stack's
+    flavours (choose). `q_bytes`, `kv_bytes`: this rank's Q (or output) and K+V bytes."""
+    _, fwd, bwd = choose(flavours, **kwargs)
+    return fwd, bwd

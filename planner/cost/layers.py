@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, context_parallel, eager, memory, moe_comm
+from planner.cost import autocast, comm, compute, context_parallel, eager, memory, moe_comm, sac
 from planner.cost import executor as executor_cost
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.compression import FP8_DISPATCH_BYTES
@@ -79,6 +79,8 @@ class ModuleCost:
     act_full: float = 0.0
     act_transient: float = 0.0  # gradients in flight during this module's backward (memory.backward_transient_bytes)
     recompute_compute_s: float | None = None  # compute a full recompute adds, when it is not one more forward
+    moe_dispatcher: str | None = None  # the token dispatcher an MoE layer is priced with (moe_comm.choose)
+    cp_flavour: str | None = None  # the context-parallel flavour a decoder layer is priced with (cp_choice)
 
     @property
     def full_recompute_s(self) -> float:
@@ -126,15 +128,21 @@ def cp_times(env: Env, core_fwd_s: float) -> tuple[float, float]:
     """Exposed context-parallel communication of one layer: this rank's K and V (2*b*(s/cp)*kv*d/t bf16) and Q
     (b*(s/cp)*a*d/t) moved by the fastest flavour the stack runs (planner.cost.context_parallel: ring p2p beside
     the blockwise attention, all-gather of K/V, all-to-all by heads)."""
+    return cp_choice(env, core_fwd_s)[1:]
+
+
+def cp_choice(env: Env, core_fwd_s: float) -> tuple[str | None, float, float]:
+    """(flavour by the profile's spelling, exposed forward s, exposed backward s) of cp_times
+    (context_parallel.choose); (None, 0, 0) for cp 1."""
     shape, spec = env.shape, env.spec
     if shape.cp <= 1:
-        return 0.0, 0.0
+        return None, 0.0, 0.0
     kv_bytes = 2 * shape.tokens * spec.kv_heads * spec.dim_per_head * compute.ACT_BYTES / shape.tp
     q_bytes = shape.tokens * spec.num_attention_heads * spec.dim_per_head * compute.ACT_BYTES / shape.tp
     core_bwd = core_fwd_s * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
-    return context_parallel.exposed_s(env.cp_flavours, q_bytes=q_bytes, kv_bytes=kv_bytes, cp=shape.cp,
-                                      heads=spec.num_attention_heads, kv_heads=spec.kv_heads, group=env.links.cp,
-                                      core_fwd_s=core_fwd_s, core_bwd_s=core_bwd)
+    return context_parallel.choose(env.cp_flavours, q_bytes=q_bytes, kv_bytes=kv_bytes, cp=shape.cp,
+                                   heads=spec.num_attention_heads, kv_heads=spec.kv_heads, group=env.links.cp,
+                                   core_fwd_s=core_fwd_s, core_bwd_s=core_bwd)
 
 
 def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -> tuple[float, float]:
@@ -164,14 +172,19 @@ def ep_times(env: Env) -> tuple[float, float]:
     fastest dispatcher the stack runs for the slowest EP rank's load (moe_comm.dispatch_s). With fp8 dispatch one of
     the two each way moves fp8 values and their scales (planner.cost.compression.FP8_DISPATCH_BYTES per element:
     DeepSeek-V3 Sec. 3.3.2)."""
+    return min(ep_options(env).values(), key=sum, default=(0.0, 0.0))
+
+
+def ep_options(env: Env) -> dict[str, tuple[float, float]]:
+    """(forward, backward) seconds of a layer's dispatch + combine by each dispatcher the stack runs (ep_times)."""
     cfg = env.spec.moe
     if env.shape.ep <= 1 or cfg is None:
-        return 0.0, 0.0
+        return {}
     kwargs = dict(group=env.links.ep, hierarchical=env.moe_hierarchical, allgather=env.moe_allgather)
-    bf16 = moe_comm.dispatch_s(env.shape.tokens, cfg, env.spec.hidden_size, **kwargs)
-    dispatch = (moe_comm.dispatch_s(env.shape.tokens, cfg, env.spec.hidden_size, value_bytes=FP8_DISPATCH_BYTES, **kwargs)
-                if env.moe_dispatch_fp8 else bf16)
-    return bf16 + dispatch, bf16 + dispatch
+    bf16 = moe_comm.dispatch_options(env.shape.tokens, cfg, env.spec.hidden_size, **kwargs)
+    dispatch = (moe_comm.dispatch_options(env.shape.tokens, cfg, env.spec.hidden_size, value_bytes=FP8_DISPATCH_BYTES,
+                                          **kwargs) if env.moe_dispatch_fp8 else bf16)
+    return {name: (bf16[name] + dispatch[name],) * 2 for name in bf16}
 
 
 def _layer_params_per_gpu(spec: ModelSpec, shape: Shape, moe_layer: bool) -> float:
@@ -244,13 +257,11 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
     core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
     tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
-    ep_fwd, ep_bwd = ep_times(env) if moe_layer else (0.0, 0.0)
-    if moe_layer:  # what the stack's overlap hides (moe_comm.exposed_s)
+    dispatcher, ep_fwd, ep_bwd = None, 0.0, 0.0
+    if moe_layer:  # the dispatcher least exposed under the stack's overlap (moe_comm.choose)
         shared_fwd, shared_bwd, _ = gemm_times(env, [g for g in gemms if g.name == "shared_experts"])
-        ep_fwd = moe_comm.exposed_s(ep_fwd, layer_compute_s=fwd, shared_compute_s=shared_fwd,
-                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
-        ep_bwd = moe_comm.exposed_s(ep_bwd, layer_compute_s=bwd, shared_compute_s=shared_bwd,
-                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
+        dispatcher, ep_fwd, ep_bwd = moe_comm.choose(ep_options(env), layer_s=(fwd, bwd), shared_s=(shared_fwd, shared_bwd),
+                                                     batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
     cp_fwd, cp_bwd = cp_times(env, core)
     if env.executor is not None:
         acts = executor_cost.decoder_activation_bytes(spec, shape, env.executor, moe_layer=moe_layer, moe_loop=env.moe_loop)
@@ -264,10 +275,16 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
         act_selective = (acts.none + acts.full) / 2
     elif env.selective_mode == "norm_and_up_proj":
         selective, act_selective = _norm_up_selective(env, gemms, acts.selective)
+    elif env.selective_mode == "op_sac":  # torchtitan's per-op policy as it runs (planner.cost.sac)
+        per_gemm = {g.name: gemm_times(env, [g])[0] for g in gemms}
+        selective = sac.recompute_s(spec, shape, moe_layer=moe_layer, gemm_fwd_s=per_gemm, elementwise_s=rest_mem,
+                                    tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd)
+        act_selective = min(acts.none, sac.saved_bytes(spec, shape, moe_layer=moe_layer))
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,
         act_none=acts.none, act_selective=act_selective, act_full=acts.full, act_transient=acts.transient,
+        moe_dispatcher=dispatcher, cp_flavour=cp_choice(env, core)[0],
     )
 
 

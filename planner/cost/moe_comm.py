@@ -47,19 +47,50 @@ def dropped_fraction(cfg: MoESpec) -> float:
     return max(0.0, wanted - cfg.capacity_factor) / wanted
 
 
+# Megatron-Core's spelling of each dispatcher (--moe-token-dispatcher-type; flex with the DeepEP backend is the
+# per-node deduplicated one); the batch-level EP overlap and the shared-expert overlap run with alltoall and flex
+# only (transformer_config.py __post_init__: 'overlap_moe_expert_parallel_comm is supported with alltoall/flex token
+# dispatcher', 'moe_shared_expert_overlap only works with alltoall or flex token dispatcher').
+OVERLAPPED_DISPATCHERS = ("alltoall", "flex")
+
+
+def dispatch_options(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLink, hierarchical: bool,
+                     allgather: bool, value_bytes: float = ACT_BYTES) -> dict[str, float]:
+    """One dispatch (or combine) of `tokens` tokens of this rank by each dispatcher the stack runs, by its
+    Megatron-Core name (`value_bytes` per element: bf16, or fp8 with its scales under fp8 dispatch); {} for ep 1."""
+    if group.size <= 1:
+        return {}
+    routed_bytes = tokens * cfg.top_k * load_factor(cfg) * hidden * value_bytes
+    options = {"alltoall": comm.all_to_all_s(routed_bytes, group=group)}
+    if hierarchical:
+        options["flex"] = comm.hierarchical_all_to_all_s(routed_bytes, top_k=cfg.top_k, group=group)
+    if allgather:
+        options["allgather"] = comm.all_gather_s(tokens * group.size * hidden * value_bytes, group=group)
+    return options
+
+
 def dispatch_s(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLink, hierarchical: bool,
                allgather: bool, value_bytes: float = ACT_BYTES) -> float:
-    """One dispatch (or combine) of `tokens` tokens of this rank: the fastest dispatcher the stack runs
-    (`value_bytes` per element: bf16, or fp8 with its scales under fp8 dispatch)."""
-    if group.size <= 1:
-        return 0.0
-    routed_bytes = tokens * cfg.top_k * load_factor(cfg) * hidden * value_bytes
-    options = [comm.all_to_all_s(routed_bytes, group=group)]
-    if hierarchical:
-        options.append(comm.hierarchical_all_to_all_s(routed_bytes, top_k=cfg.top_k, group=group))
-    if allgather:
-        options.append(comm.all_gather_s(tokens * group.size * hidden * value_bytes, group=group))
-    return min(options)
+    """One dispatch (or combine): the fastest dispatcher the stack runs (dispatch_options)."""
+    options = dispatch_options(tokens, cfg, hidden, group=group, hierarchical=hierarchical, allgather=allgather,
+                               value_bytes=value_bytes)
+    return min(options.values(), default=0.0)
+
+
+def choose(options: dict[str, tuple[float, float]], *, layer_s: tuple[float, float], shared_s: tuple[float, float],
+           batch_overlap: bool, shared_overlap: bool) -> tuple[str | None, float, float]:
+    """(dispatcher, exposed forward s, exposed backward s): of the dispatchers' (forward, backward) communication,
+    the one least exposed once the stack's overlaps apply, which only alltoall and flex get
+    (OVERLAPPED_DISPATCHERS); ties go to the first (alltoall). (None, 0, 0) without options."""
+    best: tuple[str | None, float, float] = (None, 0.0, 0.0)
+    for name, (fwd, bwd) in options.items():
+        hides = name in OVERLAPPED_DISPATCHERS
+        kw = dict(batch_overlap=batch_overlap and hides, shared_overlap=shared_overlap and hides)
+        exposed = (name, exposed_s(fwd, layer_compute_s=layer_s[0], shared_compute_s=shared_s[0], **kw),
+                   exposed_s(bwd, layer_compute_s=layer_s[1], shared_compute_s=shared_s[1], **kw))
+        if best[0] is None or exposed[1] + exposed[2] < best[1] + best[2]:
+            best = exposed
+    return best
 
 
 def exposed_s(comm_s: float, *, layer_compute_s: float, shared_compute_s: float, batch_overlap: bool,

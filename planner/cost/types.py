@@ -66,8 +66,9 @@ class CostOptions:
     grad_reduce_fp32: gradients reduced in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, FSDP reduce_dtype
         fp32), else in the 16-bit dtype (DeepSpeed ZeRO's communication_data_type default).
     selective_mode: what the stack's "selective" recompute reruns: "attention_core" (Megatron, Korthikanti et al.
-        2022), "half_forward" (torchtitan: selective_ac_option N=2 checkpoints every other layer; 'op' recomputes
-        every other matmul and the pointwise ops), "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
+        2022), "half_forward" (torchtitan's selective_ac_option N=2: every other layer checkpointed),
+        "op_sac" (torchtitan's per-op policy: every second matmul and the pointwise ops, planner.cost.sac),
+        "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
     moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher, and its shared experts computing during
         the dispatch (planner.cost.moe_comm).

@@ -33,7 +33,7 @@ FLOAT_FLAGS = ("moe-expert-capacity-factor", "rotary-percent", "norm-epsilon", "
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
              "position-embedding-type", "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq",
              "moe-token-dispatcher-type", "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function",
-             "no-rope-freq", "rope-type")
+             "no-rope-freq", "rope-type", "moe-flex-dispatcher-backend", "cp-comm-type")
 BOOL_FLAGS = ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
               "add-qkv-bias", "qk-layernorm", "multi-latent-attention", "moe-shared-expert-gate", "moe-router-pre-softmax",
@@ -63,7 +63,7 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
         num_query_groups=a.num_query_groups if a.group_query_attention else None,
         tensor_model_parallel_size=a.tensor_model_parallel_size, pipeline_model_parallel_size=a.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=a.num_virtual_stages_per_pipeline_rank,
-        context_parallel_size=a.context_parallel_size or 1, expert_model_parallel_size=a.expert_model_parallel_size or 1,
+        context_parallel_size=a.context_parallel_size or 1, cp_comm_type=a.cp_comm_type, expert_model_parallel_size=a.expert_model_parallel_size or 1,
         sequence_parallel=a.sequence_parallel, pipeline_model_parallel_layout=a.pipeline_model_parallel_layout,
         account_for_embedding_in_pipeline_split=a.account_for_embedding_in_pipeline_split or None,
         account_for_loss_in_pipeline_split=a.account_for_loss_in_pipeline_split or None,
@@ -82,6 +82,7 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
     if a.num_experts:
         kw.update(num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
                   moe_grouped_gemm=a.moe_grouped_gemm, moe_token_dispatcher_type=a.moe_token_dispatcher_type or "allgather",
+                  moe_flex_dispatcher_backend=a.moe_flex_dispatcher_backend,
                   moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size,
                   moe_expert_capacity_factor=a.moe_expert_capacity_factor, moe_shared_expert_gate=a.moe_shared_expert_gate,
                   moe_router_score_function=a.moe_router_score_function, moe_router_pre_softmax=a.moe_router_pre_softmax,

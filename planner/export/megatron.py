@@ -150,8 +150,8 @@ def _recompute_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     par, batch = plan.parallelism, plan.batch
     args = ["--tensor-model-parallel-size", str(par.tp), "--pipeline-model-parallel-size", str(par.pp)]
-    if par.cp > 1:
-        args += ["--context-parallel-size", str(par.cp)]
+    if par.cp > 1:  # the flavour the cost priced (Parallelism.cp_comm_type; Megatron's default p2p when unset)
+        args += ["--context-parallel-size", str(par.cp), "--cp-comm-type", par.cp_comm_type or "p2p"]
     if par.ep > 1:
         args += ["--expert-model-parallel-size", str(par.ep)]
     if par.sp and par.tp > 1:
@@ -174,10 +174,11 @@ def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     """The EP all-to-all overlap the megatron-core profile prices (behaviour.overlap.moe_all_to_all):
     --overlap-moe-expert-parallel-comm where Megatron-Core runs it (transformer_config.py __post_init__: ep > 1, vpp
-    set when pp > 1, no full recompute, bf16/fp16, the alltoall dispatcher this export writes), else a warning that
+    set when pp > 1, no full recompute, bf16/fp16, an alltoall or flex dispatcher: the cost prices allgather
+    without it, moe_comm.choose), else a warning that
     the prediction assumed it."""
     par, spec = plan.parallelism, plan.request.model
-    if spec.moe is None or par.ep <= 1:
+    if spec.moe is None or par.ep <= 1 or par.moe_dispatcher == "allgather":  # allgather was priced not overlapped
         return []
     modes = {stage.recompute.mode for stage in plan.stages}
     full = "full" in modes or any(stage.recompute.full_layers for stage in plan.stages)
@@ -204,7 +205,7 @@ def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
         args += ["--fp8-format", "hybrid"]
     if precision == "amp-bf16":
         warnings.append("amp-bf16 exported as Megatron --bf16 (bf16 params with fp32 main params in the optimizer)")
-    args += model_arguments(plan.request.model, plan.batch.seq_len, warnings)
+    args += model_arguments(plan.request.model, plan.batch.seq_len, warnings, plan.parallelism.moe_dispatcher)
     args += moe_overlap_args(plan, warnings)
     return args, warnings
 

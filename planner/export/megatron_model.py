@@ -76,14 +76,18 @@ def _position_args(spec: ModelSpec, warnings: list[str]) -> list[str]:
     return args + rope_scaling.megatron_args(spec, warnings)
 
 
-def _moe_args(spec: ModelSpec) -> list[str]:
+def _moe_args(spec: ModelSpec, dispatcher: str | None = None) -> list[str]:
+    """MoE flags; `dispatcher`: the one the plan's cost priced (Parallelism.moe_dispatcher; alltoall when the plan
+    has none, ep 1): flex runs the DeepEP backend (transformer_config.py moe_flex_dispatcher_backend 'deepep')."""
     moe = spec.moe
     if moe is None:
         return []
     pattern = [1 if spec.is_moe_layer(i) else 0 for i in range(spec.num_layers)]
     args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
             "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden_size), "--moe-grouped-gemm",
-            "--moe-token-dispatcher-type", "alltoall"]
+            "--moe-token-dispatcher-type", dispatcher or "alltoall"]
+    if dispatcher == "flex":
+        args += ["--moe-flex-dispatcher-backend", "deepep"]
     if any(value == 0 for value in pattern):
         args += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
     if moe.shared_ffn_hidden_size:
@@ -116,9 +120,9 @@ def _mla_args(spec: ModelSpec) -> list[str]:
     return args
 
 
-def model_arguments(spec: ModelSpec, seq_len: int, warnings: list[str]) -> list[str]:
+def model_arguments(spec: ModelSpec, seq_len: int, warnings: list[str], moe_dispatcher: str | None = None) -> list[str]:
     """The model flags of `pretrain_gpt.py` for `spec` (what Megatron-Core cannot build was refused before, by the
-    profile's unsupported_models: planner.frameworks.model_refusal)."""
+    profile's unsupported_models: planner.frameworks.model_refusal); `moe_dispatcher`: the plan's (_moe_args)."""
     args = ["--num-layers", str(spec.num_layers), "--hidden-size", str(spec.hidden_size),
             "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads),
             "--seq-length", str(seq_len), "--max-position-embeddings", str(max(seq_len, spec.position_rows)),
@@ -137,4 +141,4 @@ def model_arguments(spec: ModelSpec, seq_len: int, warnings: list[str]) -> list[
         args.append("--untie-embeddings-and-output-weights")
     if not _all_biased(spec):
         args.append("--disable-bias-linear")
-    return args + _moe_args(spec) + _mla_args(spec)
+    return args + _moe_args(spec, moe_dispatcher) + _mla_args(spec)

@@ -76,6 +76,8 @@ class Feature(Schema):
 
 
 class ContextParallel(Feature):
+    """Context parallelism; `flavours` lists the stack's default first (what a run that names none ran)."""
+
     with_pp: bool = Field(description="context parallelism combined with pipeline parallelism")
 
 
@@ -234,10 +236,11 @@ class MemoryHabits(Schema):
     main_grads_fp32: bool = Field(description="gradients accumulated in an fp32 buffer (4 bytes/param) under bf16")
     distributed_optimizer: bool = Field(description="ZeRO-1 is the stack's distributed optimizer")
     allocator_allowance_fraction: float = Field(ge=0, lt=0.5, description="device memory kept back for fragmentation")
-    selective_recompute: Literal["attention_core", "half_forward", "norm_and_up_proj"] = Field(
+    selective_recompute: Literal["attention_core", "half_forward", "norm_and_up_proj", "op_sac"] = Field(
         default="attention_core", description="what `selective` recompute reruns: the attention core (Megatron, "
-                                              "Korthikanti et al. 2022), half of each layer's forward (torchtitan), "
-                                              "or the norms and MLA up-projections (DeepSeek-V3)")
+                                              "Korthikanti et al. 2022), half of each layer's forward (torchtitan's "
+                                              "every-other-layer option), the norms and MLA up-projections "
+                                              "(DeepSeek-V3), or torchtitan's per-op policy (planner.cost.sac)")
     fp8_saves_fp8_inputs: bool = Field(default=True, description="under fp8 the GEMMs save their fp8-cast inputs "
                                        "for backward (Transformer Engine); False: the high-precision inputs (torchao "
                                        "Float8Linear saves input_hp and weight_hp)")
@@ -260,11 +263,24 @@ class MemoryHabits(Schema):
     source: str = Sourced
 
 
+class RecipeRecompute(Schema):
+    """The activation recompute one of the stack's own recipes (launch script, train config) runs for one model."""
+
+    model: str = Field(min_length=1, description="the recipe's model and file, e.g. 'llama3_70b.toml'")
+    params_b: float = Field(gt=0, le=1e5, description="the model's total parameters, billions")
+    moe: bool = Field(default=False, description="a mixture-of-experts model")
+    recompute: Literal["none", "selective", "full"]
+
+
 class TrainingDefaults(Schema):
     """What the stack does when neither the model nor the request says (a model spec's None fields)."""
 
     dropout: bool = Field(default=False, description="dropout layers on by default (attention and hidden dropout)")
     source: str = Field(default="no dropout unless the model says", min_length=1)
+    recompute_recipes: tuple[RecipeRecompute, ...] = Field(
+        default=(), description="the recompute of the stack's own recipes by model size: what a published run that "
+        "does not state its recompute is read to have run (benchmarks/published_runs.py recipe_recompute)")
+    recompute_source: str = Field(default="no recipe recorded", min_length=1)
 
 
 class ExecutorCode(Schema):

@@ -109,6 +109,12 @@ class Parallelism(Schema):
     compression: Compression = Field(default=NONE, description=(
         "communication compression (planner.schemas.compression): ZeRO++ qwZ/hpZ/qgZ, PowerSGD, 16-bit gradient "
         "all-reduce, fp8 MoE dispatch. Written only when some method is used"))
+    moe_dispatcher: Literal["alltoall", "flex", "allgather"] | None = Field(default=None, description=(
+        "the MoE token dispatcher the cost priced (planner.cost.moe_comm.choose; Megatron-Core's "
+        "--moe-token-dispatcher-type names, flex = DeepEP's per-node deduplicated dispatch); written only with ep > 1"))
+    cp_comm_type: str | None = Field(default=None, max_length=40, description=(
+        "the context-parallel flavour the cost priced (planner.cost.context_parallel.choose), in the profile's "
+        "spelling (Megatron-Core --cp-comm-type p2p / all_gather / a2a; torchtitan allgather); written only with cp > 1"))
 
     @model_validator(mode="after")
     def _check(self) -> "Parallelism":
@@ -124,7 +130,8 @@ class Parallelism(Schema):
     def _omit_plain_dp(self, handler):
         """Leave dp_replicate out when it is 1 and compression when it is none, so plans without HSDP or
         compression serialise byte-identically to before."""
-        return without(handler(self), dp_replicate=self.dp_replicate == 1, compression=not self.compression.methods)
+        return without(handler(self), dp_replicate=self.dp_replicate == 1, compression=not self.compression.methods,
+                       moe_dispatcher=self.moe_dispatcher is None, cp_comm_type=self.cp_comm_type is None)
 
     @property
     def dims(self) -> ParallelDims:

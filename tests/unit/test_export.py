@@ -164,8 +164,10 @@ def megatron_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + flag, type=int, default=None)
     for flag in ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization", "position-embedding-type",
                  "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq", "moe-token-dispatcher-type",
-                 "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function", "no-rope-freq"):
+                 "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function", "no-rope-freq",
+                 "moe-flex-dispatcher-backend"):
         p.add_argument("--" + flag, default=None)
+    p.add_argument("--cp-comm-type", nargs="+", default=["p2p"])  # arguments.py: one per layer, or one for all
     for flag in ("rotary-base", "moe-router-num-groups", "moe-router-group-topk", "kv-lora-rank", "q-lora-rank", "qk-head-dim",
                  "qk-pos-emb-head-dim", "v-head-dim"):
         p.add_argument("--" + flag, type=int, default=None)

@@ -3,6 +3,7 @@ validation/published_runs.json rows are: negated precision, precision implied by
 memory, peak and power, and a sequence length from the named model's own default."""
 
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -80,3 +81,83 @@ def test_deepspeed_sources_of_2021_run_the_legacy_profile():
     old["source"]["url"] = "https://arxiv.org/abs/2104.04473"
     assert P.stack_of(old) == "deepspeed" and P.profile_of(old, "deepspeed") == "legacy/deepspeed-2021"
     assert P.profile_of(run(training__framework="DeepSpeed"), "deepspeed") == "deepspeed"
+
+
+# Llama-2 70B shaped (69B parameters): torchtitan's llama3_70b.toml recipe (full) is the nearest, not llama3_8b.toml
+LLAMA_70B = dict(model__num_layers=80, model__hidden=8192, model__ffn_hidden=28672, model__num_heads=64,
+                 model__params_b=70, model__seq_len=4096)
+
+
+def test_unsaid_recompute_is_the_torchtitan_recipe_of_that_size():
+    """torchtitan train configs (v0.2.2): llama3_8b.toml mode selective, llama3_70b.toml mode full."""
+    assert P.recipe_recompute(run(), "torchtitan") == "selective"
+    assert P.recipe_recompute(run(**LLAMA_70B), "torchtitan") == "full"
+    assert P.settings(run(**LLAMA_70B), "torchtitan").choices["recompute"] == ("full",)
+    assert P.settings(run(), "torchtitan").choices["recompute"] == ("selective", "full")  # full where it does not fit
+
+
+def test_unsaid_recompute_recipes_of_other_stacks():
+    """Megatron-Core examples and NeMo's H100 performance configs: none; llm-foundry mpt-1b.yaml none, mpt-7b.yaml
+    full; Megatron-LM v2.5 pretrain_gpt3_175B.sh full; a stack recording no recipe keeps the planner's choice."""
+    assert P.recipe_recompute(run(**LLAMA_70B), "megatron-core") == "none"
+    assert P.recipe_recompute(run(), "pytorch-fsdp") == "full"
+    small = run(model__num_layers=24, model__hidden=2048, model__ffn_hidden=8192, model__num_heads=16,
+                model__num_kv_heads=16, model__vocab=50368, model__params_b=1.3)
+    assert P.recipe_recompute(small, "pytorch-fsdp") == "none"
+    assert P.recipe_recompute(run(), "megatron-lm") == "full"
+    assert P.recipe_recompute(run(), "deepspeed") is None
+    assert P.settings(run(), "deepspeed").choices["recompute"] == ("none", "full")
+
+
+def test_a_stated_recompute_wins_and_the_rule_can_be_switched_off():
+    stated = run(training__recompute="none activation checkpointing", **LLAMA_70B)
+    assert "recompute" not in P.settings(stated, "torchtitan").choices
+    assert P.settings(stated, "torchtitan").fixed["recompute"] == "none"
+    off = P.settings(run(**LLAMA_70B), "torchtitan", ("recompute_unstated_is_recipe",))
+    assert off.choices["recompute"] == ("none", "full")
+
+
+def test_unsaid_recompute_of_an_moe_model_reads_the_moe_recipes():
+    """torchtitan deepseek_v3_16b.toml (selective op) is the nearest MoE recipe of a 16B MoE model, whatever the
+    dense recipes say."""
+    moe = run(model__moe={"num_experts": 64, "top_k": 6, "expert_ffn_hidden": 1408, "shared_experts": 2},
+              model__num_layers=27, model__hidden=2048, model__num_heads=16, model__num_kv_heads=16,
+              model__ffn_hidden=None, model__params_b=16)
+    assert P.recipe_recompute(moe, "torchtitan") == "selective"
+
+
+def test_torchtitan_selective_layer_is_every_other_layer_fully_recomputed():
+    """torchtitan config_manager.py at 613bfd0: selective_ac_option default "2" ("checkpoint every other layer")."""
+    layer = run(training__recompute="selective layer activation checkpointing")
+    s = P.settings(layer, "torchtitan")
+    assert s.fixed["recompute"] == "none" and s.full_every == 2
+    op = P.settings(run(training__recompute="selective op activation checkpointing"), "torchtitan")
+    assert op.fixed["recompute"] == "selective" and op.full_every is None
+    off = P.settings(layer, "torchtitan", ("selective_layer_is_every_other_layer",))
+    assert off.fixed["recompute"] == "selective" and off.full_every is None
+    assert P.settings(layer, "megatron-core").full_every is None  # a torchtitan option only
+
+
+def test_every_other_layer_costs_half_a_full_recompute():
+    """accuracy.evaluate: 16 of 32 layers fully recomputed: the recompute time is half the full recompute's."""
+    import accuracy as A
+
+    case = A.build_case(run(training__recompute="selective layer activation checkpointing"))
+    model = A.cost_model(case, None)
+    cand = case.candidates[0]
+    none, half = model.evaluate(cand), A.evaluate(model, case, cand)
+    full = model.evaluate(dataclasses.replace(cand, recompute="full"))
+    assert half.step_time_s - none.step_time_s == pytest.approx((full.step_time_s - none.step_time_s) / 2, rel=0.05)
+
+
+def test_an_unnamed_cp_flavour_is_the_stacks_default():
+    """Megatron-Core's --cp-comm-type defaults to ['p2p'] (arguments.py); torchtitan 0.3 runs torch's all-gather."""
+    long = run(parallel__cp=4, parallel__dp=16)
+    assert P.cp_flavour_of(long, "megatron-core") == ("p2p",)
+    assert P.cp_flavour_of(long, "torchtitan") == ("allgather",)
+    assert P.cp_flavour_of(run(), "megatron-core") is None
+    assert P.cp_flavour_of(long, "megatron-core", ("cp_flavour_unstated_is_default",)) is None
+    import accuracy as A
+
+    assert A.build_case(run(parallel__cp=4, parallel__dp=16, training__framework="Megatron-Core")).overrides == \
+        {"cp_flavours": ("p2p",)}
