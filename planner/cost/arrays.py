@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import compute, memory, mixer_layers, mixers
+from planner.cost import compute, memory, mixer_layers, mixers, moe_comm
 from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, expert_shard_ep, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
 from planner.cost.types import Candidate, Detail, LayerCosts
@@ -50,13 +50,25 @@ def layer_kinds(model: "CostModel") -> dict[str, tuple[str, bool, np.ndarray]]:
     return found
 
 
-def _kind_costs(model: "CostModel", cand: "Candidate", links: Links) -> dict[str, ModuleCost]:
-    """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it."""
+def moe_batch_overlap(model: "CostModel", cand: "Candidate") -> bool:
+    """Whether the candidate's MoE dispatch and combine run under the stack's batch-level overlap: the stack has
+    it (behaviour.overlap.moe_all_to_all) and the candidate meets the stack's conditions on it
+    (moe_comm.batch_overlap_applies with behaviour.overlap.moe_all_to_all_needs). A partial full recompute breaks
+    Megatron-Core's (no_full_recompute): the search adds none to a candidate for which this holds."""
+    o = model.options
+    return o.moe_overlap and moe_comm.batch_overlap_applies(o.moe_overlap_needs, pp=cand.pp, vpp=cand.vpp,
+                                                            recompute=cand.recompute, full_layers=False,
+                                                            precision=model.request.precision)
+
+
+def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bool) -> dict[str, ModuleCost]:
+    """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it;
+    `overlap`: the MoE all-to-all under the stack's batch-level overlap (moe_batch_overlap)."""
     recipe = model.executor_recipe_for(cand)
     precision = "fp32" if recipe is not None and recipe.compute == 4 else model.request.precision  # as the executor runs
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=precision,
               shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
-              stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
+              stack_tp_overlap=model.options.tp_overlap, moe_overlap=overlap,
               selective_mode=model.options.selective_mode,
               moe_hierarchical=model.options.moe_hierarchical, executor=recipe,
               moe_loop=model.options.moe_expert_impl == "loop",
@@ -81,7 +93,7 @@ def moe_dispatcher(model: "CostModel", cand: "Candidate") -> str | None:
     name, alltoall / flex / allgather), which the plan carries for its exports; None without MoE layers or with ep 1."""
     if cand.ep <= 1 or not model.moe_mask.any():
         return None
-    return _kind_costs(model, cand, model.links(cand))["moe_decoder"].moe_dispatcher
+    return _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))["moe_decoder"].moe_dispatcher
 
 
 def cp_flavour(model: "CostModel", cand: "Candidate") -> str | None:
@@ -89,21 +101,25 @@ def cp_flavour(model: "CostModel", cand: "Candidate") -> str | None:
     .choose, the profile's spelling), which the plan carries for its exports; None with cp 1."""
     if cand.cp <= 1:
         return None
-    kinds = _kind_costs(model, cand, model.links(cand))
+    kinds = _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))
     return (kinds.get("decoder") or kinds["moe_decoder"]).cp_flavour
 
 
-def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None) -> np.ndarray:
+def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None, *,
+                 overlap: bool | None = None) -> np.ndarray:
     """MODULE_FIELDS x L matrix over (tok_embeddings, layers..., output), memoised per shape and the links of the
     tp, cp and ep groups, the only links a module's cost reads (planner.cost.layers), so factorisations and axis
-    orders that give those groups the same links share it; the candidate's ZeRO stage, recompute mode and
-    schedule do not change a module's cost. `links` overrides the candidate's (planner.cost.bounds.floor_links)."""
+    orders that give those groups the same links share it; the candidate's ZeRO stage and schedule do not change a
+    module's cost, its pp, vpp, recompute mode and precision only through whether the stack's MoE overlap runs
+    (moe_batch_overlap). `links` overrides the candidate's (planner.cost.bounds.floor_links), `overlap` that
+    (the bounds' stack-wide best case)."""
     links = model.links(cand) if links is None else links
+    overlap = moe_batch_overlap(model, cand) if overlap is None else overlap
     key = ("modules", cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap, links.tp, links.cp,
-           links.ep, model.executor_recipe_for(cand), cand.compression.has("fp8-dispatch"))
+           links.ep, model.executor_recipe_for(cand), cand.compression.has("fp8-dispatch"), overlap)
     found = model.memo.get(key)
     if found is None:
-        kinds = _kind_costs(model, cand, links)
+        kinds = _kind_costs(model, cand, links, overlap)
         table = np.array([[getattr(kinds[k], f) for f in MODULE_FIELDS] if k in kinds else [0.0] * len(MODULE_FIELDS)
                           for k in KIND_ORDER]).T
         layers = np.zeros(model.spec.num_layers, dtype=int)
@@ -227,9 +243,10 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     return dataclasses.replace(detail, prefix=prefix_sums(detail, cand.recompute))
 
 
-def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links) -> "LayerCosts":
-    """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's."""
-    row = rows_of(module_table(model, cand, links), cand.recompute)
+def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links, *, overlap: bool | None = None) -> "LayerCosts":
+    """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's;
+    `overlap` as module_table's."""
+    row = rows_of(module_table(model, cand, links, overlap=overlap), cand.recompute)
     key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp_cp, cand.dp_replicate,
            (schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed))
     static = model.memo.get(key)

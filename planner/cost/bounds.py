@@ -25,7 +25,8 @@ import numpy as np
 
 from planner.cost import autocast, comm, compute, mixers, p2p
 from planner.cost import layers as L
-from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table, rows_of, static_parts
+from planner.cost.arrays import (MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table,
+                                  moe_batch_overlap, rows_of, static_parts)
 from planner.cost.evaluate import dp_exposed, dp_fits
 from planner.models import counting
 from planner.schedules import schedule as schedule_of
@@ -130,14 +131,27 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
     sched = schedule_of(cand.schedule)
     key = ("floor_costs", *model.layout_key(cand)[:-2], _order(cand), sched.weight_versions,
            sched.v_placed)  # a V keeps no tied copy (arrays.module_params_of)
-    return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand)))
+    return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand),
+                                                      overlap=model.options.moe_overlap))
+
+
+def best_overlap_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
+    """layer_costs under the candidate's own links with the stack's batch-level MoE overlap wherever the stack has
+    it (behaviour.overlap.moe_all_to_all): whether it runs depends on the member's pp, vpp and recompute
+    (arrays.moe_batch_overlap), and its exposed all-to-all is at most the plain one (moe_comm.exposed_s), so these
+    are at most the costs of every member that shares the candidate's shape and links."""
+    if model.options.moe_overlap == moe_batch_overlap(model, cand):
+        return model.layer_costs(cand)
+    return _memo(model, ("best_overlap_costs", *model.layout_key(cand)),
+                 lambda: layer_costs_with(model, cand, model.links(cand), overlap=model.options.moe_overlap))
 
 
 def compute_rows(model: "CostModel", cand: "Candidate") -> np.ndarray:
     """(forward, backward) compute seconds per module (no communication): the same under every layout."""
     key = ("compute_rows", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.tp_overlap)
     rows = [MODULE_FIELDS.index("compute_fwd_s"), MODULE_FIELDS.index("compute_bwd_s")]
-    return _memo(model, key, lambda: module_table(model, cand, floor_links(model, cand))[rows])
+    return _memo(model, key, lambda: module_table(model, cand, floor_links(model, cand),
+                                                  overlap=model.options.moe_overlap)[rows])
 
 
 def held_static_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
@@ -221,7 +235,8 @@ def per_sample_floor_s(model: "CostModel", cand: "Candidate") -> float:
     which the bound drops: matmuls take flops / (peak x ceiling) + calls x t0 (planner.cost.compute.gemm_time_s,
     flops proportional to the tokens), backward 2x (FLASH_BACKWARD_FACTOR x for a flash core); TP all-reduces
     and EP all-to-alls are bytes / bandwidth + latencies (planner.cost.comm), exposed whole without overlap and
-    at least half under Domino (comm.domino_exposed_s); the EP link is the cheapest footprint (module docstring).
+    at least half under Domino (comm.domino_exposed_s), the EP all-to-alls counted 0 where the stack may hide them
+    (behaviour.overlap.moe_all_to_all or moe_shared_expert_overlap: moe_comm.exposed_s); the EP link is the cheapest footprint (module docstring).
     Exposed CP time is max(0, ring - attention core) per direction, the ring b x its bytes at b = 1 over the
     cheapest footprint, the core at most b x its time at b = 1 (t0 >= 0). Memory-bound operators and recompute
     are >= 0 and left out."""
@@ -239,8 +254,9 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
     tp = _tp_link(model, cand).without_latency()
     env = _env(model, cand, tp, cal=dataclasses.replace(model.cal, gemm_fixed_s=0.0), overlap="none")
     real = _env(model, cand, tp)  # t0 kept: the attention core at b = 1 is at least its per-sequence share at b
+    hidden = model.options.moe_overlap or model.options.moe_shared_overlap  # may leave none exposed (moe_comm.exposed_s)
     ep_s = min((sum(L.ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
-               default=0.0) if cand.ep > 1 else 0.0
+               default=0.0) if cand.ep > 1 and not hidden else 0.0
     total = tp_total = 0.0
     for mixer, moe_layer, layers in layer_kinds(model).values():
         count = int(layers.sum())
@@ -263,7 +279,7 @@ def floor_time_sum_s(model: "CostModel", cand: "Candidate") -> float:
     sum of the module times of any recompute mode (with or without a partial full recompute) under every
     placement; one number for the three modes."""
     def make() -> float:
-        row = rows_of(module_table(model, cand, floor_links(model, cand)), "none")
+        row = rows_of(module_table(model, cand, floor_links(model, cand), overlap=model.options.moe_overlap), "none")
         least = np.minimum(0.0, np.minimum(row["selective_s"], row["full_recompute_s"]))
         return float((row["fwd"] + row["bwd"] + least).sum())
 

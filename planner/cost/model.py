@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.cost import layers as L
 from planner.cost import compression, executor, memory
-from planner.cost.arrays import build_detail, layer_costs_with, layer_working_bytes, zero3_working_bytes
+from planner.cost.arrays import build_detail, layer_costs_with, layer_working_bytes, moe_batch_overlap, zero3_working_bytes
 from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
                                       memory_calibration, step_overhead_s)
 from planner.cost.compute import Shape
@@ -139,10 +139,12 @@ class CostModel:
     # --- per-layer arrays ------------------------------------------------------------------------------
 
     def layout_key(self, cand: Candidate) -> tuple:
-        """The candidate fields a Detail depends on (its memo key; the bounds reuse it)."""
+        """The candidate fields a Detail depends on (its memo key; the bounds reuse it): pp and vpp through whether
+        the stack's MoE overlap runs (arrays.moe_batch_overlap)."""
         sched = schedule_of(cand.schedule)
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.dp_replicate, cand.tp_overlap,
-                cand.microbatch_size, cand.recompute, cand.compression.has("fp8-dispatch"), cand.axis_order,
+                cand.microbatch_size, cand.recompute, moe_batch_overlap(self, cand), cand.compression.has("fp8-dispatch"),
+                cand.axis_order,
                 (sched.weight_versions, sched.v_placed))
 
     def links(self, cand: Candidate) -> L.Links:

@@ -48,10 +48,28 @@ def dropped_fraction(cfg: MoESpec) -> float:
 
 
 # Megatron-Core's spelling of each dispatcher (--moe-token-dispatcher-type; flex with the DeepEP backend is the
-# per-node deduplicated one); the batch-level EP overlap and the shared-expert overlap run with alltoall and flex
-# only (transformer_config.py __post_init__: 'overlap_moe_expert_parallel_comm is supported with alltoall/flex token
-# dispatcher', 'moe_shared_expert_overlap only works with alltoall or flex token dispatcher').
+# per-node deduplicated one); the batch-level EP overlap runs with alltoall and flex, the shared-expert overlap with
+# alltoall only (megatron/core/transformer/transformer_config.py, megatron-core 0.16.1, __post_init__:
+# 'overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher' (line 1866),
+# 'moe_shared_expert_overlap only works with alltoall token dispatcher.' (line 1090)).
 OVERLAPPED_DISPATCHERS = ("alltoall", "flex")
+SHARED_OVERLAP_DISPATCHERS = ("alltoall",)
+
+
+def batch_overlap_applies(needs: tuple[str, ...], *, pp: int, vpp: int, recompute: str, full_layers: bool,
+                          precision: str) -> bool:
+    """Whether a stack whose batch-level overlap (behaviour.overlap.moe_all_to_all) comes with the conditions
+    `needs` (behaviour.overlap.moe_all_to_all_needs) runs it for this layout. Megatron-Core's
+    TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py, megatron-core 0.16.1, lines
+    1852-1888) asserts, with overlap_moe_expert_parallel_comm: virtual_pipeline_model_parallel_size set when
+    pipeline_model_parallel_size > 1 (interleaved_when_pp), recompute_granularity != 'full' and no
+    recompute_method / recompute_num_layers (no_full_recompute: `recompute` the base mode, `full_layers` whether
+    any layer is fully recomputed on top of it), bf16 or fp16 (half_precision); its other conditions (ep > 1, the
+    alltoall/flex dispatcher, no shared-expert overlap) are `choose`'s."""
+    refused = {"interleaved_when_pp": pp > 1 and vpp <= 1,
+               "no_full_recompute": recompute == "full" or full_layers,
+               "half_precision": precision == "fp32"}
+    return not any(refused[need] for need in needs)
 
 
 def dispatch_options(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLink, hierarchical: bool,
@@ -80,12 +98,14 @@ def dispatch_s(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLink, hi
 def choose(options: dict[str, tuple[float, float]], *, layer_s: tuple[float, float], shared_s: tuple[float, float],
            batch_overlap: bool, shared_overlap: bool) -> tuple[str | None, float, float]:
     """(dispatcher, exposed forward s, exposed backward s): of the dispatchers' (forward, backward) communication,
-    the one least exposed once the stack's overlaps apply, which only alltoall and flex get
-    (OVERLAPPED_DISPATCHERS); ties go to the first (alltoall). (None, 0, 0) without options."""
+    the one least exposed once the stack's overlaps apply: the batch-level one with alltoall and flex
+    (OVERLAPPED_DISPATCHERS), the shared-expert one with alltoall (SHARED_OVERLAP_DISPATCHERS), never both (Megatron-Core
+    asserts 'disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm', transformer_config.py
+    line 1886); ties go to the first (alltoall). (None, 0, 0) without options."""
     best: tuple[str | None, float, float] = (None, 0.0, 0.0)
     for name, (fwd, bwd) in options.items():
-        hides = name in OVERLAPPED_DISPATCHERS
-        kw = dict(batch_overlap=batch_overlap and hides, shared_overlap=shared_overlap and hides)
+        kw = dict(batch_overlap=batch_overlap and name in OVERLAPPED_DISPATCHERS,
+                  shared_overlap=shared_overlap and name in SHARED_OVERLAP_DISPATCHERS)
         exposed = (name, exposed_s(fwd, layer_compute_s=layer_s[0], shared_compute_s=shared_s[0], **kw),
                    exposed_s(bwd, layer_compute_s=layer_s[1], shared_compute_s=shared_s[1], **kw))
         if best[0] is None or exposed[1] + exposed[2] < best[1] + best[2]:
@@ -95,7 +115,8 @@ def choose(options: dict[str, tuple[float, float]], *, layer_s: tuple[float, flo
 
 def exposed_s(comm_s: float, *, layer_compute_s: float, shared_compute_s: float, batch_overlap: bool,
               shared_overlap: bool) -> float:
-    """The part of a layer's MoE communication (one direction) not hidden behind compute."""
+    """The part of a layer's MoE communication (one direction) not hidden behind compute: the batch-level overlap
+    where it runs, else the shared-expert one (Megatron-Core runs one of the two)."""
     if batch_overlap:
         return max(0.0, comm_s - layer_compute_s)
     if shared_overlap:

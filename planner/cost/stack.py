@@ -40,7 +40,7 @@ def options_for(framework: str, precision: str):
         grad_reduce_fp32=m.grad_reduce_fp32,
         selective_mode=m.selective_recompute, attention_kernel=k.attention_kernel,
         moe_hierarchical=o.moe_hierarchical_dispatch, moe_allgather=o.moe_allgather_dispatch,
-        moe_shared_overlap=o.moe_shared_expert_overlap,
+        moe_shared_overlap=o.moe_shared_expert_overlap, moe_overlap_needs=tuple(o.moe_all_to_all_needs),
         cp_flavours=tuple(profile.capabilities.context_parallel.flavours) or ("p2p",), softmax_in_place=k.softmax_backward_in_place,
         logits_live_in_backward=m.logits_live_in_backward, zero3_gather_unit=m.zero3_gather_unit,
         zero3_max_live_params=m.zero3_max_live_params, zero3_reduce_bucket_params=m.zero3_reduce_bucket_params,

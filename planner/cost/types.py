@@ -72,6 +72,8 @@ class CostOptions:
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
     moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher, and its shared experts computing during
         the dispatch (planner.cost.moe_comm).
+    moe_overlap_needs: the conditions the stack sets on `moe_overlap` (behaviour.overlap.moe_all_to_all_needs;
+        planner.cost.moe_comm.batch_overlap_applies).
     cp_flavours: the context-parallel flavours the stack runs (capabilities.context_parallel.flavours), the fastest
         priced (planner.cost.context_parallel).
     attention_kernel: the stack's fused-attention kernel ("flash-attention-1", "flash-attention-2", "cudnn"),
@@ -118,6 +120,7 @@ class CostOptions:
     moe_hierarchical: bool = False
     moe_allgather: bool = False
     moe_shared_overlap: bool = False
+    moe_overlap_needs: tuple[str, ...] = ()
     cp_flavours: tuple[str, ...] = ("p2p",)
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False

@@ -37,7 +37,8 @@ STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompu
 BOOL_FLAGS = ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
               "add-qkv-bias", "qk-layernorm", "multi-latent-attention", "moe-shared-expert-gate", "moe-router-pre-softmax",
-              "moe-router-enable-expert-bias", "overlap-moe-expert-parallel-comm", "use-rope-scaling")
+              "moe-router-enable-expert-bias", "overlap-moe-expert-parallel-comm", "moe-shared-expert-overlap",
+              "use-rope-scaling")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +90,8 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
                   moe_router_topk_scaling_factor=a.moe_router_topk_scaling_factor,
                   moe_router_num_groups=a.moe_router_num_groups, moe_router_group_topk=a.moe_router_group_topk,
                   moe_router_enable_expert_bias=a.moe_router_enable_expert_bias,
-                  overlap_moe_expert_parallel_comm=a.overlap_moe_expert_parallel_comm)
+                  overlap_moe_expert_parallel_comm=a.overlap_moe_expert_parallel_comm,
+                  moe_shared_expert_overlap=a.moe_shared_expert_overlap)
         if a.moe_layer_freq:
             kw["moe_layer_freq"] = ast.literal_eval(a.moe_layer_freq) if a.moe_layer_freq.startswith("[") else int(a.moe_layer_freq)
     if a.multi_latent_attention:
@@ -179,7 +181,8 @@ SINGLE_DEVICE = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=
                      num_layers_in_last_pipeline_stage=None, recompute_granularity=None, recompute_method=None,
                      recompute_num_layers=None, moe_grouped_gemm=False, fp8=None, perform_initialization=False,
                      use_cpu_initialization=True, moe_token_dispatcher_type="allgather",
-                     overlap_moe_expert_parallel_comm=False)  # a schedule setting: needs ep > 1, holds no parameter
+                     overlap_moe_expert_parallel_comm=False,  # schedule settings: need ep > 1 / the alltoall
+                     moe_shared_expert_overlap=False)  # dispatcher, hold no parameter
 
 
 def megatron_core_params(args: list[str]) -> int:

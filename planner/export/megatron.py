@@ -43,6 +43,7 @@ from planner.export.common import (
     header_lines,
     refuse,
     stage_layer_counts,
+    target_profile,
 )
 from planner.export.megatron_model import model_arguments
 from planner.frameworks_split import megatron_flags
@@ -172,22 +173,33 @@ def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 
 
 def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
-    """The EP all-to-all overlap the megatron-core profile prices (behaviour.overlap.moe_all_to_all):
-    --overlap-moe-expert-parallel-comm where Megatron-Core runs it (transformer_config.py __post_init__: ep > 1, vpp
-    set when pp > 1, no full recompute, bf16/fp16, an alltoall or flex dispatcher: the cost prices allgather
-    without it, moe_comm.choose), else a warning that
-    the prediction assumed it."""
-    par, spec = plan.parallelism, plan.request.model
-    if spec.moe is None or par.ep <= 1 or par.moe_dispatcher == "allgather":  # allgather was priced not overlapped
+    """The MoE overlap the plan's cost priced (its stack's behaviour.overlap, planner.cost.moe_comm.choose), as the
+    Megatron-Core flag that runs it: --overlap-moe-expert-parallel-comm where the batch-level overlap was priced
+    (the stack has it, its conditions hold: moe_comm.batch_overlap_applies, an alltoall or flex dispatcher) and
+    Megatron-Core accepts it (its own conditions, megatron-core.yaml moe_all_to_all_needs, with the recompute this
+    export writes: a full recompute of any layer refuses it, transformer_config.py lines 1871-1879), else a warning;
+    --moe-shared-expert-overlap where the shared-expert overlap was priced instead (the stack has it, shared
+    experts, the alltoall dispatcher: transformer_config.py line 1090; never with the batch-level one, line 1886)."""
+    from planner.cost import moe_comm
+    from planner.cost.stack import options_for
+
+    par, spec, precision = plan.parallelism, plan.request.model, plan.request.precision
+    if spec.moe is None or par.ep <= 1:  # no EP communication priced
         return []
-    modes = {stage.recompute.mode for stage in plan.stages}
-    full = "full" in modes or any(stage.recompute.full_layers for stage in plan.stages)
-    why = ("pp > 1 without virtual stages" if par.pp > 1 and par.vpp == 1 else "full recompute" if full
-           else "fp32" if plan.request.precision == "fp32" else None)
-    if why is None:
-        return ["--overlap-moe-expert-parallel-comm"]
-    warnings.append(f"the prediction overlaps the EP all-to-all with another micro-batch's compute, which Megatron-Core "
-                    f"does not run with {why} (transformer_config.py): expect the all-to-all exposed")
+    dispatcher, priced = par.moe_dispatcher or "alltoall", options_for(plan.request.framework, precision)
+    layout = dict(pp=par.pp, vpp=par.vpp, recompute=base_recompute(plan), precision=precision)
+    batch = (priced.moe_overlap and dispatcher in moe_comm.OVERLAPPED_DISPATCHERS
+             and moe_comm.batch_overlap_applies(priced.moe_overlap_needs, full_layers=False, **layout))
+    if batch:
+        full = any(full_recompute_layers(plan))
+        if moe_comm.batch_overlap_applies(target_profile(TARGET).behaviour.overlap.moe_all_to_all_needs, full_layers=full, **layout):
+            return ["--overlap-moe-expert-parallel-comm"]
+        warnings.append("the prediction overlaps the EP all-to-all with another micro-batch's compute, which Megatron-Core "
+                        "does not run with this layout (transformer_config.py __post_init__: pp > 1 needs virtual stages, "
+                        "no full recompute, bf16): expect the all-to-all exposed")
+        return []
+    if priced.moe_shared_overlap and dispatcher in moe_comm.SHARED_OVERLAP_DISPATCHERS and spec.moe.shared_ffn_hidden_size:
+        return ["--moe-shared-expert-overlap"]
     return []
 
 

@@ -194,6 +194,11 @@ class Overlap(Schema):
                                                                     "over the EP ranks (Megatron-Core's allgather dispatcher)")
     moe_shared_expert_overlap: bool = Field(default=False, description="shared experts compute while the MoE dispatcher "
                                                                        "communicates (Megatron-Core --moe-shared-expert-overlap)")
+    moe_all_to_all_needs: tuple[Literal["interleaved_when_pp", "no_full_recompute", "half_precision"], ...] = Field(
+        default=(), description="conditions the stack sets on its batch-level MoE all-to-all overlap (moe_all_to_all), "
+        "without which it runs the all-to-all exposed: interleaved_when_pp (pp > 1 needs virtual stages), "
+        "no_full_recompute (no full recompute of any layer), half_precision (bf16/fp16 parameters); "
+        "planner.cost.moe_comm.batch_overlap_applies")
     zero3_hierarchical: bool = Field(default=True, description="ZeRO-3 gathers/reduce-scatters cross nodes once per "
                                                                "node (NCCL hierarchical); False: a flat ring per rank")
     zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "

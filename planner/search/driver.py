@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.cost.arrays import moe_batch_overlap
 from planner.errors import InfeasibleError, SolverTimeoutError
 from planner.frameworks import config_of, refusal
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
@@ -287,9 +288,10 @@ class _Search:
 
     def evaluate(self, cand) -> Scored:
         """Evaluate with balanced stages; when a rank would not fit and the base recompute is not "full", with the
-        partial full recompute per stage that makes every rank fit at the least extra time (refine.py)."""
+        partial full recompute per stage that makes every rank fit at the least extra time (refine.py), unless the
+        candidate is priced with the stack's MoE overlap, which a full recompute turns off (arrays.moe_batch_overlap)."""
         self.counters.evaluations += 1
-        if self.partial_ok and cand.recompute != "full":
+        if self.partial_ok and cand.recompute != "full" and not moe_batch_overlap(self.cost, cand):
             split = split_for(self.request.model.num_layers, cand)
             lc = self.cost.layer_costs(cand)
             excess = rank_excess_bytes(self.cost, cand, lc, split)

@@ -35,7 +35,9 @@ class Members(BoundsState):
         """ModuleArrays of the group under each axis order (its own links)."""
         out = []
         for order in axis_orders(group.fact, self.opts.profile):
-            lc = self.cost.layer_costs(self.state.candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
+            # the stack's MoE overlap wherever it has it: a member's vpp decides whether it runs (at most its costs)
+            lc = cost_bounds.best_overlap_costs(
+                self.cost, self.state.candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
             out.append((order, module_arrays(lc, self.state.partial(group))))
         return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from planner.cost.arrays import moe_batch_overlap
 from planner.errors import InfeasibleError
 from planner.search.outcome import Scored, rank_key
 from planner.search.partition import partition
@@ -47,7 +48,8 @@ def _refine(state, item: Scored) -> Scored:
     best = item
     if result is not None:
         best = _better(best, _evaluate(state, cand, result.layers_per_stage, None))
-    elif state.partial_ok and cand.recompute != "full" and problem.num_layers * cand.pp <= ILP_B_MAX_BINARIES:
+    elif (state.partial_ok and cand.recompute != "full" and not moe_batch_overlap(cost, cand)
+          and problem.num_layers * cand.pp <= ILP_B_MAX_BINARIES):  # a full recompute turns the MoE overlap off
         best = _better(best, _joint(state, cand, lc, problem))
     return best
 

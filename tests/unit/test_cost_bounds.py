@@ -9,6 +9,7 @@ import pytest
 
 from planner.api import build_request
 from planner.cost import bounds
+from planner.cost.arrays import moe_batch_overlap
 from planner.cost.model import Candidate, CostModel
 from planner.cost.p2p import pp_comm_s
 from planner.schemas.model import GatedDeltaNetSpec, MambaSpec, ModelSpec, MoESpec
@@ -114,3 +115,31 @@ def test_single_node_topology_without_a_fabric_plans():
         assert 0 < bounds.pp_comm_floor_s(cost, cand) <= pp_comm_s(cost, cand) * (1 + 1e-12)
     plan = api.plan(request)
     assert plan.parallelism.dp * plan.parallelism.tp * plan.parallelism.pp == 4
+
+
+def test_floors_stay_below_where_the_stack_moe_overlap_depends_on_the_layout():
+    """megatron-core runs its EP overlap only with virtual stages when pp > 1 and without full recompute
+    (planner.cost.moe_comm.batch_overlap_applies): the floors, shared by every vpp and recompute mode of a shape,
+    take the overlap wherever the stack has it, so they stay below every member's costs."""
+    request = build_request(model=MOE, topology="dgx-h100", gpus=48, global_batch_size=96, seq_len=1024,
+                            framework="megatron-core")
+    cost = CostModel(request)
+    checked = overlapped = 0
+    for fields in itertools.islice(_candidates(48, True), 0, None, 3):
+        if fields["ep"] == 1 or fields["cp"] > 1:
+            continue
+        for vpp, recompute in ((1, "none"), (2, "none"), (1, "full"), (2, "selective")):
+            if vpp > 1 and fields["pp"] == 1:
+                continue
+            cand = Candidate(**fields, microbatch_size=1, num_microbatches=96 // fields["dp"], recompute=recompute,
+                             vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b")
+            lc = cost.layer_costs(cand)
+            times = lc.forward_s + lc.backward_s + lc.recompute_s
+            for floor in (bounds.floor_costs(cost, dataclasses.replace(cand, vpp=1, recompute="none", schedule="1f1b")),
+                          bounds.best_overlap_costs(cost, dataclasses.replace(cand, vpp=1, schedule="1f1b"))):
+                assert np.all(floor.forward_s + floor.backward_s <= (lc.forward_s + lc.backward_s) * (1 + 1e-12))
+                assert np.all(floor.full_recompute_s <= lc.full_recompute_s * (1 + 1e-12))
+            assert bounds.per_sample_floor_s(cost, cand) <= float((lc.forward_s + lc.backward_s).sum()) * (1 + 1e-12)
+            overlapped += moe_batch_overlap(cost, cand)
+            checked += times.size > 0
+    assert checked > 20 and 0 < overlapped < checked

@@ -18,6 +18,11 @@ from planner.schemas.plan import Configuration, Parallelism
 MOE = ModelSpec(**LLAMA, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))
 
 
+def for_megatron_core(plan):
+    """The plan as if made for the megatron-core stack (whose cost prices the EP overlap the export then writes)."""
+    return plan.model_copy(update={"request": plan.request.model_copy(update={"framework": "megatron-core"})})
+
+
 def test_allgather_gets_no_overlap():
     """Megatron-Core runs its EP overlaps with alltoall and flex only (transformer_config.py)."""
     options = {"alltoall": (2.0, 2.0), "allgather": (1.0, 1.0)}
@@ -44,7 +49,7 @@ def test_the_plan_carries_the_priced_dispatcher_and_the_export_writes_it():
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "flex", "allgather"])
 def test_megatron_export_of_each_dispatcher(dispatcher):
-    base = make_plan(dp=4, tp=2, pp=1, ep=4, spec=MOE)
+    base = for_megatron_core(make_plan(dp=4, tp=2, pp=1, ep=4, spec=MOE))
     plan = base.model_copy(update={"parallelism": base.parallelism.model_copy(update={"moe_dispatcher": dispatcher})})
     text = export_plan(plan, "megatron").text
     assert f"--moe-token-dispatcher-type {dispatcher}" in text
@@ -61,7 +66,7 @@ def test_megatron_export_of_each_dispatcher(dispatcher):
 def test_megatron_judge_refuses_the_overlap_with_allgather():
     """What the export must not write: the EP overlap with the allgather dispatcher (transformer_config.py asserts)."""
     pytest.importorskip("megatron.core")
-    base = make_plan(dp=4, tp=2, pp=1, ep=4, spec=MOE)
+    base = for_megatron_core(make_plan(dp=4, tp=2, pp=1, ep=4, spec=MOE))
     export = export_plan(base, "megatron")
     assert "--overlap-moe-expert-parallel-comm" in export.text
     broken = type(export)(target=export.target, text=export.text.replace("--moe-token-dispatcher-type alltoall",
