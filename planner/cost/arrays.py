@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import compute, memory, mixer_layers, mixers, moe_comm
-from planner.cost.layers import Env, Links, ModuleCost, decoder_cost, embedding_cost, expert_shard_ep, head_cost, module_params
+from planner.cost.layer_terms import Env, Links, ModuleCost
+from planner.cost.layers import decoder_cost, embedding_cost, expert_shard_ep, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
 from planner.cost.types import Candidate, Detail, LayerCosts
 from planner.models import counting

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import autocast, comm, compute, mixers, p2p
-from planner.cost import layers as L
+from planner.cost import layer_terms as T
 from planner.cost.arrays import (MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table,
                                   moe_batch_overlap, rows_of, static_parts)
 from planner.cost.evaluate import dp_exposed, dp_fits
@@ -80,11 +80,11 @@ def _footprints(model: "CostModel", cand: "Candidate", size: int) -> tuple[Group
 
 
 def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink | None = None,
-         ep: GroupLink | None = None, cal=None, overlap: str | None = None) -> L.Env:
+         ep: GroupLink | None = None, cal=None, overlap: str | None = None) -> T.Env:
     """The Env of the candidate's shape with these tp, cp and ep links (others single-rank)."""
     alone = _memo(model, ("alone", tp), lambda: _alone(tp))
-    links = L.Links(tp=tp, cp=cp or alone, ep=ep or alone, dp=alone, expert_dp=alone, pp=alone)
-    return L.Env(spec=model.spec, device=model.device, cal=cal or model.cal, precision=model.request.precision,
+    links = T.Links(tp=tp, cp=cp or alone, ep=ep or alone, dp=alone, expert_dp=alone, pp=alone)
+    return T.Env(spec=model.spec, device=model.device, cal=cal or model.cal, precision=model.request.precision,
                  shape=model.shape(cand), links=links, tp_overlap=overlap or cand.tp_overlap,
                  stack_tp_overlap=model.options.tp_overlap, moe_overlap=model.options.moe_overlap,
                  selective_mode=model.options.selective_mode,
@@ -109,7 +109,7 @@ def _tp_link(model: "CostModel", cand: "Candidate") -> GroupLink:
                  lambda: axis_link(model.topology, cand.sizes(), tuple(cand.axis_order), "tp"))
 
 
-def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
+def floor_links(model: "CostModel", cand: "Candidate") -> T.Links:
     """The candidate's tp link and the cheapest footprints of its cp and ep groups (module docstring)."""
     key = ("floor_links", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.world_size, _order(cand))
     found = model.memo.get(key)
@@ -118,9 +118,9 @@ def floor_links(model: "CostModel", cand: "Candidate") -> L.Links:
     tp = _tp_link(model, cand)
     cp = ep = None
     if cand.cp > 1:
-        cp = _least(_footprints(model, cand, cand.cp), lambda link: L.cp_times(_env(model, cand, tp, cp=link), 0.0))
+        cp = _least(_footprints(model, cand, cand.cp), lambda link: T.cp_times(_env(model, cand, tp, cp=link), 0.0))
     if cand.ep > 1:
-        ep = _least(_footprints(model, cand, cand.ep), lambda link: L.ep_times(_env(model, cand, tp, ep=link)))
+        ep = _least(_footprints(model, cand, cand.ep), lambda link: T.ep_times(_env(model, cand, tp, ep=link)))
     found = model.memo[key] = _env(model, cand, tp, cp=cp, ep=ep).links
     return found
 
@@ -219,7 +219,7 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink,
               replicate: GroupLink | None = None) -> _DpTerms:
-    links = L.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp, dp_replicate=replicate)  # what dp_comm_s reads
+    links = T.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp, dp_replicate=replicate)  # what dp_comm_s reads
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
     key = ("dp_terms", cand.zero_stage, m, dp, expert_dp) + ((replicate,) if replicate is not None else ())
     return _memo(model, key, lambda: _DpTerms(*dp_fits(model, cand, links)))
@@ -255,7 +255,7 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
     env = _env(model, cand, tp, cal=dataclasses.replace(model.cal, gemm_fixed_s=0.0), overlap="none")
     real = _env(model, cand, tp)  # t0 kept: the attention core at b = 1 is at least its per-sequence share at b
     hidden = model.options.moe_overlap or model.options.moe_shared_overlap  # may leave none exposed (moe_comm.exposed_s)
-    ep_s = min((sum(L.ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
+    ep_s = min((sum(T.ep_times(_env(model, cand, tp, ep=link.without_latency()))) for link in _footprints(model, cand, cand.ep)),
                default=0.0) if cand.ep > 1 and not hidden else 0.0
     total = tp_total = 0.0
     for mixer, moe_layer, layers in layer_kinds(model).values():
@@ -263,14 +263,14 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
         token_mixer = (compute.attention_gemms(spec, shape) if mixer == "attention"
                        else mixers.mixer_gemms(spec, shape, mixer))  # Gated DeltaNet / Mamba layers
         gemms = token_mixer + compute.mlp_gemms(spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
-        fwd, bwd, _ = L.gemm_times(env, gemms)
-        core = L.gemm_times(real, gemms)[2]
-        cp_s = min((sum(L.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
+        fwd, bwd, _ = T.gemm_times(env, gemms)
+        core = T.gemm_times(real, gemms)[2]
+        cp_s = min((sum(T.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
                    default=0.0) if cand.cp > 1 else 0.0
         total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
-        tp_total += count * sum(L.tp_times(env, fwd, bwd, collectives=2))
-    fwd, bwd, _ = L.gemm_times(env, compute.head_gemms(spec, shape))
-    tp_fwd, tp_bwd = L.tp_times(env, fwd, bwd, collectives=1)
+        tp_total += count * sum(T.tp_times(env, fwd, bwd, collectives=2))
+    fwd, bwd, _ = T.gemm_times(env, compute.head_gemms(spec, shape))
+    tp_fwd, tp_bwd = T.tp_times(env, fwd, bwd, collectives=1)
     return total + fwd + bwd, tp_total + tp_bwd + (tp_fwd if shape.sp else 0.0)
 
 

@@ -249,7 +249,7 @@ MOE_HOST_SYNCS = 3
 torch.bincount and MoE._assign's torch.bincount (CUDA bincount reads the input's max to size its output: .item()),
 and MoE._run_experts' counts.tolist(). The queue drains at each, so the operator after it starts with the device
 idle: each sync adds one operator's host time and one kernel's time to the block's forward
-(layers._executor_decoder_cost)."""
+(eager_layers.executor_decoder_cost)."""
 
 
 def _linear(in_elements: float, out_elements: float, *, input_cast: bool, recipe: Dtypes) -> OpCount:

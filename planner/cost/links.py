@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from planner.cost.layers import Links
+from planner.cost.layer_terms import Links
 from planner.schemas.topology import Topology
 from planner.topology.placement import axis_link, hsdp_links
 

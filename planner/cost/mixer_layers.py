@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.cost import compute, memory, mixers, moe_comm
-from planner.cost.layers import Env, ModuleCost, autocast_cast_s, ep_times, gemm_times, tp_times
+from planner.cost.layer_terms import Env, ModuleCost, autocast_cast_s, ep_times, gemm_times, tp_times
 from planner.models import counting
 
 

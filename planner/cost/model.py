@@ -16,6 +16,7 @@ import dataclasses
 import numpy as np
 
 from planner.cost import layers as L
+from planner.cost.layer_terms import Links
 from planner.cost import compression, executor, memory
 from planner.cost.arrays import build_detail, layer_costs_with, layer_working_bytes, moe_batch_overlap, zero3_working_bytes
 from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
@@ -90,7 +91,7 @@ class CostModel:
         self.moe_mask = np.array([self.spec.is_moe_layer(i) for i in range(self.spec.num_layers)], dtype=bool)
         self._details: dict[tuple, Detail] = {}
         self._validity: dict[Candidate, tuple[str, ...]] = {}
-        self._links: dict[tuple, L.Links] = {}
+        self._links: dict[tuple, Links] = {}
         self.fixed_cache: dict[Candidate, object] = {}  # evaluate's split-independent terms per candidate
         self.memo: dict = {}  # per-instance memo of shape/layout-level arrays (planner.cost.arrays)
 
@@ -147,7 +148,7 @@ class CostModel:
                 cand.axis_order,
                 (sched.weight_versions, sched.v_placed))
 
-    def links(self, cand: Candidate) -> L.Links:
+    def links(self, cand: Candidate) -> Links:
         """The GroupLink of the tp, cp, ep, dp and pp groups under the candidate's layout (planner.topology.placement)."""
         key = (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.axis_order, cand.dp_replicate)
         found = self._links.get(key)

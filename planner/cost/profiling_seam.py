@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from planner.cost.layers import ModuleCost
+from planner.cost.layer_terms import ModuleCost
 
 if TYPE_CHECKING:
     from planner.cost.model import CostModel

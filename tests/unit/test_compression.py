@@ -105,7 +105,7 @@ def test_sixteen_bit_gradient_hook_halves_fp32_reduction_and_costs_its_casts():
 
 
 def test_fp8_dispatch_sends_fp8_one_way_of_each_pair():
-    from planner.cost import layers as L
+    from planner.cost import layer_terms as L
 
     req = request(model="mixtral-8x7b", framework="deepspeed", batch=64)  # MoE all-to-all not overlapped there
     model = CostModel(req)
