@@ -113,7 +113,7 @@ def test_deepspeed_config_without_mpu_counts_the_whole_world():
     pytest.importorskip("deepspeed")
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    from planner.export.judges import fake_world
+    from planner.export.judges_deepspeed import fake_world
 
     plan = make_plan(dp=2, tp=4, pp=2, zero=1)
     config = json.loads(export_plan(plan, "deepspeed").text)

@@ -146,7 +146,7 @@ def test_the_generated_module_builds_the_plans_model(model, monkeypatch, tmp_pat
     (str(HF / "gpt-oss-20b"), "gpt_oss"),           # sinks, biased QKV/out/router/experts, alternate 128-key windows
 ])
 def test_moe_and_mla_models_export_with_their_familys_builders(model, family):
-    """torchtitan builds the exported config's model on the meta device (planner.export.judges.judge_torchtitan):
+    """torchtitan builds the exported config's model on the meta device (planner.export.judges_torchtitan.judge_torchtitan):
     its parameters equal planner.models.counting.total_params (which tests tie to transformers), and with PP the
     stage FQNs are the model's own modules, every layer in exactly one stage."""
     pytest.importorskip("torchtitan.config")
