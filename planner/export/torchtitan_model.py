@@ -120,7 +120,12 @@ def generated_module(spec: ModelSpec) -> str:
                   EPS=float(spec.norm_eps or 1e-5), TIED=spec.tied_embeddings,
                   ROPE_SCALING=rope_scaling.torchtitan_fields(spec))
     constants = "\n".join(f"{key} = {value!r}" for key, value in values.items())
-    return f'''"""torchtitan 0.3 config module written by llm-planner: the model {spec.name!r}, exactly.
+    return GENERATED_SOURCE.format(spec=spec, GENERATED_MODULE=GENERATED_MODULE, GENERATED_CONFIG=GENERATED_CONFIG,
+                                   constants=constants, qk_norm=qk_norm)
+
+
+# The module generated_module writes (str.format fields: spec, GENERATED_MODULE, GENERATED_CONFIG, constants, qk_norm).
+GENERATED_SOURCE = '''"""torchtitan 0.3 config module written by llm-planner: the model {spec.name!r}, exactly.
 
 Use: put this file on PYTHONPATH and run torchtitan with --module {GENERATED_MODULE} --config {GENERATED_CONFIG}.
 Training settings (optimizer, data, checkpointing) are those of torchtitan's llama3_8b; override them as usual.
