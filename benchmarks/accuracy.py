@@ -21,12 +21,14 @@ Also the runs predicted not to fit at their published settings (false OOM), and 
 Usage: python benchmarks/accuracy.py [--runs FILE] [--only SUBSTRING] [--quiet] [--no-ablations]
        python benchmarks/accuracy.py --derive   (rewrites calibration.yaml's stack_ceilings, then reports)
 The committed benchmarks/results/accuracy.txt is `python benchmarks/accuracy.py` with llm-analysis installed.
+One run's conversion and evaluation live in benchmarks/accuracy_cases.py, the constants derived from the runs (and
+written by --derive) in benchmarks/accuracy_calibration.py; build_case, choose, cost_model, evaluate, evaluate_case,
+read_runs and STEP_OVERHEAD_GRID_S are read off this module by the tests.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import statistics
@@ -39,18 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy_views as V  # noqa: E402
 import llm_analysis_baseline  # noqa: E402
 import published_runs as P  # noqa: E402
+from accuracy_calibration import (STEP_OVERHEAD_GRID_S, Overheads, derive, error_bands, lookup,  # noqa: E402,F401
+                                  ranking_bands, write_ceilings)
+from accuracy_cases import (RUNS_FILE, Case, build_case, choose, cost_model, evaluate, evaluate_case,  # noqa: E402,F401
+                            naive_step_s, published_oom, read_runs)
 
-from planner.cost.calibration import CALIBRATION_FILE, device_calibration  # noqa: E402
-from planner.cost.compute import peak_tflops  # noqa: E402
-from planner.cost.derivation import implied_ceiling  # noqa: E402
-from planner.cost.evaluate import Evaluation  # noqa: E402
-from planner.cost.model import Candidate, CostModel  # noqa: E402
-from planner.cost.stack import options_for  # noqa: E402
-from planner.models import counting  # noqa: E402
-from planner.schemas.plan import PlanRequest  # noqa: E402
+from planner.cost.calibration import CALIBRATION_FILE  # noqa: E402
 
-RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
-SATURATED = 0.999
 # Published configurations that did NOT fit (stated in a run's source, not a run of the file): (the run whose
 # source says it, the GPU count and micro-batch size it failed at with the run's other settings, the quote). The
 # check: predicted not to fit there (flagged), needing more than the run itself.
@@ -61,147 +58,6 @@ PUBLISHED_OOMS = (
      "selective op | OOM', '70B | 2 | selective layer | OOM' on 64 A100 80GB"),
 )
 TARGET_LOSO_MEDIAN, TARGET_LOSO_MAX, TARGET_COVERAGE, TARGET_VS_NAIVE = 0.10, 0.35, 0.90, 0.6
-STEP_OVERHEAD_GRID_S = tuple(round(0.025 * i, 3) for i in range(17))  # 0 to 0.4 s (calibration.yaml `loop`)
-
-
-@dataclasses.dataclass
-class Case:
-    """One run converted: its request, the candidates its unsaid settings allow, and what it measured."""
-
-    run: dict
-    stack: str
-    family: str
-    source: str
-    request: PlanRequest
-    candidates: list[Candidate]
-    overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
-    full_every: int | None = None  # every n-th decoder layer fully recomputed (published_runs.layer_checkpoint_every)
-
-
-def evaluate(model: CostModel, case: Case, cand: Candidate):
-    """model.evaluate(cand), with every case.full_every-th layer of each virtual stage fully recomputed."""
-    if not case.full_every:
-        return model.evaluate(cand)
-    stages = cand.pp * cand.vpp
-    per_stage = case.request.model.num_layers // stages
-    return model.evaluate(cand, full_recompute_layers=(per_stage // case.full_every,) * stages)
-
-
-def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = ()) -> Case | None:
-    """The run converted; `overrides` ({stack: {CostOptions field: value}}) switches a stack's profile facts off
-    for every run of that stack (accuracy_views.ABLATIONS)."""
-    stack = P.stack_of(run)
-    spec, topo = P.model_spec(run), P.topology(run)
-    request = PlanRequest(model=spec, topology=topo, gpus=run["parallel"]["num_gpus"], global_batch_size=P.global_batch(run),
-                          seq_len=spec.seq_len, precision=P.precision_of(run),
-                          framework=P.profile_of(run, stack))
-    s = P.settings(run, stack, off)
-    keys = list(s.choices)
-    candidates = []
-    for values in itertools.product(*(s.choices[k] for k in keys)):
-        f = dict(s.fixed, **dict(zip(keys, values)))
-        if f["schedule"] != "interleaved":
-            f["vpp"] = 1
-        elif f["vpp"] in (None, 1) or ("vpp" in s.choices and spec.num_layers % (f["pp"] * f["vpp"])):
-            continue  # an unsaid vpp: equal chunks only; a published one: the stack's split rule (validity_reasons)
-        per_step = f["dp"] * f["microbatch_size"]
-        if request.global_batch_size % per_step:
-            continue
-        cand = Candidate(num_microbatches=request.global_batch_size // per_step, **f)
-        if cand not in candidates:
-            candidates.append(cand)
-    flavours = P.cp_flavour_of(run, stack, off)
-    fixed = {"cp_flavours": flavours} if flavours else {}
-    return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
-                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every)
-
-
-def options(case: Case, request: PlanRequest | None = None):
-    """The stack's CostOptions (its profile, planner.cost.stack) with the case's overrides applied."""
-    request = request or case.request
-    return dataclasses.replace(options_for(request.framework, request.precision), **case.overrides)
-
-
-def cost_model(case: Case, ceiling: float | None, overhead: float | None = None) -> CostModel:
-    """The run's CostModel with the shipped calibration, or a GEMM ceiling and per-step loop overhead given."""
-    cal = device_calibration(case.request.topology.device, framework=case.stack)
-    if ceiling is not None:
-        cal = dataclasses.replace(cal, matmul_ceiling_fraction=ceiling)
-    return CostModel(case.request, calibration=cal, step_overhead=overhead, options=options(case))
-
-
-def choose(case: Case, ceiling: float | None = None, overhead: float | None = None):
-    """(candidate, evaluation) of the unsaid-settings rule: the fastest that fits; if none fits, the fastest (a
-    per-step constant does not change the choice)."""
-    model = cost_model(case, ceiling, overhead)
-    best = None
-    for cand in case.candidates:
-        if model.validity_reasons(cand):
-            continue
-        ev = evaluate(model, case, cand)
-        key = (not ev.fits, ev.step_time_s)
-        if best is None or key < best[0]:
-            best = (key, cand, ev)
-    return (best[1], best[2]) if best else (None, None)
-
-
-def measured(case: Case, cand: Candidate, ev) -> tuple[float, str] | None:
-    model_flops = ev.model_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
-    hw_flops = ev.hardware_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
-    return P.measured_step_s(case.run, model_flops, hw_flops, peak_tflops(case.request.topology.device, "bf16"))
-
-
-def naive_step_s(case: Case) -> float:
-    """6 * P * tokens / (GPUs * 0.5 * bf16 peak), P the active parameters: the estimate every planner should beat."""
-    params = counting.active_params(case.request.model)
-    tokens = case.request.global_batch_size * case.request.seq_len
-    return 6 * params * tokens / (case.request.gpus * 0.5 * peak_tflops(case.request.topology.device, "bf16") * 1e12)
-
-
-def evaluate_case(case: Case, ceiling: float | None = None, overhead: float | None = None) -> dict | None:
-    cand, ev = choose(case, ceiling, overhead)
-    if cand is None:
-        return None
-    meas = measured(case, cand, ev)
-    if meas is None:
-        return None
-    step, basis = meas
-    return dict(run=case.run["id"], source=case.source, stack=case.stack, family=case.family, cand=cand, full_every=case.full_every,
-                predicted_s=ev.step_time_s, measured_s=step, basis=basis, error=ev.step_time_s / step - 1, fits=ev.fits,
-                peak_gib=ev.peak_bytes / 2**30, why="; ".join(ev.reasons)[:160])
-
-
-def implied(case: Case, row: dict, overhead: float | None = None) -> float:
-    """The GEMM ceiling at which the model (with the per-step loop overhead given, else the shipped one)
-    reproduces the run's measured step time (its chosen settings)."""
-    cand = row["cand"]
-
-    def tflops(c: float) -> float:
-        return 1.0 / evaluate(cost_model(case, c, overhead), case, cand).step_time_s
-
-    return implied_ceiling(tflops, 1.0 / row["measured_s"])
-
-
-def derive(rows: list[dict], ceilings: dict[str, float], *, without_source: str | None = None) -> dict[tuple[str, str], float]:
-    """Median implied ceiling per (device family, stack), and per (family, '*') over all stacks of the family.
-    A run whose implied ceiling reaches the search bound (SATURATED: the model is slower than the run even with
-    GEMMs at peak, so its step is not GEMM-limited in the model) says nothing about the GEMM rate and is left out."""
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r in rows:
-        if r["source"] == without_source or ceilings[r["run"]] >= SATURATED:
-            continue
-        groups[(r["family"], r["stack"])].append(ceilings[r["run"]])
-        groups[(r["family"], "*")].append(ceilings[r["run"]])
-    return {k: statistics.median(v) for k, v in groups.items()}
-
-
-def lookup(derived: dict, family: str, stack: str) -> float | None:
-    return derived.get((family, stack), derived.get((family, "*")))
-
-
-def read_runs(path: Path) -> list[dict]:
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    return raw["runs"] if isinstance(raw, dict) else raw
 
 
 def load(path: Path, only: str | None = None, overrides: dict | None = None, without_source: str | None = None,
@@ -219,38 +75,6 @@ def load(path: Path, only: str | None = None, overrides: dict | None = None, wit
         except Exception as error:  # noqa: BLE001 - a run the conversion cannot express is reported, not fatal
             skipped.append((run["id"], f"no valid candidate (conversion failed: {type(error).__name__}: {error})"[:200]))
     return cases, skipped
-
-
-class Overheads:
-    """The per-step loop overhead (calibration.yaml `loop`) derived jointly with the GEMM ceilings: for each value
-    of STEP_OVERHEAD_GRID_S, every run's implied ceiling under it, the ceilings derived from them (derive), and the
-    runs' errors at their cell's ceiling; the value with the least median |error| wins. `without` leaves one
-    source out of all of it (its leave-one-source-out value). A per-step constant does not move the unsaid-settings
-    choice, so a prediction under overhead o is the one under 0 plus o."""
-
-    def __init__(self, rows: list[dict], by_id: dict[str, Case]):
-        self.rows, self.by_id = rows, by_id
-        self._ceilings: dict[float, dict[str, float]] = {}
-        self._base: dict[tuple[str, float | None], float] = {}
-
-    def ceilings(self, overhead: float) -> dict[str, float]:
-        if overhead not in self._ceilings:
-            self._ceilings[overhead] = {r["run"]: implied(self.by_id[r["run"]], r, overhead) for r in self.rows}
-        return self._ceilings[overhead]
-
-    def predicted(self, run: str, ceiling: float | None, overhead: float) -> float:
-        key = (run, ceiling)
-        if key not in self._base:
-            self._base[key] = evaluate_case(self.by_id[run], ceiling, 0.0)["predicted_s"]
-        return self._base[key] + overhead
-
-    def errors(self, overhead: float, without: str | None = None) -> dict[str, float]:
-        derived = derive(self.rows, self.ceilings(overhead), without_source=without)
-        return {r["run"]: self.predicted(r["run"], lookup(derived, r["family"], r["stack"]), overhead) / r["measured_s"] - 1
-                for r in self.rows if r["source"] != without}
-
-    def best(self, without: str | None = None) -> float:
-        return min(STEP_OVERHEAD_GRID_S, key=lambda o: (statistics.median(abs(e) for e in self.errors(o, without).values()), o))
 
 
 def run_all(path: Path = RUNS_FILE, only: str | None = None, *, overrides: dict | None = None,
@@ -369,23 +193,6 @@ def llm_analysis_line(rows: list[dict]) -> str:
             f"naive: {summary([r['naive_error'] for r in same])}")
 
 
-def published_oom(run_id: str, gpus: int, microbatch_size: int,
-                  path: Path = RUNS_FILE) -> tuple[Evaluation, Evaluation, int]:
-    """(evaluation at `gpus` and `microbatch_size`, evaluation of the run itself, the run's GPU count): the run's
-    chosen settings moved to `gpus` GPUs and that micro-batch size, the number of micro-batches kept, as the source
-    describes its out-of-memory configuration."""
-    run = next(r for r in read_runs(path) if r["id"] == run_id)
-    case = build_case(run)
-    cand, ev = choose(case)
-    per_gpu = case.request.global_batch_size // case.request.gpus * microbatch_size // cand.microbatch_size
-    topology = case.request.topology.model_copy(update={"num_nodes": -(-gpus // case.request.topology.gpus_per_node)})
-    request = case.request.model_copy(update={"gpus": gpus, "global_batch_size": per_gpu * gpus, "topology": topology})
-    scale = gpus / case.request.gpus
-    failed = evaluate(CostModel(request, calibration=cost_model(case, None).cal, options=options(case, request)), case,
-                      dataclasses.replace(cand, dp=int(cand.dp * scale), microbatch_size=microbatch_size))
-    return failed, ev, case.request.gpus
-
-
 def published_oom_line(run_id: str, gpus: int, microbatch_size: int, quote: str, path: Path = RUNS_FILE) -> str:
     """Whether the model flags a published out-of-memory configuration (published_oom)."""
     failed, ev, run_gpus = published_oom(run_id, gpus, microbatch_size, path)
@@ -416,82 +223,6 @@ def ranking_pairs(rows: list[dict], key: str = "loso_error", tie: float = 0.02) 
             total += 1
             right += (pred_a < pred_b) == (meas_a < meas_b)
     return right, total
-
-
-def error_bands(rows: list[dict], quantile: float = 0.9) -> dict[tuple[str, str], float]:
-    """Per (family, stack) and (family, '*'): the `quantile` of |leave-one-source-out error| of its runs (the band a
-    prediction carries: planner.cost.notes.model_notes)."""
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r in rows:
-        if r["loso_error"] == r["loso_error"]:
-            groups[(r["family"], r["stack"])].append(abs(r["loso_error"]))
-            groups[(r["family"], "*")].append(abs(r["loso_error"]))
-    return {k: sorted(v)[min(len(v) - 1, int(quantile * len(v)))] for k, v in groups.items()}
-
-
-def ranking_bands(rows: list[dict]) -> dict[tuple[str, str], float]:
-    """Per (family, stack) and (family, '*'): the median over its runs of |(1 + e) / m - 1|, e a run's
-    leave-one-source-out error and m the median (1 + e) of the run's source (sources with >= 2 runs). The error a
-    source's runs share (its cluster, its software version) cancels when two plans of one request are compared;
-    what is left is how far the model's error moves between configurations: the ranking band of
-    planner.search.practice (two plans closer than this are not told apart)."""
-    by_source: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        if r["loso_error"] == r["loso_error"]:
-            by_source[r["source"]].append(r)
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for runs in by_source.values():
-        if len(runs) < 2:
-            continue
-        middle = statistics.median(1 + r["loso_error"] for r in runs)
-        for r in runs:
-            moved = abs((1 + r["loso_error"]) / middle - 1)
-            groups[(r["family"], r["stack"])].append(moved)
-            groups[(r["family"], "*")].append(moved)
-    return {k: statistics.median(v) for k, v in groups.items()}
-
-
-def _replace_map(line: str, key: str, family: str | None, values: dict[tuple[str, str], float] | None) -> str:
-    """`key: {stack: value, ...}` of one family, from `values` (unchanged when there are none)."""
-    if not values or family is None or not line.strip().startswith(f"{key}:"):
-        return line
-    cells = {s: v for (f, s), v in sorted(values.items()) if f == family and s != "*"}
-    return line[: line.index(f"{key}:")] + f"{key}: {{" + ", ".join(f"{s}: {v:.3f}" for s, v in cells.items()) + "}"
-
-
-def _replace_derived(line: str, key: str, family: str | None, values: dict[tuple[str, str], float] | None) -> str:
-    """`key: x  # derived` with the family's value over all stacks (unchanged when there is none)."""
-    if not values or (family, "*") not in values or not (line.strip().startswith(f"{key}:") and line.endswith("# derived")):
-        return line
-    return line[: line.index(f"{key}:")] + f"{key}: {values[(family, '*')]:.3f}  # derived"
-
-
-def write_ceilings(derived: dict[tuple[str, str], float], path: Path = CALIBRATION_FILE,
-                   bands: dict[tuple[str, str], float] | None = None,
-                   ranking: dict[tuple[str, str], float] | None = None, overhead: float | None = None) -> str:
-    """Rewrite each family's `stack_ceilings:` line of calibration.yaml with the derived medians (rounded to 3
-    places), and a `matmul_ceiling_fraction: x  # derived` line with the family's median over all stacks; returns
-    the new text. The chosen unsaid settings depend on the ceilings, so `--derive` repeats this
-    until the values stop changing."""
-    text, family = path.read_text(encoding="utf-8"), None
-    out = []
-    for line in text.splitlines():
-        if line.strip().startswith("- family:"):
-            family = line.split(":", 1)[1].strip()
-        line = _replace_derived(line, "matmul_ceiling_fraction", family, derived)
-        line = _replace_map(line, "stack_ceilings", family, derived)
-        line = _replace_map(line, "stack_error_bands", family, bands)
-        line = _replace_derived(line, "error_band", family, bands)
-        line = _replace_map(line, "stack_ranking_bands", family, ranking)
-        line = _replace_derived(line, "ranking_band", family, ranking)
-        if overhead is not None and line.strip().startswith("step_overhead_s:") and line.endswith("# derived"):
-            line = line[: line.index("step_overhead_s:")] + f"step_overhead_s: {overhead:.3f}  # derived"
-        out.append(line)
-    new = "\n".join(out) + "\n"
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(new, encoding="utf-8")
-    partial.replace(path)  # atomic: a reader sees the old file or the new one
-    return new
 
 
 def derive_fixed_point(path: Path, rounds: int = 4) -> dict:

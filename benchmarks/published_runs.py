@@ -43,6 +43,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   step time (`measured_step_s`);
 - skipped (`skip_reason`): no node preset for the GPU, no parallel configuration, no throughput, or a throughput
   published only as an upper bound ("up to"), which no step time equals; an unsaid dp is GPUs / (tp pp cp).
+The cluster and GPU rules live in benchmarks/published_hardware.py, the architecture, precision, sequence-length
+and batch rules in benchmarks/published_model.py; this module re-exports them as the conversion's one interface.
 """
 
 from __future__ import annotations
@@ -51,11 +53,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from published_hardware import (  # noqa: F401 - read off this module by accuracy.py and the tests
+    device_family, device_of, topology, topology_preset, variant_refusal)
+from published_model import (  # noqa: F401 - idem
+    activation_of, global_batch, implied_tflops, model_spec, precision_of, seq_len_of)
+
 from planner.frameworks import load_framework
-from planner.models import list_presets, load_preset
-from planner.schemas.model import MLASpec, MoESpec, ModelSpec
-from planner.schemas.topology import Topology
-from planner.topology import load_topology
 
 # Ordered: the first pattern found in training.framework (lower case) names the stack.
 STACK_RULES = (
@@ -70,8 +73,6 @@ STACK_RULES = (
 )
 DEFAULT_STACK = "megatron-core"  # a stack without a profile: the best-documented optimised stack
 MEGATRON_CORE_YEAR = 2023  # Megatron-LM's training loop on Megatron-Core (core_r0.1+, flash attention) from 2023
-ACHIEVED_NIC_FRACTION = 23.0 / 25.0  # dgx-a100-80g preset: 23 GB/s achieved of HDR 25 GB/s line rate
-GPT_VOCAB = 51200
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16)
 VPP_CHOICES = (2, 3, 4, 6, 8)
 
@@ -114,16 +115,6 @@ def source_year(run: dict) -> int | None:
     return int(years[-1]) if years else None
 
 
-def device_family(run: dict) -> str:
-    """The calibration family (planner/cost/calibration.yaml `match`) of the run's GPU."""
-    gpu = run["hardware"]["gpu_model"]
-    for family, pattern in (("hopper", r"H100|H800|H200"), ("ampere", r"A100|A800"), ("blackwell", r"B200|B100"),
-                            ("cdna3", r"MI300|MI325")):
-        if re.search(pattern, gpu):
-            return family
-    return "other"
-
-
 def source_of(run: dict) -> str:
     return run["source"]["title"].split(" (")[0][:48]
 
@@ -134,177 +125,6 @@ def zero_of(run: dict) -> int | None:
     if isinstance(zero, str):
         return 3 if re.search(r"fsdp|zero-3", zero.lower()) else int(re.findall(r"\d", zero)[0])
     return zero
-
-
-def activation_of(text: str | None) -> str:
-    """The activation named by the run: gated (`*glu`: SwiGLU, GeGLU), ReLU variants (squared ReLU too), else GeLU
-    (FastGELU, unsaid: the GPT-3 convention)."""
-    t = (text or "gelu").lower().replace("-", "").replace(" ", "")
-    if "glu" in t:
-        return "geglu" if "geglu" in t else "swiglu"
-    return "relu" if "relu" in t else "gelu"
-
-
-def _moe_spec(moe: dict) -> MoESpec:
-    """The run's MoE block, whatever spelling of the usual fields it uses."""
-    def pick(*keys, default=None):
-        return next((moe[k] for k in keys if moe.get(k) is not None), default)
-
-    return MoESpec(num_experts=pick("num_routed_experts", "num_experts", "experts"), top_k=pick("top_k", "topk", default=2),
-                   expert_ffn_hidden_size=pick("expert_ffn_hidden", "expert_ffn_hidden_size", "ffn_hidden"),
-                   num_shared_experts=pick("shared_experts", "num_shared_experts", default=0),
-                   first_k_dense=pick("dense_layers_first", "first_k_dense", default=0))
-
-
-def model_spec(run: dict) -> ModelSpec:
-    m = run["model"]
-    activation = activation_of(m.get("activation"))
-    gated = activation in ("swiglu", "geglu")
-    position = (m.get("position") or "learned").lower()
-    position = "rope" if gated or "rot" in position or "rope" in position else "alibi" if "alibi" in position else "learned"
-    ffn = m.get("ffn_hidden")
-    if ffn is None and m.get("moe") and m["moe"].get("expert_ffn_hidden"):
-        ffn = m["moe"]["expert_ffn_hidden"]
-    fields = dict(
-        name=run["id"], num_layers=m["num_layers"], hidden_size=m["hidden"], num_attention_heads=m["num_heads"],
-        ffn_hidden_size=ffn or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
-        vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=seq_len_of(run), activation=activation,
-        norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
-        dropout=False if gated else None,  # Llama convention: no dropout; GPT-3-style: the stack's default
-    )
-    if m["hidden"] % m["num_heads"]:
-        fields["head_dim"] = m.get("head_dim") or m["hidden"] // m["num_heads"]
-    if m.get("moe"):
-        fields["moe"] = _moe_spec(m["moe"])
-    if m.get("mla"):
-        keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-        fields["mla"] = MLASpec(**{k: m["mla"].get(k) for k in keys})
-    return ModelSpec(**fields)
-
-
-# The shipped node preset of a GPU, first match of the (lower-case) gpu_model text; None: no preset describes it.
-# H20: the Hopper die in an H100 node, at its own stated memory and peak (device_of), refused without them.
-TOPOLOGY_RULES = (("gb200", "gb200-nvl72"), ("b200", "dgx-b200"), ("h200", "hgx-h200"), ("h800", "hgx-h800"),
-                  ("h100", "dgx-h100"), ("h20", "dgx-h100"), ("a100", "dgx-a100-80g"), ("a800", "dgx-a100-80g"),
-                  ("mi300", "mi300x-8"))
-
-
-def topology_preset(run: dict) -> str | None:
-    hw = run["hardware"]
-    gpu = hw["gpu_model"].lower()
-    preset = next((p for key, p in TOPOLOGY_RULES if re.search(rf"\b{key}\b", gpu) or key in gpu and key != "h20"), None)
-    if preset == "dgx-a100-80g" and (hw.get("gpu_memory_gib") == 40 or "40gb" in gpu.replace(" ", "")):
-        preset = "dgx-a100-40g"
-    return preset
-
-
-PRESET_BOARD_POWER_W = {"dgx-h100": 700, "hgx-h800": 700, "hgx-h200": 700, "dgx-a100-80g": 400, "dgx-a100-40g": 400}
-
-
-def stated_power_w(run: dict) -> int | None:
-    found = re.search(r"(\d{3,4})\s*w\b", run["hardware"]["gpu_model"].lower())
-    return int(found.group(1)) if found else None
-
-
-def variant_refusal(run: dict) -> str | None:
-    """Why a GPU variant cannot be expressed: a power cap below the preset's board power, or an H20, without a
-    stated peak (None: expressible)."""
-    hw, preset = run["hardware"], topology_preset(run)
-    if hw.get("peak_tflops_bf16_fp16_dense"):
-        return None
-    power = stated_power_w(run)
-    if power and power < PRESET_BOARD_POWER_W.get(preset, 0):
-        return f"GPU at {power} W (below the {PRESET_BOARD_POWER_W[preset]} W part): no source states its peak"
-    if re.search(r"\bh20\b", hw["gpu_model"].lower()):
-        return "H20: its peak differs from every preset's and the source states none"
-    return None
-
-
-def device_of(run: dict):
-    """The preset's device with the run's stated memory and bf16 peak where they differ (device_of rule)."""
-    hw = run["hardware"]
-    device = load_topology(topology_preset(run)).device
-    update = {}
-    gib = hw.get("gpu_memory_gib")
-    if gib and abs(gib * 2**30 - device.memory_bytes) > 2 * 2**30:
-        update["memory_bytes"] = int(gib * 2**30)
-    peak = hw.get("peak_tflops_bf16_fp16_dense")
-    if peak and abs(peak / device.peak_bf16_tflops - 1) > 0.02:
-        ratio = peak / device.peak_bf16_tflops
-        update.update(peak_bf16_tflops=float(peak), peak_fp16_tflops=float(peak),
-                      peak_fp8_tflops=float(hw.get("peak_tflops_fp8_dense") or (device.peak_fp8_tflops or 0) * ratio) or None)
-    if update:
-        update["name"] = f"{device.name} as {hw['gpu_model']}"[:80]
-    return device.model_copy(update=update) if update else device
-
-
-def topology(run: dict) -> Topology:
-    hw = run["hardware"]
-    gpus = run["parallel"]["num_gpus"]
-    topo = load_topology(topology_preset(run), nodes=max(1, math.ceil(gpus / (hw.get("gpus_per_node") or 8))))
-    topo = topo.model_copy(update={"device": device_of(run)})
-    inter = topo.inter_node.model_dump()
-    if hw.get("inter_node_nics_per_node"):
-        inter["nics_per_node"] = hw["inter_node_nics_per_node"]
-    if hw.get("inter_node_nic_Gbps"):
-        inter["nic_bandwidth_GBps"] = hw["inter_node_nic_Gbps"] / 8 * ACHIEVED_NIC_FRACTION
-    return topo.model_copy(update={"inter_node": type(topo.inter_node)(**inter)})
-
-
-NEGATED_FP8 = re.compile(r"\b(?:not|no|without|non)\b[\w\s-]{0,30}?fp8")
-NAMED_PRECISION = re.compile(r"fp8|bf16|bfloat16|fp16|float16|half|fp32|float32|tf32|mixed")
-
-
-def precision_of(run: dict) -> str:
-    """fp8 where the text says so (not negated), or where a text naming no precision states a throughput above
-    the bf16 peak; else bf16: every stack here runs its own 16-bit mixed precision (fp32 master weights in the
-    optimizer, 16-bit GEMMs and gathers); amp-bf16 is the planner's HuggingFace-eager recipe, whose per-parameter
-    cast cache FSDP's mixed precision does not keep (fp16 runs at the bf16 tensor-core rate)."""
-    text = (run["training"].get("precision") or "").lower()
-    if "fp8" in text:
-        return "bf16" if NEGATED_FP8.search(text) else "fp8"
-    if not NAMED_PRECISION.search(text) and implied_tflops(run) > device_of(run).peak_bf16_tflops:
-        return "fp8"
-    return "bf16"
-
-
-def implied_tflops(run: dict) -> float:
-    """The TFLOP/s per GPU a run's stated throughput implies: the stated TFLOP/s, else 6 x active parameters x
-    tokens/s per GPU (the least a training step computes per token); 0 when neither is stated."""
-    res, gpus = run["results"], run["parallel"].get("num_gpus") or 1
-    if res.get("tflops_per_gpu"):
-        return float(res["tflops_per_gpu"])
-    per_gpu = res.get("tokens_per_s_per_gpu") or (res["tokens_per_s"] / gpus if res.get("tokens_per_s") else 0)
-    if not per_gpu or seq_len_of(run) is None:
-        return 0.0
-    from planner.models import counting
-
-    return 6 * counting.active_params(model_spec(run)) * per_gpu / 1e12
-
-
-def seq_len_of(run: dict) -> int | None:
-    """The stated sequence length, else the named model's default (the shipped preset whose name the run's model
-    text contains: its seq_len is the model's max_position_embeddings), else None."""
-    m = run["model"]
-    if m.get("seq_len"):
-        return int(m["seq_len"])
-    text = re.sub(r"[^a-z0-9]", "", " ".join(str(m.get(k) or "") for k in ("name", "family")).lower()
-                  + (f"{m['params_b']:g}b" if m.get("params_b") else ""))
-    for name in list_presets():
-        if re.sub(r"[^a-z0-9]", "", name) in text:
-            return int(load_preset(name).seq_len)
-    return None
-
-
-def global_batch(run: dict) -> int:
-    train = run["training"]
-    if train.get("global_batch_seqs"):
-        return int(train["global_batch_seqs"])
-    tokens, dp = train.get("global_batch_tokens"), run["parallel"].get("dp") or 1
-    if isinstance(tokens, str):  # e.g. "2M tokens", a rounded figure: binary millions, to a multiple of dp
-        tokens = float(re.findall(r"[\d.]+", tokens)[0]) * 2**20
-        return max(dp, round(tokens / seq_len_of(run) / dp) * dp)
-    return max(1, round(tokens / seq_len_of(run)))
 
 
 @dataclass(frozen=True)

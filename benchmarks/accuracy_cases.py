@@ -1,0 +1,165 @@
+"""One published run converted and evaluated (benchmarks/accuracy.py): the run's request and the candidates its
+unsaid settings allow (benchmarks/published_runs.py), the unsaid-settings rule (the fastest that fits), the measured
+step time, the naive 6PT estimate, the GEMM ceiling implied by the measurement, and a published out-of-memory
+configuration re-evaluated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import published_runs as P
+
+from planner.cost.calibration import device_calibration
+from planner.cost.compute import peak_tflops
+from planner.cost.derivation import implied_ceiling
+from planner.cost.evaluate import Evaluation
+from planner.cost.model import Candidate, CostModel
+from planner.cost.stack import options_for
+from planner.models import counting
+from planner.schemas.plan import PlanRequest
+
+RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
+
+
+@dataclasses.dataclass
+class Case:
+    """One run converted: its request, the candidates its unsaid settings allow, and what it measured."""
+
+    run: dict
+    stack: str
+    family: str
+    source: str
+    request: PlanRequest
+    candidates: list[Candidate]
+    overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
+    full_every: int | None = None  # every n-th decoder layer fully recomputed (published_runs.layer_checkpoint_every)
+
+
+def read_runs(path: Path) -> list[dict]:
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return raw["runs"] if isinstance(raw, dict) else raw
+
+
+def evaluate(model: CostModel, case: Case, cand: Candidate):
+    """model.evaluate(cand), with every case.full_every-th layer of each virtual stage fully recomputed."""
+    if not case.full_every:
+        return model.evaluate(cand)
+    stages = cand.pp * cand.vpp
+    per_stage = case.request.model.num_layers // stages
+    return model.evaluate(cand, full_recompute_layers=(per_stage // case.full_every,) * stages)
+
+
+def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = ()) -> Case | None:
+    """The run converted; `overrides` ({stack: {CostOptions field: value}}) switches a stack's profile facts off
+    for every run of that stack (accuracy_views.ABLATIONS)."""
+    stack = P.stack_of(run)
+    spec, topo = P.model_spec(run), P.topology(run)
+    request = PlanRequest(model=spec, topology=topo, gpus=run["parallel"]["num_gpus"], global_batch_size=P.global_batch(run),
+                          seq_len=spec.seq_len, precision=P.precision_of(run),
+                          framework=P.profile_of(run, stack))
+    s = P.settings(run, stack, off)
+    keys = list(s.choices)
+    candidates = []
+    for values in itertools.product(*(s.choices[k] for k in keys)):
+        f = dict(s.fixed, **dict(zip(keys, values)))
+        if f["schedule"] != "interleaved":
+            f["vpp"] = 1
+        elif f["vpp"] in (None, 1) or ("vpp" in s.choices and spec.num_layers % (f["pp"] * f["vpp"])):
+            continue  # an unsaid vpp: equal chunks only; a published one: the stack's split rule (validity_reasons)
+        per_step = f["dp"] * f["microbatch_size"]
+        if request.global_batch_size % per_step:
+            continue
+        cand = Candidate(num_microbatches=request.global_batch_size // per_step, **f)
+        if cand not in candidates:
+            candidates.append(cand)
+    flavours = P.cp_flavour_of(run, stack, off)
+    fixed = {"cp_flavours": flavours} if flavours else {}
+    return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
+                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every)
+
+
+def options(case: Case, request: PlanRequest | None = None):
+    """The stack's CostOptions (its profile, planner.cost.stack) with the case's overrides applied."""
+    request = request or case.request
+    return dataclasses.replace(options_for(request.framework, request.precision), **case.overrides)
+
+
+def cost_model(case: Case, ceiling: float | None, overhead: float | None = None) -> CostModel:
+    """The run's CostModel with the shipped calibration, or a GEMM ceiling and per-step loop overhead given."""
+    cal = device_calibration(case.request.topology.device, framework=case.stack)
+    if ceiling is not None:
+        cal = dataclasses.replace(cal, matmul_ceiling_fraction=ceiling)
+    return CostModel(case.request, calibration=cal, step_overhead=overhead, options=options(case))
+
+
+def choose(case: Case, ceiling: float | None = None, overhead: float | None = None):
+    """(candidate, evaluation) of the unsaid-settings rule: the fastest that fits; if none fits, the fastest (a
+    per-step constant does not change the choice)."""
+    model = cost_model(case, ceiling, overhead)
+    best = None
+    for cand in case.candidates:
+        if model.validity_reasons(cand):
+            continue
+        ev = evaluate(model, case, cand)
+        key = (not ev.fits, ev.step_time_s)
+        if best is None or key < best[0]:
+            best = (key, cand, ev)
+    return (best[1], best[2]) if best else (None, None)
+
+
+def measured(case: Case, cand: Candidate, ev) -> tuple[float, str] | None:
+    model_flops = ev.model_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
+    hw_flops = ev.hardware_tflops_per_gpu * 1e12 * ev.step_time_s * cand.world_size
+    return P.measured_step_s(case.run, model_flops, hw_flops, peak_tflops(case.request.topology.device, "bf16"))
+
+
+def naive_step_s(case: Case) -> float:
+    """6 * P * tokens / (GPUs * 0.5 * bf16 peak), P the active parameters: the estimate every planner should beat."""
+    params = counting.active_params(case.request.model)
+    tokens = case.request.global_batch_size * case.request.seq_len
+    return 6 * params * tokens / (case.request.gpus * 0.5 * peak_tflops(case.request.topology.device, "bf16") * 1e12)
+
+
+def evaluate_case(case: Case, ceiling: float | None = None, overhead: float | None = None) -> dict | None:
+    cand, ev = choose(case, ceiling, overhead)
+    if cand is None:
+        return None
+    meas = measured(case, cand, ev)
+    if meas is None:
+        return None
+    step, basis = meas
+    return dict(run=case.run["id"], source=case.source, stack=case.stack, family=case.family, cand=cand, full_every=case.full_every,
+                predicted_s=ev.step_time_s, measured_s=step, basis=basis, error=ev.step_time_s / step - 1, fits=ev.fits,
+                peak_gib=ev.peak_bytes / 2**30, why="; ".join(ev.reasons)[:160])
+
+
+def implied(case: Case, row: dict, overhead: float | None = None) -> float:
+    """The GEMM ceiling at which the model (with the per-step loop overhead given, else the shipped one)
+    reproduces the run's measured step time (its chosen settings)."""
+    cand = row["cand"]
+
+    def tflops(c: float) -> float:
+        return 1.0 / evaluate(cost_model(case, c, overhead), case, cand).step_time_s
+
+    return implied_ceiling(tflops, 1.0 / row["measured_s"])
+
+
+def published_oom(run_id: str, gpus: int, microbatch_size: int,
+                  path: Path = RUNS_FILE) -> tuple[Evaluation, Evaluation, int]:
+    """(evaluation at `gpus` and `microbatch_size`, evaluation of the run itself, the run's GPU count): the run's
+    chosen settings moved to `gpus` GPUs and that micro-batch size, the number of micro-batches kept, as the source
+    describes its out-of-memory configuration."""
+    run = next(r for r in read_runs(path) if r["id"] == run_id)
+    case = build_case(run)
+    cand, ev = choose(case)
+    per_gpu = case.request.global_batch_size // case.request.gpus * microbatch_size // cand.microbatch_size
+    topology = case.request.topology.model_copy(update={"num_nodes": -(-gpus // case.request.topology.gpus_per_node)})
+    request = case.request.model_copy(update={"gpus": gpus, "global_batch_size": per_gpu * gpus, "topology": topology})
+    scale = gpus / case.request.gpus
+    failed = evaluate(CostModel(request, calibration=cost_model(case, None).cal, options=options(case, request)), case,
+                      dataclasses.replace(cand, dp=int(cand.dp * scale), microbatch_size=microbatch_size))
+    return failed, ev, case.request.gpus

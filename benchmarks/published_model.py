@@ -1,0 +1,119 @@
+"""The model a published run trained and the numbers its source states (benchmarks/published_runs.py, its rules
+`architecture`, `precision` and `sequence length`): the ModelSpec, the precision (negation, fp8 implied by a
+throughput above the bf16 peak), the TFLOP/s a stated throughput implies, the sequence length and global batch.
+"""
+
+from __future__ import annotations
+
+import re
+
+from published_hardware import device_of
+
+from planner.models import list_presets, load_preset
+from planner.schemas.model import MLASpec, MoESpec, ModelSpec
+
+GPT_VOCAB = 51200
+
+
+def activation_of(text: str | None) -> str:
+    """The activation named by the run: gated (`*glu`: SwiGLU, GeGLU), ReLU variants (squared ReLU too), else GeLU
+    (FastGELU, unsaid: the GPT-3 convention)."""
+    t = (text or "gelu").lower().replace("-", "").replace(" ", "")
+    if "glu" in t:
+        return "geglu" if "geglu" in t else "swiglu"
+    return "relu" if "relu" in t else "gelu"
+
+
+def _moe_spec(moe: dict) -> MoESpec:
+    """The run's MoE block, whatever spelling of the usual fields it uses."""
+    def pick(*keys, default=None):
+        return next((moe[k] for k in keys if moe.get(k) is not None), default)
+
+    return MoESpec(num_experts=pick("num_routed_experts", "num_experts", "experts"), top_k=pick("top_k", "topk", default=2),
+                   expert_ffn_hidden_size=pick("expert_ffn_hidden", "expert_ffn_hidden_size", "ffn_hidden"),
+                   num_shared_experts=pick("shared_experts", "num_shared_experts", default=0),
+                   first_k_dense=pick("dense_layers_first", "first_k_dense", default=0))
+
+
+def model_spec(run: dict) -> ModelSpec:
+    m = run["model"]
+    activation = activation_of(m.get("activation"))
+    gated = activation in ("swiglu", "geglu")
+    position = (m.get("position") or "learned").lower()
+    position = "rope" if gated or "rot" in position or "rope" in position else "alibi" if "alibi" in position else "learned"
+    ffn = m.get("ffn_hidden")
+    if ffn is None and m.get("moe") and m["moe"].get("expert_ffn_hidden"):
+        ffn = m["moe"]["expert_ffn_hidden"]
+    fields = dict(
+        name=run["id"], num_layers=m["num_layers"], hidden_size=m["hidden"], num_attention_heads=m["num_heads"],
+        ffn_hidden_size=ffn or 4 * m["hidden"], num_kv_heads=m.get("num_kv_heads"),
+        vocab_size=m.get("vocab") or GPT_VOCAB, seq_len=seq_len_of(run), activation=activation,
+        norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
+        dropout=False if gated else None,  # Llama convention: no dropout; GPT-3-style: the stack's default
+    )
+    if m["hidden"] % m["num_heads"]:
+        fields["head_dim"] = m.get("head_dim") or m["hidden"] // m["num_heads"]
+    if m.get("moe"):
+        fields["moe"] = _moe_spec(m["moe"])
+    if m.get("mla"):
+        keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        fields["mla"] = MLASpec(**{k: m["mla"].get(k) for k in keys})
+    return ModelSpec(**fields)
+
+
+NEGATED_FP8 = re.compile(r"\b(?:not|no|without|non)\b[\w\s-]{0,30}?fp8")
+
+
+NAMED_PRECISION = re.compile(r"fp8|bf16|bfloat16|fp16|float16|half|fp32|float32|tf32|mixed")
+
+
+def precision_of(run: dict) -> str:
+    """fp8 where the text says so (not negated), or where a text naming no precision states a throughput above
+    the bf16 peak; else bf16: every stack here runs its own 16-bit mixed precision (fp32 master weights in the
+    optimizer, 16-bit GEMMs and gathers); amp-bf16 is the planner's HuggingFace-eager recipe, whose per-parameter
+    cast cache FSDP's mixed precision does not keep (fp16 runs at the bf16 tensor-core rate)."""
+    text = (run["training"].get("precision") or "").lower()
+    if "fp8" in text:
+        return "bf16" if NEGATED_FP8.search(text) else "fp8"
+    if not NAMED_PRECISION.search(text) and implied_tflops(run) > device_of(run).peak_bf16_tflops:
+        return "fp8"
+    return "bf16"
+
+
+def implied_tflops(run: dict) -> float:
+    """The TFLOP/s per GPU a run's stated throughput implies: the stated TFLOP/s, else 6 x active parameters x
+    tokens/s per GPU (the least a training step computes per token); 0 when neither is stated."""
+    res, gpus = run["results"], run["parallel"].get("num_gpus") or 1
+    if res.get("tflops_per_gpu"):
+        return float(res["tflops_per_gpu"])
+    per_gpu = res.get("tokens_per_s_per_gpu") or (res["tokens_per_s"] / gpus if res.get("tokens_per_s") else 0)
+    if not per_gpu or seq_len_of(run) is None:
+        return 0.0
+    from planner.models import counting
+
+    return 6 * counting.active_params(model_spec(run)) * per_gpu / 1e12
+
+
+def seq_len_of(run: dict) -> int | None:
+    """The stated sequence length, else the named model's default (the shipped preset whose name the run's model
+    text contains: its seq_len is the model's max_position_embeddings), else None."""
+    m = run["model"]
+    if m.get("seq_len"):
+        return int(m["seq_len"])
+    text = re.sub(r"[^a-z0-9]", "", " ".join(str(m.get(k) or "") for k in ("name", "family")).lower()
+                  + (f"{m['params_b']:g}b" if m.get("params_b") else ""))
+    for name in list_presets():
+        if re.sub(r"[^a-z0-9]", "", name) in text:
+            return int(load_preset(name).seq_len)
+    return None
+
+
+def global_batch(run: dict) -> int:
+    train = run["training"]
+    if train.get("global_batch_seqs"):
+        return int(train["global_batch_seqs"])
+    tokens, dp = train.get("global_batch_tokens"), run["parallel"].get("dp") or 1
+    if isinstance(tokens, str):  # e.g. "2M tokens", a rounded figure: binary millions, to a multiple of dp
+        tokens = float(re.findall(r"[\d.]+", tokens)[0]) * 2**20
+        return max(dp, round(tokens / seq_len_of(run) / dp) * dp)
+    return max(1, round(tokens / seq_len_of(run)))
