@@ -13,9 +13,12 @@ since the dispatcher is a setting the plan chooses like any other):
 
 Overlap (behaviour.overlap): `moe_all_to_all` (batch-level: the dispatch/combine of one micro-batch runs under
 another micro-batch's layer compute: DeepSeek's DualPipe, Megatron-Core `--overlap-moe-expert-parallel-comm` with
-`--delay-wgrad-compute`, megatron/core/model_parallel_config.py) leaves max(0, comm - layer compute) exposed;
-`moe_shared_expert_overlap` (Megatron-Core `--moe-shared-expert-overlap`, transformer_config.py: the shared
-experts compute while the dispatcher communicates) leaves max(0, comm - shared-expert compute); else all exposed.
+`--delay-wgrad-compute`, megatron/core/model_parallel_config.py) leaves max(0, comm - layer compute) exposed, where
+the stack runs it for the layout (behaviour.overlap.moe_all_to_all_needs, batch_overlap_applies: Megatron-Core
+refuses it with pp > 1 and no virtual stages, any full recompute, fp32); `moe_shared_expert_overlap` (Megatron-Core
+`--moe-shared-expert-overlap`, transformer_config.py: the shared experts compute while the alltoall dispatcher
+communicates) leaves max(0, comm - shared-expert compute) where the batch-level one does not run; else all exposed.
+The Megatron export writes the flag of the overlap priced (planner.export.megatron.moe_overlap_args).
 
 Load: the slowest EP rank receives (1 + routing_skew) x the mean routed tokens (MoESpec.routing_skew, the
 request's; 0 = balanced, as no stack's load-balancing loss comes with a measured per-rank imbalance). With a
