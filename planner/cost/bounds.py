@@ -25,8 +25,7 @@ import numpy as np
 
 from planner.cost import autocast, comm, compute, mixers, p2p
 from planner.cost import layer_terms as T
-from planner.cost.arrays import (MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table,
-                                  moe_batch_overlap, rows_of, static_parts)
+from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table, rows_of, static_parts
 from planner.cost.evaluate import dp_exposed, dp_fits
 from planner.models import counting
 from planner.schedules import schedule as schedule_of
@@ -134,16 +133,6 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
     return _memo(model, key, lambda: layer_costs_with(model, cand, floor_links(model, cand),
                                                       overlap=model.options.moe_overlap))
 
-
-def best_overlap_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
-    """layer_costs under the candidate's own links with the stack's batch-level MoE overlap wherever the stack has
-    it (behaviour.overlap.moe_all_to_all): whether it runs depends on the member's pp, vpp and recompute
-    (arrays.moe_batch_overlap), and its exposed all-to-all is at most the plain one (moe_comm.exposed_s), so these
-    are at most the costs of every member that shares the candidate's shape and links."""
-    if model.options.moe_overlap == moe_batch_overlap(model, cand):
-        return model.layer_costs(cand)
-    return _memo(model, ("best_overlap_costs", *model.layout_key(cand)),
-                 lambda: layer_costs_with(model, cand, model.links(cand), overlap=model.options.moe_overlap))
 
 
 def compute_rows(model: "CostModel", cand: "Candidate") -> np.ndarray:

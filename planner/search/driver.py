@@ -241,8 +241,8 @@ class _Search:
     def visit_group(self, group: Group, tie: tuple) -> None:
         """Members by (schedule, vpp) variant, ZeRO stage and axis order: with `exhaustive` every one evaluated,
         else those within the threshold pushed on the heap with their bound (tie-break `tie` + the member)."""
-        arrays = self.members.order_arrays(group) if not self.exhaustive else None
         for schedule, vpp, count in self.space.variants(group):
+            arrays = self.members.order_arrays(group, vpp) if not self.exhaustive else None
             if arrays is None:
                 for zero in self.opts.zero_stages:
                     for order in axis_orders(group.fact, self.opts.profile):
@@ -257,7 +257,7 @@ class _Search:
 
     def variant_bound(self, group: Group, schedule: str, vpp: int) -> float:
         """Bound (3) of every member of one (schedule, vpp) variant (x = 0), the least over the axis orders."""
-        arrays = self.members.order_arrays(group)
+        arrays = self.members.order_arrays(group, vpp)
         return min(lower for lower, _, _ in self.members.variant_bounds(group, schedule, vpp, arrays))
 
     def visit(self, cand) -> None:

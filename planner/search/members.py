@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cost import bounds as cost_bounds
+from planner.cost.arrays import moe_batch_overlap
 from planner.cost import p2p
 from planner.schedules import DEFAULT
 from planner.schedules import schedule as schedule_of
@@ -31,15 +32,21 @@ class Members(BoundsState):
         v = schedule_of(schedule).v_placed  # zbv, dualpipev: stages in a V, not looped
         return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v))
 
-    def order_arrays(self, group: Group) -> list[tuple[tuple[str, ...], ModuleArrays]]:
-        """ModuleArrays of the group under each axis order (its own links)."""
-        out = []
-        for order in axis_orders(group.fact, self.opts.profile):
-            # the stack's MoE overlap wherever it has it: a member's vpp decides whether it runs (at most its costs)
-            lc = cost_bounds.best_overlap_costs(
-                self.cost, self.state.candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
-            out.append((order, module_arrays(lc, self.state.partial(group))))
-        return out
+    def order_arrays(self, group: Group, vpp: int = 1) -> list[tuple[tuple[str, ...], ModuleArrays]]:
+        """ModuleArrays of the group's members with `vpp` virtual stages under each axis order (their own links).
+        The members of a group share them but where the stack's MoE overlap runs for some vpp and not others
+        (planner.cost.arrays.moe_batch_overlap: Megatron-Core's needs virtual stages when pp > 1), so they are kept
+        per overlap."""
+        def make():
+            out = []
+            for order in axis_orders(group.fact, self.opts.profile):
+                lc = self.cost.layer_costs(self.state.candidate(group, zero_stage=self.opts.zero_stages[0], vpp=vpp,
+                                                                axis_order=order))
+                out.append((order, module_arrays(lc, self.state.partial(group))))
+            return out
+
+        overlap = moe_batch_overlap(self.cost, self.state.candidate(group, vpp=vpp))
+        return self._cached(("order_arrays", group, overlap), make)
 
     def variant_bounds(self, group: Group, schedule: str, vpp: int, arrays) -> list[tuple[float, np.ndarray, float]]:
         """Per axis order: bound (3) with x = 0, the rank times and the pp communication."""

@@ -140,7 +140,7 @@ def test_every_layout_pair_of_the_rule_is_covered():
 
 @pytest.mark.parametrize("gpus,gbs,fixed", [(16, 32, {}), (16, 32, {"pp": 2})])
 def test_pruned_search_equals_exhaustive_with_the_layout_dependent_overlap(gpus, gbs, fixed):
-    """The search's bounds take the overlap wherever the stack has it (planner.cost.bounds.best_overlap_costs):
+    """The floors take the overlap wherever the stack has it, the members their own (planner.search.members):
     with the overlap depending on vpp and recompute, the pruned search still finds what brute force finds."""
     from test_search_driver import NARROW, SMALL_MOE, _summary, small_request
 
