@@ -181,12 +181,11 @@ def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     --moe-shared-expert-overlap where the shared-expert overlap was priced instead (the stack has it, shared
     experts, the alltoall dispatcher: transformer_config.py line 1090; never with the batch-level one, line 1886)."""
     from planner.cost import moe_comm
-    from planner.cost.stack import options_for
 
     par, spec, precision = plan.parallelism, plan.request.model, plan.request.precision
     if spec.moe is None or par.ep <= 1:  # no EP communication priced
         return []
-    dispatcher, priced = par.moe_dispatcher or "alltoall", options_for(plan.request.framework, precision)
+    dispatcher, priced = par.moe_dispatcher or "alltoall", _priced_options(plan, warnings)
     layout = dict(pp=par.pp, vpp=par.vpp, recompute=base_recompute(plan), precision=precision)
     batch = (priced.moe_overlap and dispatcher in moe_comm.OVERLAPPED_DISPATCHERS
              and moe_comm.batch_overlap_applies(priced.moe_overlap_needs, full_layers=False, **layout))
@@ -201,6 +200,20 @@ def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     if priced.moe_shared_overlap and dispatcher in moe_comm.SHARED_OVERLAP_DISPATCHERS and spec.moe.shared_ffn_hidden_size:
         return ["--moe-shared-expert-overlap"]
     return []
+
+
+def _priced_options(plan: LaunchPlan, warnings: list[str]):
+    """The CostOptions the plan's cost used (its stack's profile), or megatron-core's where that profile is not
+    found here (a profile file of another machine), with a warning."""
+    from planner.cost.stack import options_for
+    from planner.errors import BadInputError
+
+    try:
+        return options_for(plan.request.framework, plan.request.precision)
+    except BadInputError:
+        warnings.append(f"the plan's framework profile {plan.request.framework!r} is not found here: the MoE overlap "
+                        "flags follow megatron-core's profile")
+        return options_for(target_profile(TARGET).name, plan.request.precision)
 
 
 def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:

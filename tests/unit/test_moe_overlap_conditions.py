@@ -151,3 +151,12 @@ def test_pruned_search_equals_exhaustive_with_the_layout_dependent_overlap(gpus,
     pruned, full = search(request), search(request, exhaustive=True)
     assert pruned.ranked and _summary(pruned) == _summary(full)
     assert pruned.evaluated < full.evaluated
+
+
+def test_a_plan_whose_stack_profile_is_not_here_exports_with_megatron_cores_rule():
+    plan = _plan(1, 1, "none", None, "bf16")
+    elsewhere = plan.model_copy(update={"request": plan.request.model_copy(update={"framework": "/elsewhere/stack.yaml"})})
+    export = export_plan(elsewhere, "megatron")
+    assert FLAG in export.text and any("not found here" in w for w in export.warnings)
+    torchtitan = plan.model_copy(update={"request": plan.request.model_copy(update={"framework": "torchtitan"})})
+    assert FLAG not in export_plan(torchtitan, "megatron").text  # torchtitan's cost priced no overlap
