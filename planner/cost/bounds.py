@@ -26,7 +26,7 @@ import numpy as np
 from planner.cost import autocast, comm, compute, p2p
 from planner.cost import layers as L
 from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, module_params_of, module_table, rows_of, static_parts
-from planner.cost.evaluate import dp_exposed, dp_fits
+from planner.cost.evaluate import dp_exposed, dp_exposed_rows, dp_fits
 from planner.models import counting
 from planner.topology.groups import GroupLink
 from planner.topology.placement import axis_link, make_link
@@ -197,9 +197,23 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
         links = model.links(cand)
         return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
     edp = max(1, cand.dp * cand.cp // cand.ep)
-    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp * cand.cp),
-                                                      dataclasses.replace(link, size=edp)), row))
-               for link in _footprints(model, cand, cand.dp))
+    key = (cand.dp, cand.tp, cand.world_size, cand.cp, edp)  # what the footprints' dp and expert-dp links read
+    links = _memo(model, ("dp_floor_links", *key), lambda: tuple(
+        (dataclasses.replace(link, size=cand.dp * cand.cp), dataclasses.replace(link, size=edp))
+        for link in _footprints(model, cand, cand.dp)))
+    m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # what _dp_terms reads of the candidate, as its key
+    terms = _memo(model, ("dp_floor_terms", cand.zero_stage, m, *key), lambda: _columns(
+        [_dp_terms(model, cand, dp, expert_dp) for dp, expert_dp in links]))
+    return float(dp_exposed_rows(model, cand, terms, row).max(axis=-1).min())
+
+
+def _columns(terms: list[_DpTerms]) -> _DpTerms:
+    """The (slope, intercept) fits of several links as columns: dp_exposed_rows then gives one row per link."""
+    def column(field: str) -> tuple[np.ndarray, np.ndarray]:
+        fits = np.array([getattr(t, field) for t in terms], dtype=np.float64)
+        return fits[:, :1], fits[:, 1:]
+
+    return _DpTerms(*(column(f.name) for f in dataclasses.fields(_DpTerms)))
 
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink,

@@ -52,7 +52,7 @@ from planner.search.group_bounds import MARGIN_BYTES
 from planner.search.members import Members
 from planner.search.outcome import Ranking, Scored, infeasible_message, rank_key
 from planner.search.refine import Counters, partial_recompute, rank_excess_bytes, split_for
-from planner.search.space import Group, Options, Space, axis_orders
+from planner.search.space import Group, Options, Space
 
 ProgressFn = Callable[[int, int], None]
 FAMILY, SHAPE, GROUP, COUPLE, COUPLED, PLACED, VISIT, MEMBER, EVALUATE = range(9)  # stages of a heap entry (_Search.run)
@@ -174,7 +174,7 @@ class _Search:
             for fact in facts:
                 for mbs in self.space.group_options(fact)[0]:
                     m = batch // (fact.dp * mbs)
-                    entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(axis_orders(fact, self.opts.profile))), [fact, m, 0])
+                    entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(self.space.orders(fact))), [fact, m, 0])
                     entry[2] += copies
             for fact, m, count in alike.values():
                 self.space.prune_members(fact, m, reason, count)
@@ -208,7 +208,7 @@ class _Search:
                 self.memory_pruned(group)
                 self.done(1)
         elif stage == COUPLE:
-            coupled = self.floors.coupled(group, self.opts.zero_stages_for(group.fact.pp))
+            coupled = self.floors.coupled(group, self.space.zero_stages(group.fact.pp))
             if coupled:
                 push(max(lower, self.floors.placed_floor(group, coupled)), tie, COUPLED, group, coupled)
             else:
@@ -244,7 +244,7 @@ class _Search:
         for schedule, vpp, count in self.space.variants(group):
             if arrays is None:
                 for zero in self.opts.zero_stages:
-                    for order in axis_orders(group.fact, self.opts.profile):
+                    for order in self.space.orders(group.fact):
                         self.visit(self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
             elif self.cost.validity_reasons(self.candidate(group, schedule=schedule, vpp=vpp)):
                 for zero in self.opts.zero_stages:  # every member invalid for the same reasons: counted by visit

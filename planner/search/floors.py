@@ -35,14 +35,14 @@ from planner.search import bounds
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
                                          step_lower_s, variant_shape)
-from planner.search.space import Factorisation, Group, axis_orders, schedule_variants
+from planner.search.space import Factorisation, Group
 
 
 class Floors(BoundsState):
     """Bounds of groups for one search (`state`: the driver's _Search: cost, opts, request, space)."""
 
     def order(self, fact: Factorisation) -> tuple[str, ...]:
-        return self._cached(("order", fact), lambda: axis_orders(fact, self.opts.profile)[0])
+        return self.state.space.orders(fact)[0]
 
     def shape(self, pp: int, vpp: int, schedule: str = "1f1b"):
         v = schedule in V_SCHEDULES  # zbv, dualpipev: stages in a V, not looped
@@ -116,9 +116,7 @@ class Floors(BoundsState):
         found = self.memo.get(key)
         if found is None:
             by_vpp: dict[tuple[int, bool], list[str]] = {}
-            for schedule, vpp in schedule_variants(f.pp, self.num_layers, self.opts):
-                if self.state.space.variant_reason(group, schedule, vpp) is not None:
-                    continue
+            for schedule, vpp in self.state.space.valid_variants(f.pp, group.num_microbatches):
                 if schedule == "2bw" and group.num_microbatches < f.pp and self.cost.validity_reasons(
                         self.candidate(group, schedule=schedule)):
                     continue
@@ -150,7 +148,7 @@ class Floors(BoundsState):
         of the group fits."""
         f, m = group.fact, group.num_microbatches
         arrays, best = self.arrays(group), np.inf
-        zeros = self.opts.zero_stages_for(f.pp)
+        zeros = self.state.space.zero_stages(f.pp)
         if not zeros:
             return np.inf
         for vpp, schedules in self.variants(group):
@@ -240,7 +238,7 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
         out = []
         for time_s, vpp, schedule, zero in bounds:
-            for order in axis_orders(f, self.opts.profile):
+            for order in self.state.space.orders(f):
                 key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
                 ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))

@@ -20,7 +20,7 @@ from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
                                          step_lower_s, variant_shape)
-from planner.search.space import Group, axis_orders
+from planner.search.space import Group
 
 
 class Members(BoundsState):
@@ -33,7 +33,7 @@ class Members(BoundsState):
     def order_arrays(self, group: Group) -> list[tuple[tuple[str, ...], ModuleArrays]]:
         """ModuleArrays of the group under each axis order (its own links)."""
         out = []
-        for order in axis_orders(group.fact, self.opts.profile):
+        for order in self.state.space.orders(group.fact):
             lc = self.cost.layer_costs(self.state.candidate(group, zero_stage=self.opts.zero_stages[0], axis_order=order))
             out.append((order, module_arrays(lc, self.state.partial(group))))
         return out
@@ -89,7 +89,7 @@ class Members(BoundsState):
         act = rank_sums(arrays[0][1].activation_bytes, ranks, f.pp)  # activations read no link
         act_floor = rank_sums(arrays[0][1].floor_bytes, ranks, f.pp)
         ratios: dict[int, np.ndarray] = {}
-        allowed = self.opts.zero_stages_for(f.pp)
+        allowed = state.space.zero_stages(f.pp)
         for zero in self.opts.zero_stages:
             if zero not in allowed:
                 pruned["zero_stage_not_in_framework"] += len(arrays)

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import BadInputError
-from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, model_refusal, parallel_refusal,
-                                precision_refusal)
+from planner.frameworks import (GROUP_FIELDS, Config, group_refusal, interleaved_split_reason, load_framework, model_refusal,
+                                parallel_refusal, precision_refusal)
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
@@ -270,7 +270,50 @@ class Space:
         self.pruned: Counter[str] = Counter()
         self.considered = 0
         self._sizes: dict[int, list[int]] = {}
-        self._variant_counts: dict[tuple[int, bool], tuple[int, Counter]] = {}
+        # What the stack runs, read from its profile once here rather than asked again at each stage of the branch
+        # and bound: its rank order, the ZeRO stages it runs with and without pp, its exclusions that read only a
+        # group's fields, and per pipeline degree the (schedule, vpp) variants with its interleaving rules applied.
+        order = opts.profile.capabilities.rank_order
+        self.rank_order = (tuple(order.axes),) if order is not None else None
+        self.zero_by_pp = (opts.zero_stages_for(1), opts.zero_stages_for(2))
+        self.group_rules = tuple(r for r in opts.profile.capabilities.exclusions if set(r.when) <= GROUP_FIELDS)
+        self.schedule_variants: dict[int, tuple[tuple[str, int], ...]] = {}
+        self.variant_table: dict[tuple[int, bool], tuple[tuple[tuple[str, int], ...], Counter]] = {}
+        for pp in self.pipeline_degrees():
+            self.schedule_variants[pp] = tuple(schedule_variants(pp, self.model.num_layers, opts))
+            for divisible in (True, False):
+                self.variant_table[(pp, divisible)] = self._variant_rules(pp, divisible)
+
+    def pipeline_degrees(self) -> list[int]:
+        """Every pp a factorisation of the space can have (a divisor of gpus, at most the decoder layers)."""
+        pinned = self.opts.fixed.get("pp")
+        return [pp for pp in divisors(self.request.gpus) if pp <= self.model.num_layers and pinned in (None, pp)]
+
+    def _variant_rules(self, pp: int, divisible: bool) -> tuple[tuple[tuple[str, int], ...], Counter]:
+        """The (schedule, vpp) variants at this pp that the stack's interleaving rules allow, and the count of the
+        others per rule, when pp divides num_microbatches (`divisible`) or not: the rules read nothing else
+        (planner.frameworks.interleaved_split_reason)."""
+        valid, rules = [], Counter()
+        for schedule, vpp in schedule_variants(pp, self.model.num_layers, self.opts):
+            found = None if vpp == 1 else interleaved_split_reason(
+                self.opts.profile, num_layers=self.model.num_layers, pp=pp, vpp=vpp, num_microbatches=0 if divisible else 1)
+            if found is None:
+                valid.append((schedule, vpp))
+            else:
+                rules[found[0]] += 1
+        return tuple(valid), rules
+
+    def orders(self, fact: Factorisation) -> tuple[tuple[str, ...], ...]:
+        """axis_orders of the factorisation under this stack (its fixed rank order, when it has one)."""
+        return self.rank_order or _orders(fact.pp > 1, fact.dp > 1, fact.cp > 1)
+
+    def zero_stages(self, pp: int) -> tuple[int, ...]:
+        """Options.zero_stages_for(pp), read once."""
+        return self.zero_by_pp[pp > 1]
+
+    def valid_variants(self, pp: int, num_microbatches: int) -> tuple[tuple[str, int], ...]:
+        """The (schedule, vpp) variants of a group with this pp and num_microbatches that pass the interleaving rules."""
+        return self.variant_table[(pp, num_microbatches % pp == 0)][0]
 
     def factorisations(self) -> Iterator[Factorisation]:
         gpus, gpn, fixed = self.request.gpus, self.request.topology.gpus_per_node, self.opts.fixed
@@ -332,8 +375,7 @@ class Space:
         return sizes, sps, overlaps
 
     def members_per_group(self, fact: Factorisation) -> int:
-        variants = schedule_variants(fact.pp, self.model.num_layers, self.opts)
-        return len(self.opts.zero_stages) * len(variants) * len(axis_orders(fact, self.opts.profile))
+        return len(self.opts.zero_stages) * len(self.schedule_variants[fact.pp]) * len(self.orders(fact))
 
     def fact_count(self, fact: Factorisation) -> int:
         """Configurations of the space with this factorisation (every group times its members)."""
@@ -354,6 +396,8 @@ class Space:
     def refuses_group(self, group: Group) -> bool:
         """True (and the group's members counted under the rule's key) when the framework refuses every member of
         the group for its group-level fields (planner.frameworks.group_refusal)."""
+        if not self.group_rules:  # the stack has no exclusion on a group's fields alone
+            return False
         f = group.fact
         config = Config(dp=f.dp, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep, sp=group.sp, recompute=group.recompute,
                         tp_overlap=group.tp_overlap, is_moe=self.model.moe is not None, precision=self.request.precision,
@@ -374,23 +418,15 @@ class Space:
                 continue
             yield from self.fact_groups(fact)
 
-    def variant_reason(self, group: Group, schedule: str, vpp: int) -> str | None:
-        """The interleaving rule a (schedule, vpp) variant of the group breaks, as a `pruned` key; None if valid."""
-        if vpp == 1:
-            return None
-        found = interleaved_split_reason(self.opts.profile, num_layers=self.model.num_layers, pp=group.fact.pp, vpp=vpp,
-                                         num_microbatches=group.num_microbatches)
-        return found[0] if found is not None else None
-
     def variants(self, group: Group) -> Iterator[tuple[str, int, int]]:
         """(schedule, vpp, members) of a group that pass the interleaving rules; the rest are counted pruned."""
-        per_variant = len(self.opts.zero_stages) * len(axis_orders(group.fact, self.opts.profile))
-        for schedule, vpp in schedule_variants(group.fact.pp, self.model.num_layers, self.opts):
-            reason = self.variant_reason(group, schedule, vpp)
-            if reason is not None:
-                self.pruned[reason] += per_variant
-            else:
-                yield schedule, vpp, per_variant
+        f = group.fact
+        per_variant = len(self.opts.zero_stages) * len(self.orders(f))
+        valid, rules = self.variant_table[(f.pp, group.num_microbatches % f.pp == 0)]
+        for rule, count in rules.items():
+            self.pruned[rule] += count * per_variant
+        for schedule, vpp in valid:
+            yield schedule, vpp, per_variant
 
     def prune_group(self, group: Group, reason: str, copies: int = 1) -> None:
         """Count a whole group (`copies` groups of its factorisation and num_microbatches) as pruned for
@@ -399,23 +435,11 @@ class Space:
 
     def prune_members(self, fact: Factorisation, num_microbatches: int, reason: str, copies: int) -> None:
         """prune_group for `copies` groups of `fact` with `num_microbatches`."""
-        key = (fact.pp, num_microbatches % fact.pp == 0)
-        found = self._variant_counts.get(key)
-        if found is None:  # the rules read pp, num_layers and whether pp divides num_microbatches only
-            probe = Group(fact, 1, num_microbatches, False, "none", "none")
-            rules: Counter[str] = Counter()
-            valid = 0
-            for schedule, vpp in schedule_variants(fact.pp, self.model.num_layers, self.opts):
-                rule = self.variant_reason(probe, schedule, vpp)
-                if rule is None:
-                    valid += 1
-                else:
-                    rules[rule] += 1
-            found = self._variant_counts[key] = (valid, rules)
-        per_variant = len(self.opts.zero_stages) * len(axis_orders(fact, self.opts.profile)) * copies
-        for rule, count in found[1].items():
+        valid, rules = self.variant_table[(fact.pp, num_microbatches % fact.pp == 0)]
+        per_variant = len(self.opts.zero_stages) * len(self.orders(fact)) * copies
+        for rule, count in rules.items():
             self.pruned[rule] += count * per_variant
-        self.pruned[reason] += found[0] * per_variant
+        self.pruned[reason] += len(valid) * per_variant
 
     def prune_groups(self, groups: list[Group], reason: str) -> None:
         """prune_group for each group, in one count per (factorisation, num_microbatches)."""
@@ -428,5 +452,5 @@ class Space:
 
     def members(self, group: Group, schedule: str, vpp: int) -> Iterator[Member]:
         """The members of one (schedule, vpp) variant: every ZeRO stage and axis order."""
-        for zero, order in itertools.product(self.opts.zero_stages, axis_orders(group.fact, self.opts.profile)):
+        for zero, order in itertools.product(self.opts.zero_stages, self.orders(group.fact)):
             yield Member(zero, schedule, vpp, order)
