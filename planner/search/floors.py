@@ -124,21 +124,36 @@ class Floors(BoundsState):
             found = self.memo[key] = [(vpp, tuple(schedules)) for (vpp, _), schedules in by_vpp.items()]
         return found
 
+    def variant_ranks(self, group: Group) -> np.ndarray:
+        """The rank of every module under each entry of `variants`, as one bincount index (entry i's ranks + i * pp):
+        per-rank sums of every variant in one call, each sum added in the order rank_sums adds it."""
+        f = group.fact
+
+        def make() -> np.ndarray:
+            variants = self.variants(group)
+            return np.concatenate([self.shape(f.pp, vpp, schedules[0]).ranks + i * f.pp
+                                   for i, (vpp, schedules) in enumerate(variants)]) if variants else np.zeros(0, np.int64)
+
+        return self._cached(("variant_ranks", f, group.num_microbatches), make)
+
+    def variant_sums(self, group: Group, values: np.ndarray) -> np.ndarray:
+        """Per-rank sums of a per-module array under each entry of `variants`: rows of pp."""
+        rows = len(self.variants(group))
+        index = self.variant_ranks(group)
+        return np.bincount(index, weights=np.tile(values, rows), minlength=rows * group.fact.pp).reshape(rows, group.fact.pp)
+
     def time(self, group: Group) -> float:
         """Bound (3) with x = 0 on the placement-floor arrays, the least over the variants, each with pp
-        communication over its cheapest footprint (planner.cost.bounds.pp_comm_floor_s)."""
-        f, m, memo = group.fact, group.num_microbatches, self.memo
-        akey = self.arrays_key(group)
-        lower = np.inf
-        for vpp, schedules in self.variants(group):
-            rkey = ("rank", akey, f.pp, vpp, schedules[0] in V_SCHEDULES)
-            rank_s = memo.get(rkey)
-            if rank_s is None:
-                rank_s = memo[rkey] = float(
-                    rank_sums(self.arrays(group).time_s, self.shape(f.pp, vpp, schedules[0]).ranks, f.pp).max())
-            ppc = self.pp_comm_floor_s(group, vpp, schedules[0])
-            lower = min(lower, min(step_lower_s(m, rank_s, s, f.pp, vpp, ppc) for s in schedules))
-        return lower
+        communication over its cheapest footprint (planner.cost.bounds.pp_comm_floor_s). The bottleneck rank time of
+        every variant comes from one array operation, shared by the groups of these arrays and pp."""
+        f, m = group.fact, group.num_microbatches
+        variants = self.variants(group)
+        rank_s = self._cached(("rank_rows", self.arrays_key(group), f.pp),
+                              lambda: self.variant_sums(group, self.arrays(group).time_s).max(axis=1).tolist())
+        ppc = self._cached(("ppc_rows", f, group.microbatch_size, group.sp),
+                           lambda: [self.pp_comm_floor_s(group, vpp, schedules[0]) for vpp, schedules in variants])
+        return min((step_lower_s(m, rank_s[i], s, f.pp, vpp, ppc[i]) for i, (vpp, schedules) in enumerate(variants)
+                    for s in schedules), default=np.inf)
 
     def coupled_floor(self, group: Group) -> float:
         """A bound of `coupled` for the whole group from one row per vpp: the least held static + other bytes of
@@ -147,28 +162,46 @@ class Floors(BoundsState):
         member fits) and with static_r, so these least values bound every (schedule, ZeRO stage). inf: no member
         of the group fits."""
         f, m = group.fact, group.num_microbatches
-        arrays, best = self.arrays(group), np.inf
         zeros = self.state.space.zero_stages(f.pp)
-        if not zeros:
+        variants = self.variants(group)
+        if not zeros or not variants:
             return np.inf
-        for vpp, schedules in self.variants(group):
-            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
-            inflight, fixed = self._cached(("least", f, m, group.microbatch_size, group.sp, vpp, v), lambda: (
-                np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
-                    self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]),
-                np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
-                                   for s in {"2bw" if s == "2bw" else "1f1b": s for s in schedules}.values()])))
-            act_floor = rank_sums(arrays.floor_bytes, ranks, f.pp)
-            if float(fixed.max()) > MARGIN_BYTES or float((fixed + inflight * act_floor).max()) > MARGIN_BYTES:
-                continue
-            rank_s = rank_sums(arrays.time_s, ranks, f.pp)
-            if self.state.partial(group):
-                excess = fixed + inflight * rank_sums(arrays.activation_bytes, ranks, f.pp)
-                rank_s = rank_s + recompute_floor_s(arrays, ranks, f.pp, excess, inflight, self.memo,
-                                                    ("ratio", self.arrays_key(group), f.pp, vpp, v))
-            tb = float(rank_s.max())
-            best = min(best, min(step_lower_s(m, tb, s, f.pp, vpp, self.pp_comm_floor_s(group, vpp, s)) for s in schedules))
-        return best
+        inflight, fixed = self.least_rows(group, zeros)
+        akey = self.arrays_key(group)
+        act_floor = self._cached(("floor_rows", akey, f.pp), lambda: self.variant_sums(group, self.arrays(group).floor_bytes))
+        kept = (fixed.max(axis=1) <= MARGIN_BYTES) & ((fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES)
+        if not kept.any():
+            return np.inf
+        times = self._cached(("time_rows", akey, f.pp), lambda: self.variant_sums(group, self.arrays(group).time_s))
+        if self.state.partial(group):
+            act = self._cached(("act_rows", akey, f.pp), lambda: self.variant_sums(group, self.arrays(group).activation_bytes))
+            times = times.copy()
+            for i in np.flatnonzero(kept):
+                vpp, schedules = variants[i]
+                ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
+                times[i] = times[i] + recompute_floor_s(self.arrays(group), ranks, f.pp, fixed[i] + inflight[i] * act[i],
+                                                        inflight[i], self.memo, ("ratio", akey, f.pp, vpp, v))
+        bottleneck = times.max(axis=1).tolist()
+        ppc = self._cached(("ppc_each", f, group.microbatch_size, group.sp), lambda: [
+            [self.pp_comm_floor_s(group, vpp, s) for s in schedules] for vpp, schedules in variants])
+        return min(step_lower_s(m, bottleneck[i], s, f.pp, variants[i][0], ppc[i][j])
+                   for i in np.flatnonzero(kept).tolist() for j, s in enumerate(variants[i][1]))
+
+    def least_rows(self, group: Group, zeros: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Per entry of `variants` (rows): the fewest in-flight micro-batches of its schedules per rank, and the
+        least held static + other bytes - capacity of its schedules and ZeRO stages per rank (coupled_floor)."""
+        f, m = group.fact, group.num_microbatches
+
+        def make():
+            inflight, fixed = [], []
+            for vpp, schedules in self.variants(group):
+                inflight.append(np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                    self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]))
+                fixed.append(np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
+                                                for s in {"2bw" if s == "2bw" else "1f1b": s for s in schedules}.values()]))
+            return np.stack(inflight), np.stack(fixed)
+
+        return self._cached(("least_rows", f, m, group.microbatch_size, group.sp), make)
 
     def coupled(self, group: Group, zeros: list[int]) -> list[tuple[float, int, str, int]]:
         """Per (vpp, schedule, ZeRO stage in `zeros`) that the per-rank memory floor (planner.search.members)

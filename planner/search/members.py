@@ -53,26 +53,33 @@ class Members(BoundsState):
 
     def rank_fixed_bytes(self, group: Group, schedule: str, vpp: int, zero: int) -> np.ndarray:
         """Per rank: held static bytes + other bytes - capacity (what activations may use is minus this)."""
-        f = group.fact
-        cand = None
+        return self.static_row(group, schedule, vpp, zero) + self.other_row(group, schedule, vpp, zero) - self.state.capacity
 
-        def probe():
-            nonlocal cand
-            cand = cand or self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)
-            return cand
+    def static_row(self, group: Group, schedule: str, vpp: int, zero: int) -> np.ndarray:
+        """Per rank: the held static bytes (planner.cost.bounds.held_static_bytes) of the variant's balanced split."""
+        f, v = group.fact, schedule in V_SCHEDULES
+        return self._cached(("static", f, zero, schedule == "2bw", group.num_microbatches == 1, vpp, v), lambda: rank_sums(
+            cost_bounds.held_static_bytes(self.cost, self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)),
+            self.shape(f.pp, vpp, schedule).ranks, f.pp))
 
-        ranks, v = self.shape(f.pp, vpp, schedule).ranks, schedule in V_SCHEDULES
-        static = self._cached(("static", f, zero, schedule == "2bw", group.num_microbatches == 1, vpp, v), lambda: rank_sums(
-            cost_bounds.held_static_bytes(self.cost, probe()), ranks, f.pp))
-        other = self._cached(("other", f, zero, group.microbatch_size, group.sp, v),
-                             lambda: self.cost.other_per_rank(probe()))
-        return static + other - self.state.capacity
+    def other_row(self, group: Group, schedule: str, vpp: int, zero: int) -> np.ndarray:
+        """Per rank: the other bytes (CostModel.other_per_rank) of the member."""
+        return self._cached(("other", group.fact, zero, group.microbatch_size, group.sp, schedule in V_SCHEDULES),
+                            lambda: self.cost.other_per_rank(self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)))
 
     def rank_fixed_rows(self, group: Group, schedule: str, vpp: int, zeros) -> np.ndarray:
-        """rank_fixed_bytes for each ZeRO stage in `zeros`, as rows (memoised on what they read)."""
-        key = ("rows", group.fact, schedule == "2bw", group.num_microbatches == 1, vpp, group.microbatch_size,
-               group.sp, tuple(zeros), schedule in V_SCHEDULES)
-        return self._cached(key, lambda: np.stack([self.rank_fixed_bytes(group, schedule, vpp, z) for z in zeros]))
+        """rank_fixed_bytes for each ZeRO stage in `zeros`, as rows (memoised on what they read): the held static
+        rows (per split) plus the other-bytes rows (per micro-batch shape), less the capacity."""
+        f, zeros, v = group.fact, tuple(zeros), schedule in V_SCHEDULES
+        key = ("rows", f, schedule == "2bw", group.num_microbatches == 1, vpp, group.microbatch_size, group.sp, zeros, v)
+        found = self.memo.get(key)
+        if found is None:
+            static = self._cached(("static_rows", f, zeros, schedule == "2bw", group.num_microbatches == 1, vpp, v),
+                                  lambda: np.stack([self.static_row(group, schedule, vpp, z) for z in zeros]))
+            other = self._cached(("other_rows", f, zeros, group.microbatch_size, group.sp, v),
+                                 lambda: np.stack([self.other_row(group, schedule, vpp, z) for z in zeros]))
+            found = self.memo[key] = static + other - self.state.capacity
+        return found
 
     def expand(self, group: Group, schedule: str, vpp: int, count: int, arrays, push) -> None:
         """Bound the members of one valid variant; `push(lower, (vpp, schedule, zero, order))` those within the
