@@ -193,15 +193,39 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
 
         def make():
-            inflight, fixed = [], []
-            for vpp, schedules in self.variants(group):
-                inflight.append(np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
-                    self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]))
-                fixed.append(np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
-                                                for s in {"2bw" if s == "2bw" else "1f1b": s for s in schedules}.values()]))
-            return np.stack(inflight), np.stack(fixed)
+            variants = self.variants(group)
+            inflight = np.stack([np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]) for vpp, schedules in variants])
+            looped = [[s for s in schedules if s != "2bw"] for _, schedules in variants]
+            if all(looped):  # one memory class (not 2BW) in every entry: all of them in one array operation
+                fixed = self.class_fixed_rows(group, [(vpp, each[-1]) for (vpp, _), each in zip(variants, looped)], zeros)
+                for i, (vpp, schedules) in enumerate(variants):
+                    if "2bw" in schedules:
+                        fixed[i] = np.minimum(fixed[i], self.state.members.rank_fixed_rows(group, "2bw", vpp, zeros).min(axis=0))
+                return inflight, fixed
+            return inflight, np.stack([np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
+                                       for s in {"2bw" if s == "2bw" else "1f1b": s for s in schedules}.values()])
+                                       for vpp, schedules in variants])
 
         return self._cached(("least_rows", f, m, group.microbatch_size, group.sp), make)
+
+    def class_fixed_rows(self, group: Group, reps: list[tuple[int, str]], zeros: tuple[int, ...]) -> np.ndarray:
+        """Per entry of `variants` (its vpp and a schedule `reps[i]` of one memory class): the least over `zeros` of
+        held static + other bytes - capacity per rank, Members.rank_fixed_rows(...).min(axis=0) of every entry at
+        once (the held bytes read no vpp: planner.cost.bounds.held_static_bytes)."""
+        f, members = group.fact, self.state.members
+        vpp, schedule = reps[0]
+        static = np.stack([self.variant_sums(group, cost_bounds.held_static_bytes(
+            self.cost, self.state.candidate(group, zero_stage=z, schedule=schedule, vpp=vpp))) for z in zeros])
+        first = {}  # the first entry of each placement (looped, V): its other bytes
+        for vpp, schedule in reps:
+            first.setdefault(schedule in V_SCHEDULES, (vpp, schedule))
+        other = {v: np.stack([members.other_row(group, s, vpp, z) for z in zeros]) for v, (vpp, s) in first.items()}
+        if len(other) == 1:
+            rows = static + next(iter(other.values()))[:, None, :]
+        else:
+            rows = static + np.stack([other[s in V_SCHEDULES] for _, s in reps], axis=1)
+        return (rows - self.state.capacity).min(axis=0)
 
     def coupled(self, group: Group, zeros: list[int]) -> list[tuple[float, int, str, int]]:
         """Per (vpp, schedule, ZeRO stage in `zeros`) that the per-rank memory floor (planner.search.members)
