@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import autocast, comm, compute, p2p
+from planner.cost import autocast, comm, compute, p2p, schedule
 from planner.cost import layers as L
 from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, module_params_of, module_table, rows_of, static_parts
 from planner.cost.evaluate import dp_exposed, dp_exposed_rows, dp_fits
@@ -161,16 +161,23 @@ def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
     """pp_comm_s over the cheapest footprint a pp group of the candidate's size can have (module docstring: a
     point-to-point send, bytes / bandwidth + latency, reads the node count only through "spans nodes"): at most
     pp_comm_s under every placement."""
-    transfers = p2p.p2p_transfers(model, cand)
-    if transfers == 0:
-        return 0.0
+    return pp_comm_floors_s(model, cand, [(cand.schedule, cand.vpp)])[0]
 
+
+def pp_comm_floors_s(model: "CostModel", cand: "Candidate", variants: list[tuple[str, int]]) -> list[float]:
+    """pp_comm_floor_s of the candidate under each (schedule, vpp) of `variants`: one send over the cheapest
+    footprint (it reads the micro-batch shape, not the schedule), times each schedule's sequential transfers."""
     def send() -> float:
         size = p2p.p2p_bytes(model, cand)
         return min(comm.p2p_s(size, group=link) for link in _footprints(model, cand, cand.pp))
 
     key = ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp, cand.pp, cand.world_size)
-    return 2 * transfers * _memo(model, key, send)
+    out = []
+    for name, vpp in variants:
+        transfers = schedule.p2p_transfers(name, pp=cand.pp, vpp=vpp, num_microbatches=cand.num_microbatches,
+                                           overlapped=model.options.pp_overlap)  # planner.cost.p2p.p2p_transfers
+        out.append(0.0 if transfers == 0 else 2 * transfers * _memo(model, key, send))
+    return out
 
 
 def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, floor: bool = False) -> float:

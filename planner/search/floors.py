@@ -269,8 +269,16 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
         key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
         found = self.memo.get(key)
-        if found is None:
-            found = self.memo[key] = cost_bounds.pp_comm_floor_s(self.cost, self.candidate(group, schedule=schedule, vpp=vpp))
+        if found is None:  # every variant of the group at once: one send, each schedule's transfers
+            wanted = {(vpp, schedule in CHUNKED): (schedule, vpp)}
+            for each_vpp, schedules in self.variants(group):
+                for each in schedules:
+                    wanted.setdefault((each_vpp, each in CHUNKED), (each, each_vpp))
+            missing = [k for k in wanted if key[:5] + k not in self.memo]
+            values = cost_bounds.pp_comm_floors_s(self.cost, self.candidate(group), [wanted[k] for k in missing])
+            for k, value in zip(missing, values):
+                self.memo[key[:5] + k] = value
+            found = self.memo[key]
         return found
 
     def placed_floor(self, group: Group, coupled: list[tuple[float, int, str, int]]) -> float:
