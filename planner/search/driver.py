@@ -43,7 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import InfeasibleError, SolverTimeoutError
-from planner.frameworks import config_of, refusal
+from planner.frameworks import config_of, load_framework, refusal
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search import compression_space
 from planner.search.costing import make_cost_model
@@ -317,14 +318,19 @@ def _slug(reason: str) -> str:
 
 
 def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progress: ProgressFn | None = None,
-           exhaustive: bool = False, cost=None, opts: Options | None = None, ceiling_s: float | None = None) -> SearchResult:
+           exhaustive: bool = False, cost=None, opts: Options | None = None, ceiling_s: float | None = None,
+           framework: FrameworkProfile | None = None) -> SearchResult:
     """Run the search; `exhaustive=True` turns every bound off (the reference the tests compare against). `opts`
     replaces the request's space (planner.search.practice narrows it); `ceiling_s` prunes every configuration
-    slower than it from the start."""
+    slower than it from the start. `framework`: the request's stack profile as resolved where the request entered
+    (planner.api); else the one of `opts` or `cost`, else read here by its name, once: the space and the cost model
+    share the object."""
     from planner.search.refine_top import refine_top
 
-    cost = cost if cost is not None else make_cost_model(request)
-    opts = opts if opts is not None else Options.from_request(request, fixed)
+    if framework is None:
+        framework = opts.profile if opts is not None else cost.framework if cost is not None else load_framework(request.framework)
+    cost = cost if cost is not None else make_cost_model(request, framework)
+    opts = opts if opts is not None else Options.from_request(request, fixed, framework)
     state = _Search(request, cost, opts, exhaustive=exhaustive, progress=progress)
     if ceiling_s is not None:
         state.ranking.ceiling_s = ceiling_s
@@ -337,12 +343,15 @@ def search(request: PlanRequest, *, fixed: dict[str, int] | None = None, progres
     )
 
 
-def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dict[str, int] | None = None) -> LaunchPlan:
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: dict[str, int] | None = None,
+         framework: FrameworkProfile | None = None) -> LaunchPlan:
     """The fastest plan that fits (or, within the ranking band, the best inside the stack's practice:
-    planner.search.practice), as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is."""
+    planner.search.practice), as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is.
+    `framework`: the request's stack profile, resolved once by the caller (planner.api), else read here by name."""
     started = time.monotonic()
-    cost = make_cost_model(request)
-    result = search(request, fixed=fixed, progress=progress, cost=cost)
+    framework = framework if framework is not None else load_framework(request.framework)
+    cost = make_cost_model(request, framework)
+    result = search(request, fixed=fixed, progress=progress, cost=cost, framework=framework)
     limits = request.search or SearchLimits()
     if not result.ranked and result.timed_out:
         raise SolverTimeoutError(

@@ -86,9 +86,12 @@ class Options:
         return tuple(z for z in self.zero_stages if z in allowed)
 
     @staticmethod
-    def from_request(request: PlanRequest, fixed: dict[str, int] | None = None) -> Options:
+    def from_request(request: PlanRequest, fixed: dict[str, int] | None = None,
+                     framework: FrameworkProfile | None = None) -> Options:
+        """The space's choices for `request` run by `framework` (its profile, resolved once by the caller; else read
+        by the request's framework name)."""
         limits = request.search or SearchLimits()
-        profile = framework_of(request)
+        profile = framework_of(request, framework)
         pinned = {**limits.fixed, **(fixed or {})}
         _check_fixed(pinned, request.gpus)
         _check_framework_request(profile, request.precision, pinned, request.model.moe is not None)
@@ -130,12 +133,14 @@ def _check_hsdp(profile: FrameworkProfile, dp_replicate: int, fixed: dict[str, i
         raise BadInputError(f"dp_replicate={dp_replicate} must divide dp={fixed['dp']}: choose a divisor of dp, or drop --dp-replicate")
 
 
-def framework_of(request: PlanRequest) -> FrameworkProfile:
-    """The request's framework profile; SearchLimits.runnable (the old --runnable) means the `planner` executor."""
+def framework_of(request: PlanRequest, profile: FrameworkProfile | None = None) -> FrameworkProfile:
+    """The request's framework profile (`profile`, the object resolved where the request entered, else read by the
+    request's name), checked against the request: SearchLimits.runnable (the old --runnable) means the `planner`
+    executor, and the stack must build the model."""
     limits = request.search or SearchLimits()
     if limits.runnable and request.framework != "planner":
         raise BadInputError(f"runnable=true with framework={request.framework!r}: --runnable means --framework planner; drop one")
-    profile = load_framework(request.framework)
+    profile = profile if profile is not None else load_framework(request.framework)
     refused = model_refusal(profile, request.model)
     if refused is not None:
         raise BadInputError(refused)
