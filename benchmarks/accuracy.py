@@ -46,7 +46,9 @@ from planner.cost.derivation import implied_ceiling  # noqa: E402
 from planner.cost.evaluate import Evaluation  # noqa: E402
 from planner.cost.model import Candidate, CostModel  # noqa: E402
 from planner.cost.stack import options_for  # noqa: E402
+from planner.frameworks import load_framework  # noqa: E402
 from planner.models import counting  # noqa: E402
+from planner.schemas.framework import FrameworkProfile  # noqa: E402
 from planner.schemas.plan import PlanRequest  # noqa: E402
 
 RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
@@ -75,6 +77,7 @@ class Case:
     request: PlanRequest
     candidates: list[Candidate]
     overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
+    profile: FrameworkProfile | None = None  # the request's stack profile, read once per run
 
 
 def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = ()) -> Case | None:
@@ -101,13 +104,14 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
         if cand not in candidates:
             candidates.append(cand)
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
-                dict((overrides or {}).get(stack, {})))
+                dict((overrides or {}).get(stack, {})), load_framework(request.framework))
 
 
 def options(case: Case, request: PlanRequest | None = None):
     """The stack's CostOptions (its profile, planner.cost.stack) with the case's overrides applied."""
     request = request or case.request
-    return dataclasses.replace(options_for(request.framework, request.precision), **case.overrides)
+    framework = case.profile if request.framework == case.request.framework else request.framework
+    return dataclasses.replace(options_for(framework, request.precision), **case.overrides)
 
 
 def cost_model(case: Case, ceiling: float | None, overhead: float | None = None) -> CostModel:
@@ -115,7 +119,7 @@ def cost_model(case: Case, ceiling: float | None, overhead: float | None = None)
     cal = device_calibration(case.request.topology.device, framework=case.stack)
     if ceiling is not None:
         cal = dataclasses.replace(cal, matmul_ceiling_fraction=ceiling)
-    return CostModel(case.request, calibration=cal, step_overhead=overhead, options=options(case))
+    return CostModel(case.request, framework=case.profile, calibration=cal, step_overhead=overhead, options=options(case))
 
 
 def choose(case: Case, ceiling: float | None = None, overhead: float | None = None):
