@@ -136,6 +136,12 @@ class Floors(BoundsState):
 
         return self._cached(("variant_ranks", f, group.num_microbatches), make)
 
+    def rows(self, group: Group, field: str) -> np.ndarray:
+        """variant_sums of one ModuleArrays field of the group (time_s, floor_bytes, activation_bytes), memoised on
+        the arrays and pp (which fix the factorisation and the micro-batch count)."""
+        return self._cached((field, self.arrays_key(group), group.fact.pp),
+                            lambda: self.variant_sums(group, getattr(self.arrays(group), field)))
+
     def variant_sums(self, group: Group, values: np.ndarray) -> np.ndarray:
         """Per-rank sums of a per-module array under each entry of `variants`: rows of pp."""
         rows = len(self.variants(group))
@@ -148,10 +154,10 @@ class Floors(BoundsState):
         every variant comes from one array operation, shared by the groups of these arrays and pp."""
         f, m = group.fact, group.num_microbatches
         variants = self.variants(group)
-        rank_s = self._cached(("rank_rows", self.arrays_key(group), f.pp),
-                              lambda: self.variant_sums(group, self.arrays(group).time_s).max(axis=1).tolist())
+        rank_s = self._cached(("rank_rows", self.arrays_key(group), f.pp), lambda: self.rows(group, "time_s").max(axis=1).tolist())
+        floors = self.pp_comm_floors(group)
         ppc = self._cached(("ppc_rows", f, group.microbatch_size, group.sp),
-                           lambda: [self.pp_comm_floor_s(group, vpp, schedules[0]) for vpp, schedules in variants])
+                           lambda: [floors[(vpp, schedules[0] in CHUNKED)] for vpp, schedules in variants])
         return min((step_lower_s(m, rank_s[i], s, f.pp, vpp, ppc[i]) for i, (vpp, schedules) in enumerate(variants)
                     for s in schedules), default=np.inf)
 
@@ -168,13 +174,13 @@ class Floors(BoundsState):
             return np.inf
         inflight, fixed = self.least_rows(group, zeros)
         akey = self.arrays_key(group)
-        act_floor = self._cached(("floor_rows", akey, f.pp), lambda: self.variant_sums(group, self.arrays(group).floor_bytes))
+        act_floor = self.rows(group, "floor_bytes")
         kept = (fixed.max(axis=1) <= MARGIN_BYTES) & ((fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES)
         if not kept.any():
             return np.inf
-        times = self._cached(("time_rows", akey, f.pp), lambda: self.variant_sums(group, self.arrays(group).time_s))
+        times = self.rows(group, "time_s")
         if self.state.partial(group):
-            act = self._cached(("act_rows", akey, f.pp), lambda: self.variant_sums(group, self.arrays(group).activation_bytes))
+            act = self.rows(group, "activation_bytes")
             times = times.copy()
             for i in np.flatnonzero(kept):
                 vpp, schedules = variants[i]
@@ -182,8 +188,9 @@ class Floors(BoundsState):
                 times[i] = times[i] + recompute_floor_s(self.arrays(group), ranks, f.pp, fixed[i] + inflight[i] * act[i],
                                                         inflight[i], self.memo, ("ratio", akey, f.pp, vpp, v))
         bottleneck = times.max(axis=1).tolist()
+        floors = self.pp_comm_floors(group)
         ppc = self._cached(("ppc_each", f, group.microbatch_size, group.sp), lambda: [
-            [self.pp_comm_floor_s(group, vpp, s) for s in schedules] for vpp, schedules in variants])
+            [floors[(vpp, s in CHUNKED)] for s in schedules] for vpp, schedules in variants])
         return min(step_lower_s(m, bottleneck[i], s, f.pp, variants[i][0], ppc[i][j])
                    for i in np.flatnonzero(kept).tolist() for j, s in enumerate(variants[i][1]))
 
@@ -215,8 +222,10 @@ class Floors(BoundsState):
         once (the held bytes read no vpp: planner.cost.bounds.held_static_bytes)."""
         f, members = group.fact, self.state.members
         vpp, schedule = reps[0]
-        static = np.stack([self.variant_sums(group, cost_bounds.held_static_bytes(
-            self.cost, self.state.candidate(group, zero_stage=z, schedule=schedule, vpp=vpp))) for z in zeros])
+        layout = tuple((each_vpp, each in V_SCHEDULES) for each_vpp, each in reps)  # what the rank sums read
+        static = self._cached(("class_static", f, group.num_microbatches == 1, schedule == "2bw", zeros, layout), lambda: np.stack([
+            self.variant_sums(group, cost_bounds.held_static_bytes(
+                self.cost, self.state.candidate(group, zero_stage=z, schedule=schedule, vpp=vpp))) for z in zeros]))
         first = {}  # the first entry of each placement (looped, V): its other bytes
         for vpp, schedule in reps:
             first.setdefault(schedule in V_SCHEDULES, (vpp, schedule))
@@ -233,10 +242,10 @@ class Floors(BoundsState):
         d_l are at most any placement's), no pp communication; sorted. Empty: no member of the group fits."""
         f, m = group.fact, group.num_microbatches
         arrays, out = self.arrays(group), []
-        for vpp, schedules in self.variants(group):
+        all_times, all_act, all_floor = (self.rows(group, field) for field in ("time_s", "activation_bytes", "floor_bytes"))
+        for i, (vpp, schedules) in enumerate(self.variants(group)):
             ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
-            times = rank_sums(arrays.time_s, ranks, f.pp)
-            act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
+            times, act, act_floor = all_times[i], all_act[i], all_floor[i]
             bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
             for schedule in schedules:  # every ZeRO stage at once: rows of per-rank numbers
                 inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
@@ -266,19 +275,20 @@ class Floors(BoundsState):
 
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
         """planner.cost.bounds.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""
-        f, m = group.fact, group.num_microbatches
-        key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule in CHUNKED)
+        return self.pp_comm_floors(group)[(vpp, schedule in CHUNKED)]
+
+    def pp_comm_floors(self, group: Group) -> dict[tuple[int, bool], float]:
+        """pp_comm_floor_s of every variant of the group by (vpp, chunked): one send over the cheapest footprint,
+        each schedule's transfers (planner.cost.bounds.pp_comm_floors_s); shared by the groups of this shape."""
+        key = ("ppc", group.fact, group.microbatch_size, group.sp)  # the factorisation and shape fix num_microbatches
         found = self.memo.get(key)
-        if found is None:  # every variant of the group at once: one send, each schedule's transfers
-            wanted = {(vpp, schedule in CHUNKED): (schedule, vpp)}
-            for each_vpp, schedules in self.variants(group):
-                for each in schedules:
-                    wanted.setdefault((each_vpp, each in CHUNKED), (each, each_vpp))
-            missing = [k for k in wanted if key[:5] + k not in self.memo]
-            values = cost_bounds.pp_comm_floors_s(self.cost, self.candidate(group), [wanted[k] for k in missing])
-            for k, value in zip(missing, values):
-                self.memo[key[:5] + k] = value
-            found = self.memo[key]
+        if found is None:
+            wanted: dict[tuple[int, bool], tuple[str, int]] = {}
+            for vpp, schedules in self.variants(group):
+                for schedule in schedules:
+                    wanted.setdefault((vpp, schedule in CHUNKED), (schedule, vpp))
+            values = cost_bounds.pp_comm_floors_s(self.cost, self.candidate(group), list(wanted.values()))
+            found = self.memo[key] = dict(zip(wanted, values))
         return found
 
     def placed_floor(self, group: Group, coupled: list[tuple[float, int, str, int]]) -> float:
