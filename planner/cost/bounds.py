@@ -270,8 +270,9 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
             spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
         fwd, bwd, _ = L.gemm_times(env, gemms)
         core = L.gemm_times(real, gemms)[2]
-        cp_s = min((sum(L.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
-                   default=0.0) if cand.cp > 1 else 0.0
+        cp_s = _memo(model, ("per_sample_cp", cand.tp, cand.cp, cand.sp, cand.world_size, _order(cand), core), lambda: min(
+            (sum(L.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
+            default=0.0)) if cand.cp > 1 else 0.0  # cp_times reads no expert degree: shared by the families of every ep
         total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
         tp_total += count * sum(L.tp_times(env, fwd, bwd, collectives=2))
     fwd, bwd, _ = L.gemm_times(env, compute.head_gemms(spec, shape))

@@ -130,9 +130,10 @@ class Floors(BoundsState):
         f = group.fact
 
         def make() -> np.ndarray:
-            variants = self.variants(group)
-            return np.concatenate([self.shape(f.pp, vpp, schedules[0]).ranks + i * f.pp
-                                   for i, (vpp, schedules) in enumerate(variants)]) if variants else np.zeros(0, np.int64)
+            layout = tuple((vpp, schedules[0] in V_SCHEDULES) for vpp, schedules in self.variants(group))
+            return self._cached(("variant_ranks", f.pp, layout), lambda: np.concatenate(
+                [self.shape(f.pp, vpp, V_SCHEDULES[0] if v else "1f1b").ranks + i * f.pp for i, (vpp, v) in enumerate(layout)])
+                if layout else np.zeros(0, np.int64))  # the same for every factorisation with this pp and layout
 
         return self._cached(("variant_ranks", f, group.num_microbatches), make)
 
@@ -220,9 +221,19 @@ class Floors(BoundsState):
         """Per entry of `variants` (its vpp and a schedule `reps[i]` of one memory class): the least over `zeros` of
         held static + other bytes - capacity per rank, Members.rank_fixed_rows(...).min(axis=0) of every entry at
         once (the held bytes read no vpp: planner.cost.bounds.held_static_bytes)."""
+        return self.class_rows(group, reps, zeros).min(axis=0)
+
+    def class_rows(self, group: Group, reps: list[tuple[int, str]], zeros: tuple[int, ...]) -> np.ndarray:
+        """Members.rank_fixed_rows of every entry of `variants` with the schedule `reps[i]` (one memory class), as
+        (ZeRO stage, entry, rank), memoised on what they read."""
+        layout = tuple((each_vpp, each in V_SCHEDULES) for each_vpp, each in reps)  # what the rank sums read
+        key = ("class_rows", group.fact, group.num_microbatches == 1, reps[0][1] == "2bw", group.microbatch_size, group.sp,
+               zeros, layout)
+        return self._cached(key, lambda: self._class_rows(group, reps, zeros, layout))
+
+    def _class_rows(self, group: Group, reps: list[tuple[int, str]], zeros: tuple[int, ...], layout: tuple) -> np.ndarray:
         f, members = group.fact, self.state.members
         vpp, schedule = reps[0]
-        layout = tuple((each_vpp, each in V_SCHEDULES) for each_vpp, each in reps)  # what the rank sums read
         static = self._cached(("class_static", f, group.num_microbatches == 1, schedule == "2bw", zeros, layout), lambda: np.stack([
             self.variant_sums(group, cost_bounds.held_static_bytes(
                 self.cost, self.state.candidate(group, zero_stage=z, schedule=schedule, vpp=vpp))) for z in zeros]))
@@ -234,7 +245,7 @@ class Floors(BoundsState):
             rows = static + next(iter(other.values()))[:, None, :]
         else:
             rows = static + np.stack([other[s in V_SCHEDULES] for _, s in reps], axis=1)
-        return (rows - self.state.capacity).min(axis=0)
+        return rows - self.state.capacity
 
     def coupled(self, group: Group, zeros: list[int]) -> list[tuple[float, int, str, int]]:
         """Per (vpp, schedule, ZeRO stage in `zeros`) that the per-rank memory floor (planner.search.members)
@@ -243,7 +254,11 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
         arrays, out = self.arrays(group), []
         all_times, all_act, all_floor = (self.rows(group, field) for field in ("time_s", "activation_bytes", "floor_bytes"))
-        for i, (vpp, schedules) in enumerate(self.variants(group)):
+        variants = self.variants(group)
+        looped = [[s for s in schedules if s != "2bw"] for _, schedules in variants]
+        class_rows = self.class_rows(group, [(vpp, each[-1]) for (vpp, _), each in zip(variants, looped)],
+                                     tuple(zeros)) if all(looped) else None  # rank_fixed_rows of every entry at once
+        for i, (vpp, schedules) in enumerate(variants):
             ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedules[0] in V_SCHEDULES
             times, act, act_floor = all_times[i], all_act[i], all_floor[i]
             bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
@@ -252,7 +267,8 @@ class Floors(BoundsState):
                     self.candidate(group, schedule=schedule, vpp=vpp)))
                 fixed, fits = self._cached(
                     ("fits", f, group.microbatch_size, group.sp, vpp, schedule, tuple(zeros), act_floor.tobytes()),
-                    lambda: self._fits(group, schedule, vpp, zeros, inflight, act_floor))
+                    lambda: self._fits(group, schedule, vpp, zeros, inflight, act_floor,
+                                       class_rows[:, i, :] if class_rows is not None and schedule != "2bw" else None))
                 if not fits.any():
                     continue
                 key = (inflight.tobytes(), fixed.tobytes())
@@ -267,10 +283,11 @@ class Floors(BoundsState):
         return sorted(out)
 
     def _fits(self, group: Group, schedule: str, vpp: int, zeros: list[int], inflight: np.ndarray,
-              act_floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows per ZeRO stage of held static + other - capacity per rank, and whether the least activations fit
-        on every rank (shared by the groups that differ only in recompute and tp_overlap)."""
-        fixed = self.state.members.rank_fixed_rows(group, schedule, vpp, zeros)
+              act_floor: np.ndarray, fixed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows per ZeRO stage of held static + other - capacity per rank (`fixed` when the caller has them), and
+        whether the least activations fit on every rank (shared by the groups that differ only in recompute and
+        tp_overlap)."""
+        fixed = self.state.members.rank_fixed_rows(group, schedule, vpp, zeros) if fixed is None else fixed
         return fixed, (fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES
 
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
