@@ -202,8 +202,9 @@ class Floors(BoundsState):
 
         def make():
             variants = self.variants(group)
-            inflight = np.stack([np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
-                self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]) for vpp, schedules in variants])
+            inflight = self._cached(("inflight_rows", f.pp, m, tuple(variants)), lambda: np.stack([np.minimum.reduce([
+                self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                    self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]) for vpp, schedules in variants]))
             looped = [[s for s in schedules if s != "2bw"] for _, schedules in variants]
             if all(looped):  # one memory class (not 2BW) in every entry: all of them in one array operation
                 fixed = self.class_fixed_rows(group, [(vpp, each[-1]) for (vpp, _), each in zip(variants, looped)], zeros)
