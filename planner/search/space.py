@@ -282,12 +282,33 @@ class Space:
         self.rank_order = (tuple(order.axes),) if order is not None else None
         self.zero_by_pp = (opts.zero_stages_for(1), opts.zero_stages_for(2))
         self.group_rules = tuple(r for r in opts.profile.capabilities.exclusions if set(r.when) <= GROUP_FIELDS)
+        self.axis_rules = self._axis_rules()
         self.schedule_variants: dict[int, tuple[tuple[str, int], ...]] = {}
         self.variant_table: dict[tuple[int, bool], tuple[tuple[tuple[str, int], ...], Counter]] = {}
         for pp in self.pipeline_degrees():
             self.schedule_variants[pp] = tuple(schedule_variants(pp, self.model.num_layers, opts))
             for divisible in (True, False):
                 self.variant_table[(pp, divisible)] = self._variant_rules(pp, divisible)
+
+    def _axis_rules(self) -> dict[str, dict[int, str | None]]:
+        """Per axis and degree, the first structural rule that degree alone breaks (a `pruned` key), decided once
+        for every divisor of the GPU count: tp must divide the heads, the KV heads (not with MLA) and the FFN
+        width; dp the global batch; 2*cp the sequence; ep the experts."""
+        m, r = self.model, self.request
+        degrees = divisors(r.gpus)
+
+        def tp_rule(tp: int) -> str | None:
+            if m.num_attention_heads % tp:
+                return "heads_not_divisible_by_tp"
+            if m.mla is None and m.kv_heads % tp:
+                return "kv_heads_not_divisible_by_tp"
+            return "ffn_not_divisible_by_tp" if m.ffn_hidden_size % tp else None
+
+        return {"tp": {tp: tp_rule(tp) for tp in degrees},
+                "dp": {dp: "global_batch_not_divisible_by_dp" if r.global_batch_size % dp else None for dp in degrees},
+                "cp": {cp: "seq_len_not_divisible_by_2cp" if cp > 1 and r.seq_len % (2 * cp) else None for cp in degrees},
+                "ep": {ep: "experts_not_divisible_by_ep" if m.moe is not None and m.moe.num_experts % ep else None
+                       for ep in degrees}}
 
     def pipeline_degrees(self) -> list[int]:
         """Every pp a factorisation of the space can have (a divisor of gpus, at most the decoder layers)."""
@@ -351,21 +372,15 @@ class Space:
 
     def fact_reason(self, fact: Factorisation) -> str | None:
         """The first structural rule a factorisation breaks, as a `pruned` key; None when it is valid."""
-        m, r = self.model, self.request
-        if m.num_attention_heads % fact.tp:
-            return "heads_not_divisible_by_tp"
-        if m.mla is None and m.kv_heads % fact.tp:
-            return "kv_heads_not_divisible_by_tp"
-        if m.ffn_hidden_size % fact.tp:
-            return "ffn_not_divisible_by_tp"
-        if r.global_batch_size % fact.dp:
-            return "global_batch_not_divisible_by_dp"
+        m, rules = self.model, self.axis_rules
+        reason = rules["tp"][fact.tp] or rules["dp"][fact.dp]
+        if reason is not None:
+            return reason
         if fact.dp % self.opts.dp_replicate or (self.opts.dp_replicate > 1 and fact.ep > 1):
             return "hsdp_not_dividing_dp" if fact.dp % self.opts.dp_replicate else "hsdp_with_ep_not_priced"
-        if fact.cp > 1 and r.seq_len % (2 * fact.cp):
-            return "seq_len_not_divisible_by_2cp"
-        if m.moe is not None and m.moe.num_experts % fact.ep:
-            return "experts_not_divisible_by_ep"
+        reason = rules["cp"][fact.cp] or rules["ep"][fact.ep]
+        if reason is not None:
+            return reason
         refused = parallel_refusal(self.opts.profile, Config(dp=fact.dp, tp=fact.tp, pp=fact.pp, cp=fact.cp, ep=fact.ep,
                                                              tied_embeddings=m.tied_embeddings))
         return refused[0] if refused is not None else None
