@@ -209,7 +209,7 @@ class _Search:
                 self.memory_pruned(group)
                 self.done(1)
         elif stage == COUPLE:
-            coupled = self.floors.coupled(group, self.space.zero_stages(group.fact.pp))
+            coupled = self.floors.coupled(group, self.space.rules.zero_stages(group.fact.pp))
             if coupled:
                 push(max(lower, self.floors.placed_floor(group, coupled)), tie, COUPLED, group, coupled)
             else:

@@ -116,7 +116,7 @@ class Floors(BoundsState):
         found = self.memo.get(key)
         if found is None:
             by_vpp: dict[tuple[int, bool], list[str]] = {}
-            for schedule, vpp in self.state.space.valid_variants(f.pp, group.num_microbatches):
+            for schedule, vpp in self.state.space.rules.valid_variants(f.pp, group.num_microbatches):
                 if schedule == "2bw" and group.num_microbatches < f.pp and self.cost.validity_reasons(
                         self.candidate(group, schedule=schedule)):
                     continue
@@ -169,7 +169,7 @@ class Floors(BoundsState):
         member fits) and with static_r, so these least values bound every (schedule, ZeRO stage). inf: no member
         of the group fits."""
         f, m = group.fact, group.num_microbatches
-        zeros = self.state.space.zero_stages(f.pp)
+        zeros = self.state.space.rules.zero_stages(f.pp)
         variants = self.variants(group)
         if not zeros or not variants:
             return np.inf

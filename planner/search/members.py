@@ -96,7 +96,7 @@ class Members(BoundsState):
         act = rank_sums(arrays[0][1].activation_bytes, ranks, f.pp)  # activations read no link
         act_floor = rank_sums(arrays[0][1].floor_bytes, ranks, f.pp)
         ratios: dict[int, np.ndarray] = {}
-        allowed = state.space.zero_stages(f.pp)
+        allowed = state.space.rules.zero_stages(f.pp)
         for zero in self.opts.zero_stages:
             if zero not in allowed:
                 pruned["zero_stage_not_in_framework"] += len(arrays)

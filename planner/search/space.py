@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import BadInputError
-from planner.frameworks import (GROUP_FIELDS, Config, group_refusal, interleaved_split_reason, load_framework, model_refusal,
-                                parallel_refusal, precision_refusal)
+from planner.frameworks import Config, group_refusal, load_framework, model_refusal, parallel_refusal, precision_refusal
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
+from planner.search.stack_rules import StackRules
 
 FLAT_SCHEDULES = ("gpipe", "1f1b", "2bw", "zero-bubble")
 V_SCHEDULES = ("zbv", "dualpipev")  # planner.cost.schedule.V_SCHEDULES: vpp 2 in a V
@@ -275,71 +275,16 @@ class Space:
         self.pruned: Counter[str] = Counter()
         self.considered = 0
         self._sizes: dict[int, list[int]] = {}
-        # What the stack runs, read from its profile once here rather than asked again at each stage of the branch
-        # and bound: its rank order, the ZeRO stages it runs with and without pp, its exclusions that read only a
-        # group's fields, and per pipeline degree the (schedule, vpp) variants with its interleaving rules applied.
-        order = opts.profile.capabilities.rank_order
-        self.rank_order = (tuple(order.axes),) if order is not None else None
-        self.zero_by_pp = (opts.zero_stages_for(1), opts.zero_stages_for(2))
-        self.group_rules = tuple(r for r in opts.profile.capabilities.exclusions if set(r.when) <= GROUP_FIELDS)
-        self.axis_rules = self._axis_rules()
-        self.schedule_variants: dict[int, tuple[tuple[str, int], ...]] = {}
-        self.variant_table: dict[tuple[int, bool], tuple[tuple[tuple[str, int], ...], Counter]] = {}
-        for pp in self.pipeline_degrees():
-            self.schedule_variants[pp] = tuple(schedule_variants(pp, self.model.num_layers, opts))
-            for divisible in (True, False):
-                self.variant_table[(pp, divisible)] = self._variant_rules(pp, divisible)
-
-    def _axis_rules(self) -> dict[str, dict[int, str | None]]:
-        """Per axis and degree, the first structural rule that degree alone breaks (a `pruned` key), decided once
-        for every divisor of the GPU count: tp must divide the heads, the KV heads (not with MLA) and the FFN
-        width; dp the global batch; 2*cp the sequence; ep the experts."""
-        m, r = self.model, self.request
-        degrees = divisors(r.gpus)
-
-        def tp_rule(tp: int) -> str | None:
-            if m.num_attention_heads % tp:
-                return "heads_not_divisible_by_tp"
-            if m.mla is None and m.kv_heads % tp:
-                return "kv_heads_not_divisible_by_tp"
-            return "ffn_not_divisible_by_tp" if m.ffn_hidden_size % tp else None
-
-        return {"tp": {tp: tp_rule(tp) for tp in degrees},
-                "dp": {dp: "global_batch_not_divisible_by_dp" if r.global_batch_size % dp else None for dp in degrees},
-                "cp": {cp: "seq_len_not_divisible_by_2cp" if cp > 1 and r.seq_len % (2 * cp) else None for cp in degrees},
-                "ep": {ep: "experts_not_divisible_by_ep" if m.moe is not None and m.moe.num_experts % ep else None
-                       for ep in degrees}}
-
-    def pipeline_degrees(self) -> list[int]:
-        """Every pp a factorisation of the space can have (a divisor of gpus, at most the decoder layers)."""
-        pinned = self.opts.fixed.get("pp")
-        return [pp for pp in divisors(self.request.gpus) if pp <= self.model.num_layers and pinned in (None, pp)]
-
-    def _variant_rules(self, pp: int, divisible: bool) -> tuple[tuple[tuple[str, int], ...], Counter]:
-        """The (schedule, vpp) variants at this pp that the stack's interleaving rules allow, and the count of the
-        others per rule, when pp divides num_microbatches (`divisible`) or not: the rules read nothing else
-        (planner.frameworks.interleaved_split_reason)."""
-        valid, rules = [], Counter()
-        for schedule, vpp in schedule_variants(pp, self.model.num_layers, self.opts):
-            found = None if vpp == 1 else interleaved_split_reason(
-                self.opts.profile, num_layers=self.model.num_layers, pp=pp, vpp=vpp, num_microbatches=0 if divisible else 1)
-            if found is None:
-                valid.append((schedule, vpp))
-            else:
-                rules[found[0]] += 1
-        return tuple(valid), rules
+        # what the stack runs and the model allows, read once here (planner.search.stack_rules), not at each stage
+        pinned, layers = opts.fixed.get("pp"), self.model.num_layers
+        degrees = divisors(request.gpus)
+        self.schedule_variants = {pp: tuple(schedule_variants(pp, layers, opts)) for pp in degrees
+                                  if pp <= layers and pinned in (None, pp)}
+        self.rules = StackRules(request, opts, self.schedule_variants, degrees)
 
     def orders(self, fact: Factorisation) -> tuple[tuple[str, ...], ...]:
         """axis_orders of the factorisation under this stack (its fixed rank order, when it has one)."""
-        return self.rank_order or _orders(fact.pp > 1, fact.dp > 1, fact.cp > 1)
-
-    def zero_stages(self, pp: int) -> tuple[int, ...]:
-        """Options.zero_stages_for(pp), read once."""
-        return self.zero_by_pp[pp > 1]
-
-    def valid_variants(self, pp: int, num_microbatches: int) -> tuple[tuple[str, int], ...]:
-        """The (schedule, vpp) variants of a group with this pp and num_microbatches that pass the interleaving rules."""
-        return self.variant_table[(pp, num_microbatches % pp == 0)][0]
+        return self.rules.rank_order or _orders(fact.pp > 1, fact.dp > 1, fact.cp > 1)
 
     def factorisations(self) -> Iterator[Factorisation]:
         gpus, gpn, fixed = self.request.gpus, self.request.topology.gpus_per_node, self.opts.fixed
@@ -372,7 +317,7 @@ class Space:
 
     def fact_reason(self, fact: Factorisation) -> str | None:
         """The first structural rule a factorisation breaks, as a `pruned` key; None when it is valid."""
-        m, rules = self.model, self.axis_rules
+        m, rules = self.model, self.rules.axis
         reason = rules["tp"][fact.tp] or rules["dp"][fact.dp]
         if reason is not None:
             return reason
@@ -416,7 +361,7 @@ class Space:
     def refuses_group(self, group: Group) -> bool:
         """True (and the group's members counted under the rule's key) when the framework refuses every member of
         the group for its group-level fields (planner.frameworks.group_refusal)."""
-        if not self.group_rules:  # the stack has no exclusion on a group's fields alone
+        if not self.rules.group_rules:  # the stack has no exclusion on a group's fields alone
             return False
         f = group.fact
         config = Config(dp=f.dp, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep, sp=group.sp, recompute=group.recompute,
@@ -442,7 +387,7 @@ class Space:
         """(schedule, vpp, members) of a group that pass the interleaving rules; the rest are counted pruned."""
         f = group.fact
         per_variant = len(self.opts.zero_stages) * len(self.orders(f))
-        valid, rules = self.variant_table[(f.pp, group.num_microbatches % f.pp == 0)]
+        valid, rules = self.rules.variants(f.pp, group.num_microbatches)
         for rule, count in rules.items():
             self.pruned[rule] += count * per_variant
         for schedule, vpp in valid:
@@ -455,7 +400,7 @@ class Space:
 
     def prune_members(self, fact: Factorisation, num_microbatches: int, reason: str, copies: int) -> None:
         """prune_group for `copies` groups of `fact` with `num_microbatches`."""
-        valid, rules = self.variant_table[(fact.pp, num_microbatches % fact.pp == 0)]
+        valid, rules = self.rules.variants(fact.pp, num_microbatches)
         per_variant = len(self.opts.zero_stages) * len(self.orders(fact)) * copies
         for rule, count in rules.items():
             self.pruned[rule] += count * per_variant
