@@ -187,6 +187,32 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     docstring: the ring all-reduce, reduce-scatter and all-gather read the node count through "spans nodes" and
     the inter-node ring over the nodes, both least at the fewest nodes), at most the time under every placement:
     the dp x cp reduction runs on the dp axis's footprint (planner.cost.links), the exposure grows with it."""
+    row = _dp_rows(model, cand, ranks)
+    if floor and cand.dp_replicate > 1:  # HSDP: no footprint floor derived for its two groups; 0 is a floor
+        return 0.0
+    if not floor:
+        links = model.links(cand)
+        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
+    return float(dp_exposed_rows(model, cand, _floor_terms(model, cand), row).max(axis=-1).min())
+
+
+def dp_exposed_floors_s(model: "CostModel", cands: list["Candidate"], splits: list[np.ndarray]) -> list[float]:
+    """dp_exposed_s(floor=True) of each candidate with its modules on the ranks of its split (the variants of a
+    group at one ZeRO stage: they differ in vpp and schedule only), in one array operation: rows (footprint,
+    split, rank)."""
+    cand = cands[0]
+    if cand.dp_replicate > 1:
+        return [0.0] * len(splits)
+    rows = [_dp_rows(model, each, ranks) for each, ranks in zip(cands, splits)]
+    stacked = {name: np.stack([row[name] for row in rows]) for name in rows[0]}
+    terms = _floor_terms(model, cand)
+    columns = _DpTerms(*((slope[:, :, None], intercept[:, :, None]) for slope, intercept in
+                         (getattr(terms, f.name) for f in dataclasses.fields(_DpTerms))))
+    return dp_exposed_rows(model, cand, columns, stacked).max(axis=-1).min(axis=0).tolist()
+
+
+def _dp_rows(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> dict:
+    """Per-rank sums of the parameters and compute dp_exposed reads, memoised per shape and split."""
     def rows() -> dict:
         dense, expert = module_params_of(model, cand)
         fwd, bwd = compute_rows(model, cand)
@@ -196,22 +222,20 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
                 "bwd_compute": np.bincount(ranks, weights=bwd, minlength=pp),
                 "compute": np.bincount(ranks, weights=fwd + bwd, minlength=pp)}
 
-    row = _memo(model, ("dp_rows", cand.tp, cand.cp, cand.ep, cand.pp, cand.microbatch_size, cand.sp,
-                        cand.tp_overlap, ranks.tobytes()), rows)
-    if floor and cand.dp_replicate > 1:  # HSDP: no footprint floor derived for its two groups; 0 is a floor
-        return 0.0
-    if not floor:
-        links = model.links(cand)
-        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
+    return _memo(model, ("dp_rows", cand.tp, cand.cp, cand.ep, cand.pp, cand.microbatch_size, cand.sp,
+                         cand.tp_overlap, ranks.tobytes()), rows)
+
+
+def _floor_terms(model: "CostModel", cand: "Candidate") -> _DpTerms:
+    """The dp and expert-dp fits over every footprint of the dp axis's groups, as columns (module docstring)."""
     edp = max(1, cand.dp * cand.cp // cand.ep)
     key = (cand.dp, cand.tp, cand.world_size, cand.cp, edp)  # what the footprints' dp and expert-dp links read
     links = _memo(model, ("dp_floor_links", *key), lambda: tuple(
         (dataclasses.replace(link, size=cand.dp * cand.cp), dataclasses.replace(link, size=edp))
         for link in _footprints(model, cand, cand.dp)))
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # what _dp_terms reads of the candidate, as its key
-    terms = _memo(model, ("dp_floor_terms", cand.zero_stage, m, *key), lambda: _columns(
+    return _memo(model, ("dp_floor_terms", cand.zero_stage, m, *key), lambda: _columns(
         [_dp_terms(model, cand, dp, expert_dp) for dp, expert_dp in links]))
-    return float(dp_exposed_rows(model, cand, terms, row).max(axis=-1).min())
 
 
 def _columns(terms: list[_DpTerms]) -> _DpTerms:

@@ -318,12 +318,21 @@ class Floors(BoundsState):
             time_s += self.pp_comm_floor_s(group, vpp, schedule)
             if time_s >= best:
                 continue
-            v = schedule in V_SCHEDULES
-            dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: cost_bounds.dp_exposed_s(self.cost,
-                self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": schedule} if v else {})),
-                self.shape(f.pp, vpp, schedule).ranks, floor=True))
-            best = min(best, time_s + dp)
+            best = min(best, time_s + self.dp_floors(group, zero)[(vpp, schedule in V_SCHEDULES)])
         return best
+
+    def dp_floors(self, group: Group, zero: int) -> dict[tuple[int, bool], float]:
+        """planner.cost.bounds.dp_exposed_s(floor=True) at this ZeRO stage under the split of every variant of the
+        group, by (vpp, V placement), in one array operation (planner.cost.bounds.dp_exposed_floors_s)."""
+        f = group.fact
+
+        def make() -> dict[tuple[int, bool], float]:
+            layout = {(vpp, schedules[0] in V_SCHEDULES): schedules[0] for vpp, schedules in self.variants(group)}
+            cands = [self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": s} if v else {})) for (vpp, v), s in layout.items()]
+            splits = [self.shape(f.pp, vpp, s).ranks for (vpp, _), s in layout.items()]
+            return dict(zip(layout, cost_bounds.dp_exposed_floors_s(self.cost, cands, splits)))
+
+        return self._cached(("dp_floors", f, zero, group.microbatch_size, group.sp), make)
 
     def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple, bool]]:
         """`coupled` plus each axis order's pp communication (planner.cost.p2p.pp_comm_s): (bound, vpp, zero, order),
