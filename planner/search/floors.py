@@ -32,8 +32,7 @@ from planner.cost import bounds as cost_bounds
 from planner.cost import p2p
 from planner.cost.schedule import CHUNKED, V_SCHEDULES
 from planner.search import bounds
-from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
-                                         recompute_floor_s,
+from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, recompute_floor_s,
                                          step_lower_s, variant_shape)
 from planner.search.space import Factorisation, Group
 
@@ -126,7 +125,7 @@ class Floors(BoundsState):
 
     def variant_ranks(self, group: Group) -> np.ndarray:
         """The rank of every module under each entry of `variants`, as one bincount index (entry i's ranks + i * pp):
-        per-rank sums of every variant in one call, each sum added in the order rank_sums adds it."""
+        per-rank sums of every variant in one call, each sum added in the order group_bounds.rank_sums adds it."""
         f = group.fact
 
         def make() -> np.ndarray:
