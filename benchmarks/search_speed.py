@@ -69,7 +69,7 @@ class TimedCostModel:
 # What the search asks of the cost layer besides the CostModel's methods: free functions that take the model
 # (planner.cost.bounds, planner.cost.p2p; issue 22 item 3). Timed like the methods, on the unwrapped model.
 COST_FUNCTIONS = (("planner.cost.bounds", ("floor_costs", "per_sample_floor_s", "floor_time_sum_s", "held_static_bytes",
-                                           "pp_comm_floors_s", "dp_exposed_s", "dp_exposed_floors_s")),
+                                           "pp_comm_floors_s", "dp_exposed_s", "dp_split_rows", "dp_exposed_floors_s")),
                   ("planner.cost.p2p", ("pp_comm_s",)))
 
 

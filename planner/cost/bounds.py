@@ -196,19 +196,32 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     return float(dp_exposed_rows(model, cand, _floor_terms(model, cand), row).max(axis=-1).min())
 
 
-def dp_exposed_floors_s(model: "CostModel", cands: list["Candidate"], splits: list[np.ndarray]) -> list[float]:
-    """dp_exposed_s(floor=True) of each candidate with its modules on the ranks of its split (the variants of a
-    group at one ZeRO stage: they differ in vpp and schedule only), in one array operation: rows (footprint,
-    split, rank)."""
-    cand = cands[0]
+def dp_split_rows(model: "CostModel", cands: list["Candidate"], splits: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-rank parameter and compute sums dp_exposed reads, of each candidate with its modules on the ranks of
+    its split (the variants of one group: they differ in vpp and schedule only), as rows (split, rank): one bincount
+    per sum, each bin added in the order a single split's bincount adds it."""
+    pp, count = cands[0].pp, len(splits)
+    index = np.concatenate([ranks + i * pp for i, ranks in enumerate(splits)])
+    params = [module_params_of(model, each) for each in cands]  # a V keeps no tied copy of the embedding
+    fwd, bwd = compute_rows(model, cands[0])
+
+    def sums(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(index, weights=weights, minlength=count * pp).reshape(count, pp)
+
+    return {"dense": sums(np.concatenate([dense for dense, _ in params])),
+            "expert": sums(np.concatenate([expert for _, expert in params])),
+            "bwd_compute": sums(np.tile(bwd, count)), "compute": sums(np.tile(fwd + bwd, count))}
+
+
+def dp_exposed_floors_s(model: "CostModel", cand: "Candidate", rows: dict[str, np.ndarray]) -> list[float]:
+    """dp_exposed_s(floor=True) at the candidate's ZeRO stage under each split of dp_split_rows' `rows`, in one
+    array operation: (footprint, split, rank)."""
     if cand.dp_replicate > 1:
-        return [0.0] * len(splits)
-    rows = [_dp_rows(model, each, ranks) for each, ranks in zip(cands, splits)]
-    stacked = {name: np.stack([row[name] for row in rows]) for name in rows[0]}
+        return [0.0] * len(rows["dense"])
     terms = _floor_terms(model, cand)
     columns = _DpTerms(*((slope[:, :, None], intercept[:, :, None]) for slope, intercept in
                          (getattr(terms, f.name) for f in dataclasses.fields(_DpTerms))))
-    return dp_exposed_rows(model, cand, columns, stacked).max(axis=-1).min(axis=0).tolist()
+    return dp_exposed_rows(model, cand, columns, rows).max(axis=-1).min(axis=0).tolist()
 
 
 def _dp_rows(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> dict:

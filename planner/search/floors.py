@@ -324,14 +324,15 @@ class Floors(BoundsState):
         """planner.cost.bounds.dp_exposed_s(floor=True) at this ZeRO stage under the split of every variant of the
         group, by (vpp, V placement), in one array operation (planner.cost.bounds.dp_exposed_floors_s)."""
         f = group.fact
+        layout = self._cached(("dp_layout", f, group.num_microbatches), lambda: {
+            (vpp, schedules[0] in V_SCHEDULES): schedules[0] for vpp, schedules in self.variants(group)})
 
-        def make() -> dict[tuple[int, bool], float]:
-            layout = {(vpp, schedules[0] in V_SCHEDULES): schedules[0] for vpp, schedules in self.variants(group)}
+        def rows() -> dict[str, np.ndarray]:  # the splits' sums, shared by the ZeRO stages
             cands = [self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": s} if v else {})) for (vpp, v), s in layout.items()]
-            splits = [self.shape(f.pp, vpp, s).ranks for (vpp, _), s in layout.items()]
-            return dict(zip(layout, cost_bounds.dp_exposed_floors_s(self.cost, cands, splits)))
+            return cost_bounds.dp_split_rows(self.cost, cands, [self.shape(f.pp, vpp, s).ranks for (vpp, _), s in layout.items()])
 
-        return self._cached(("dp_floors", f, zero, group.microbatch_size, group.sp), make)
+        return self._cached(("dp_floors", f, zero, group.microbatch_size, group.sp), lambda: dict(zip(layout, cost_bounds.dp_exposed_floors_s(
+            self.cost, self.candidate(group, zero_stage=zero), self._cached(("dp_rows", f, group.microbatch_size, group.sp), rows)))))
 
     def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple, bool]]:
         """`coupled` plus each axis order's pp communication (planner.cost.p2p.pp_comm_s): (bound, vpp, zero, order),
