@@ -123,16 +123,18 @@ class Floors(BoundsState):
             found = self.memo[key] = [(vpp, tuple(schedules)) for (vpp, _), schedules in by_vpp.items()]
         return found
 
-    def variant_ranks(self, group: Group) -> np.ndarray:
-        """The rank of every module under each entry of `variants`, as one bincount index (entry i's ranks + i * pp):
-        per-rank sums of every variant in one call, each sum added in the order group_bounds.rank_sums adds it."""
+    def variant_ranks(self, group: Group) -> tuple[np.ndarray, np.ndarray]:
+        """The rank of every module under each entry of `variants`, as one bincount index (entry i's ranks + i * pp),
+        and the module of each position: per-rank sums of every variant in one call, each sum added in the order
+        group_bounds.rank_sums adds it."""
         f = group.fact
 
-        def make() -> np.ndarray:
+        def make() -> tuple[np.ndarray, np.ndarray]:
             layout = tuple((vpp, schedules[0] in V_SCHEDULES) for vpp, schedules in self.variants(group))
-            return self._cached(("variant_ranks", f.pp, layout), lambda: np.concatenate(
+            return self._cached(("variant_ranks", f.pp, layout), lambda: (np.concatenate(
                 [self.shape(f.pp, vpp, V_SCHEDULES[0] if v else "1f1b").ranks + i * f.pp for i, (vpp, v) in enumerate(layout)])
-                if layout else np.zeros(0, np.int64))  # the same for every factorisation with this pp and layout
+                if layout else np.zeros(0, np.int64), np.tile(np.arange(self.num_layers + 2), len(layout))))
+            # the same for every factorisation with this pp and layout; with each entry's module index
 
         return self._cached(("variant_ranks", f, group.num_microbatches), make)
 
@@ -144,9 +146,9 @@ class Floors(BoundsState):
 
     def variant_sums(self, group: Group, values: np.ndarray) -> np.ndarray:
         """Per-rank sums of a per-module array under each entry of `variants`: rows of pp."""
-        rows = len(self.variants(group))
-        index = self.variant_ranks(group)
-        return np.bincount(index, weights=np.tile(values, rows), minlength=rows * group.fact.pp).reshape(rows, group.fact.pp)
+        index, modules = self.variant_ranks(group)
+        rows = len(modules) // (self.num_layers + 2)
+        return np.bincount(index, weights=values.take(modules), minlength=rows * group.fact.pp).reshape(rows, group.fact.pp)
 
     def time(self, group: Group) -> float:
         """Bound (3) with x = 0 on the placement-floor arrays, the least over the variants, each with pp
