@@ -19,7 +19,9 @@ from planner.cost.derivation import implied_ceiling
 from planner.cost.evaluate import Evaluation
 from planner.cost.model import Candidate, CostModel
 from planner.cost.stack import options_for
+from planner.frameworks import load_framework
 from planner.models import counting
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import PlanRequest
 
 RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
@@ -37,6 +39,7 @@ class Case:
     candidates: list[Candidate]
     overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
     full_every: int | None = None  # every n-th decoder layer fully recomputed (published_runs.layer_checkpoint_every)
+    profile: FrameworkProfile | None = None  # the request's stack profile, read once per run
 
 
 def read_runs(path: Path) -> list[dict]:
@@ -79,13 +82,14 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
     flavours = P.cp_flavour_of(run, stack, off)
     fixed = {"cp_flavours": flavours} if flavours else {}
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
-                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every)
+                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every, load_framework(request.framework))
 
 
 def options(case: Case, request: PlanRequest | None = None):
     """The stack's CostOptions (its profile, planner.cost.stack) with the case's overrides applied."""
     request = request or case.request
-    return dataclasses.replace(options_for(request.framework, request.precision), **case.overrides)
+    framework = case.profile if request.framework == case.request.framework else request.framework
+    return dataclasses.replace(options_for(framework, request.precision), **case.overrides)
 
 
 def cost_model(case: Case, ceiling: float | None, overhead: float | None = None) -> CostModel:
@@ -93,7 +97,7 @@ def cost_model(case: Case, ceiling: float | None, overhead: float | None = None)
     cal = device_calibration(case.request.topology.device, framework=case.stack)
     if ceiling is not None:
         cal = dataclasses.replace(cal, matmul_ceiling_fraction=ceiling)
-    return CostModel(case.request, calibration=cal, step_overhead=overhead, options=options(case))
+    return CostModel(case.request, framework=case.profile, calibration=cal, step_overhead=overhead, options=options(case))
 
 
 def choose(case: Case, ceiling: float | None = None, overhead: float | None = None):

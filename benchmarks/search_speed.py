@@ -1,6 +1,7 @@
 """Solver speed on four scales: prints, per case, the size of the space, what was evaluated and pruned, the wall
-time and the plan found. Goal: each under 2 s on a 2-core machine, over the full space (no silent narrowing:
-configurations considered = evaluated and fitting + pruned, every pruned one counted under its reason).
+and CPU time and the plan found. Goal: each under 1 s of CPU on a 2-core machine (issue 22), over the full space
+(no silent narrowing: configurations considered = evaluated and fitting + pruned, every pruned one counted under
+its reason).
 
 Each case is searched for each framework (default: megatron-core and torchtitan, the stacks with the largest
 spaces: context parallelism, MoE folding, four schedules; `planner`, our executor's, is a subset of them).
@@ -18,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-GOAL_S = 2.0
+GOAL_S = 1.0  # CPU seconds per case (the wall time of a shared machine includes waiting for a core)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class TimedCostModel:
 # What the search asks of the cost layer besides the CostModel's methods: free functions that take the model
 # (planner.cost.bounds, planner.cost.p2p; issue 22 item 3). Timed like the methods, on the unwrapped model.
 COST_FUNCTIONS = (("planner.cost.bounds", ("floor_costs", "per_sample_floor_s", "floor_time_sum_s", "held_static_bytes",
-                                           "pp_comm_floor_s", "dp_exposed_s")),
+                                           "pp_comm_floors_s", "dp_exposed_s", "dp_split_rows", "dp_exposed_floors_s")),
                   ("planner.cost.p2p", ("pp_comm_s",)))
 
 
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         print("-" * len(header))
         for r in rows:
-            flag = "" if r["wall_s"] <= GOAL_S else "  (over the 2 s goal)"
+            flag = "" if r["cpu_s"] <= GOAL_S else f"  (over the {GOAL_S:g} s goal)"
             print(f"{r['case']:<13}{r['framework']:<14}{r['gpus']:>7}{r['considered']:>13,}{r['evaluated']:>11,}{r['pruned']:>13,}"
                   f"{r['wall_s']:>8.2f}{r['cpu_s']:>7.2f}{r['cost_model_cpu_s']:>8.2f}  {r['chosen']} -> {r['step_time_s']}{flag}")
         print("cpu s: CPU time of this process (the machine is shared; wall time includes waiting for a core);"

@@ -198,7 +198,7 @@ def estimate(request: PlanRequest, config: Configuration, *, trace_memory: bool 
     `trace_memory`: also trace the executor's step for its memory (planner.memory_trace; memory.traced)."""
     from planner.estimate import estimate as _estimate
 
-    result = _estimate(request, config)
+    result = _estimate(request, config, framework=load_framework(request.framework))  # the one read of its profile
     if trace_memory:
         from planner.memory_trace import trace_memory as _trace, with_trace
 
@@ -212,11 +212,12 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memo
     (planner.memory_trace)."""
     from planner.search.driver import plan as _plan
 
-    result = _plan(request, progress=progress)
+    framework = load_framework(request.framework)  # the request's profile, read once and handed down
+    result = _plan(request, progress=progress, framework=framework)
     if trace_memory:
         from planner.memory_trace import verify_plan
 
-        result = verify_plan(result, wider=lambda: _plan(_wider(request)))
+        result = verify_plan(result, wider=lambda: _plan(_wider(request), framework=framework))
     return result
 
 

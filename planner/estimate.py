@@ -20,18 +20,20 @@ from planner.errors import BadInputError
 from planner.frameworks import config_of, load_framework, model_refusal, refusal
 from planner.frameworks_split import split_refusal
 from planner.plan import build_launch_plan
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import Configuration, LaunchPlan, PlanRequest
 
 
-def estimate(request: PlanRequest, config: Configuration, *, options: CostOptions | None = None,
-             calibration: DeviceCalibration | None = None) -> LaunchPlan:
-    """Evaluate `config` on `request`; the LaunchPlan says whether it fits and why not."""
+def estimate(request: PlanRequest, config: Configuration, *, framework: FrameworkProfile | None = None,
+             options: CostOptions | None = None, calibration: DeviceCalibration | None = None) -> LaunchPlan:
+    """Evaluate `config` on `request`; the LaunchPlan says whether it fits and why not. `framework`: the request's
+    stack profile, resolved once by the caller (planner.api), else read here by its name."""
     cand = candidate_of(request, config)
-    model = CostModel(request, options=options, calibration=calibration)
+    profile = framework if framework is not None else load_framework(request.framework)
+    model = CostModel(request, framework=profile, options=options, calibration=calibration)
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))
-    profile = load_framework(request.framework)
     model_refused = model_refusal(profile, request.model)
     if model_refused is not None:
         raise BadInputError(model_refused)

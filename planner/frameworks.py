@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from planner.errors import BadInputError
@@ -40,10 +39,13 @@ def list_frameworks() -> list[str]:
 
 
 def load_framework(ref: str) -> FrameworkProfile:
-    """A shipped profile by name, or a profile file; unknown names get the list and a close match."""
+    """A shipped profile by name, or a profile file; unknown names get the list and a close match.
+
+    Read from its file at each call, kept nowhere: a request's profile is resolved once where the request enters
+    (planner.api; the search, the cost model, estimate and the exporters' entries) and the object is handed down."""
     preset = frameworks_dir() / f"{ref}{PROFILE_SUFFIX}"
     if preset.is_file():
-        return _load_cached(str(preset), preset.stat().st_mtime_ns)
+        return load_file(FrameworkProfile, preset)
     path = Path(ref).expanduser()
     if ref.endswith((".yaml", ".yml", ".json")) and path.is_file():
         return load_file(FrameworkProfile, path)
@@ -53,11 +55,6 @@ def load_framework(ref: str) -> FrameworkProfile:
         close = [Path(ref).stem]
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise BadInputError(f"framework={ref!r} is unknown: {hint}choose one of {', '.join(names)} or a profile file path")
-
-
-@lru_cache(maxsize=16)
-def _load_cached(path: str, _mtime_ns: int) -> FrameworkProfile:
-    return load_file(FrameworkProfile, path)
 
 
 @dataclass(frozen=True, kw_only=True)

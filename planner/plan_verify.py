@@ -55,11 +55,12 @@ def rederived(plan: LaunchPlan) -> LaunchPlan:
                            recompute=modes.pop(), stage_layers=tuple(_decoder_count(stage.layers) for stage in ordered))
     request = plan.request
     cand = candidate_of(request, config)
-    model = CostModel(request)
+    profile = load_framework(request.framework)  # read once: the judge and the cost model share it
+    model = CostModel(request, framework=profile)
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))
-    refused = refusal(load_framework(request.framework), config_of(cand, model=request.model, precision=request.precision))
+    refused = refusal(profile, config_of(cand, model=request.model, precision=request.precision))
     if refused is not None:
         raise BadInputError(refused[1])
     reasons = model.validity_reasons(cand)

@@ -27,6 +27,7 @@ from planner.cost.validity import input_reasons
 from planner.errors import BadInputError
 from planner.frameworks import config_of, load_framework, refusal
 from planner.schemas.calibration import CalibrationOverlay, LeaveOneOut, RunFit
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.model import ModelSpec
 from planner.schemas.plan import PlanRequest
 from planner.schemas.runs import MeasuredRun
@@ -45,12 +46,13 @@ class Case:
     request: PlanRequest
     cand: Candidate
     shipped: DeviceCalibration
+    framework: FrameworkProfile  # the run's stack profile, read once (every CostModel of the fit shares it)
 
     @lru_cache(maxsize=None)  # noqa: B019 - cases live as long as one derivation
     def step_s(self, ceiling: float | None) -> float:
         """Predicted step time without the per-step overhead, at a GEMM ceiling (None: the shipped one)."""
         cal = self.shipped if ceiling is None else dataclasses.replace(self.shipped, matmul_ceiling_fraction=ceiling)
-        return CostModel(self.request, calibration=cal, step_overhead=0.0).evaluate(self.cand).step_time_s
+        return CostModel(self.request, framework=self.framework, calibration=cal, step_overhead=0.0).evaluate(self.cand).step_time_s
 
     @lru_cache(maxsize=None)  # noqa: B019 - every leave-one-out fold asks again
     def implied(self, overhead: float) -> float:
@@ -69,13 +71,14 @@ def priced_case(run: MeasuredRun, model: ModelSpec, topology: Topology) -> Case:
                               seq_len=run.seq_len, precision=run.precision, framework=run.framework)
         cand = candidate_of(request, run.configuration)
         bad = input_reasons(request, cand)
-        refused = refusal(load_framework(run.framework), config_of(cand, model=model, precision=run.precision))
+        profile = load_framework(run.framework)
+        refused = refusal(profile, config_of(cand, model=model, precision=run.precision))
     except BadInputError as exc:
         raise BadInputError(f"run {run.name}: {exc}") from None
     if bad or refused:
         raise BadInputError(f"run {run.name}: {'; '.join(bad) if bad else refused[1]}")
     shipped = device_calibration(topology.device, run.framework)
-    return Case(run, request, cand, shipped)
+    return Case(run, request, cand, shipped, profile)
 
 
 def derived_ceiling(cases: list[Case], overhead: float, fallback: float) -> float:
@@ -119,10 +122,10 @@ def overlay_of(cases: list[Case], provenance: dict) -> CalibrationOverlay:
     loo = [abs(p / c.run.step_time_s - 1) for p, c in zip(held_out, cases) if p is not None]
     runs = []
     for case, loo_s in zip(cases, held_out):
-        model = CostModel(case.request, calibration=dataclasses.replace(case.shipped, matmul_ceiling_fraction=ceiling),
-                          step_overhead=overhead)
+        model = CostModel(case.request, framework=case.framework,
+                          calibration=dataclasses.replace(case.shipped, matmul_ceiling_fraction=ceiling), step_overhead=overhead)
         runs.append(RunFit(name=case.run.name, measured_step_s=case.run.step_time_s,
-                           predicted_shipped_s=CostModel(case.request).evaluate(case.cand).step_time_s,
+                           predicted_shipped_s=CostModel(case.request, framework=case.framework).evaluate(case.cand).step_time_s,
                            predicted_overlay_s=case.step_s(round(ceiling, 9)) + overhead, leave_one_out_s=loo_s,
                            implied_ceiling=min(case.implied(overhead), 1.0), measured_peak_gib=case.run.peak_memory_gib,
                            predicted_peak_gib=model.evaluate(case.cand).peak_bytes / 2**30))

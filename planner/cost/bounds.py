@@ -26,7 +26,7 @@ import numpy as np
 from planner.cost import autocast, comm, compute, mixers, p2p
 from planner.cost import layer_terms as T
 from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table, rows_of, static_parts
-from planner.cost.evaluate import dp_exposed, dp_fits
+from planner.cost.evaluate import dp_exposed, dp_exposed_rows, dp_fits
 from planner.models import counting
 from planner.schedules import schedule as schedule_of
 from planner.topology.groups import GroupLink
@@ -134,7 +134,6 @@ def floor_costs(model: "CostModel", cand: "Candidate") -> "LayerCosts":
                                                       overlap=model.options.moe_overlap))
 
 
-
 def compute_rows(model: "CostModel", cand: "Candidate") -> np.ndarray:
     """(forward, backward) compute seconds per module (no communication): the same under every layout."""
     key = ("compute_rows", cand.tp, cand.cp, cand.ep, cand.microbatch_size, cand.sp, cand.tp_overlap)
@@ -165,16 +164,23 @@ def pp_comm_floor_s(model: "CostModel", cand: "Candidate") -> float:
     """pp_comm_s over the cheapest footprint a pp group of the candidate's size can have (module docstring: a
     point-to-point send, bytes / bandwidth + latency, reads the node count only through "spans nodes"): at most
     pp_comm_s under every placement."""
-    transfers = p2p.p2p_transfers(model, cand)
-    if transfers == 0:
-        return 0.0
+    return pp_comm_floors_s(model, cand, [(cand.schedule, cand.vpp)])[0]
 
+
+def pp_comm_floors_s(model: "CostModel", cand: "Candidate", variants: list[tuple[str, int]]) -> list[float]:
+    """pp_comm_floor_s of the candidate under each (schedule, vpp) of `variants`: one send over the cheapest
+    footprint (it reads the micro-batch shape, not the schedule), times each schedule's sequential transfers."""
     def send() -> float:
         size = p2p.p2p_bytes(model, cand)
         return min(comm.p2p_s(size, group=link) for link in _footprints(model, cand, cand.pp))
 
     key = ("p2p_floor", cand.microbatch_size, cand.tp, cand.cp, cand.sp, cand.pp, cand.world_size)
-    return 2 * transfers * _memo(model, key, send)
+    out = []
+    for name, vpp in variants:
+        transfers = schedule_of(name).p2p_transfers(pp=cand.pp, vpp=vpp, num_microbatches=cand.num_microbatches,
+                                                    overlapped=model.options.pp_overlap)  # planner.cost.p2p.p2p_transfers
+        out.append(0.0 if transfers == 0 else 2 * transfers * _memo(model, key, send))
+    return out
 
 
 def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, floor: bool = False) -> float:
@@ -184,6 +190,45 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
     docstring: the ring all-reduce, reduce-scatter and all-gather read the node count through "spans nodes" and
     the inter-node ring over the nodes, both least at the fewest nodes), at most the time under every placement:
     the dp x cp reduction runs on the dp axis's footprint (planner.cost.links), the exposure grows with it."""
+    row = _dp_rows(model, cand, ranks)
+    if floor and cand.dp_replicate > 1:  # HSDP: no footprint floor derived for its two groups; 0 is a floor
+        return 0.0
+    if not floor:
+        links = model.links(cand)
+        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
+    return float(dp_exposed_rows(model, cand, _floor_terms(model, cand), row).max(axis=-1).min())
+
+
+def dp_split_rows(model: "CostModel", cands: list["Candidate"], splits: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-rank parameter and compute sums dp_exposed reads, of each candidate with its modules on the ranks of
+    its split (the variants of one group: they differ in vpp and schedule only), as rows (split, rank): one bincount
+    per sum, each bin added in the order a single split's bincount adds it."""
+    pp, count = cands[0].pp, len(splits)
+    index = np.concatenate([ranks + i * pp for i, ranks in enumerate(splits)])
+    params = [module_params_of(model, each) for each in cands]  # a V keeps no tied copy of the embedding
+    fwd, bwd = compute_rows(model, cands[0])
+
+    def sums(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(index, weights=weights, minlength=count * pp).reshape(count, pp)
+
+    return {"dense": sums(np.concatenate([dense for dense, _ in params])),
+            "expert": sums(np.concatenate([expert for _, expert in params])),
+            "bwd_compute": sums(np.tile(bwd, count)), "compute": sums(np.tile(fwd + bwd, count))}
+
+
+def dp_exposed_floors_s(model: "CostModel", cand: "Candidate", rows: dict[str, np.ndarray]) -> list[float]:
+    """dp_exposed_s(floor=True) at the candidate's ZeRO stage under each split of dp_split_rows' `rows`, in one
+    array operation: (footprint, split, rank)."""
+    if cand.dp_replicate > 1:
+        return [0.0] * len(rows["dense"])
+    terms = _floor_terms(model, cand)
+    columns = _DpTerms(*((slope[:, :, None], intercept[:, :, None]) for slope, intercept in
+                         (getattr(terms, f.name) for f in dataclasses.fields(_DpTerms))))
+    return dp_exposed_rows(model, cand, columns, rows).max(axis=-1).min(axis=0).tolist()
+
+
+def _dp_rows(model: "CostModel", cand: "Candidate", ranks: np.ndarray) -> dict:
+    """Per-rank sums of the parameters and compute dp_exposed reads, memoised per shape and split."""
     def rows() -> dict:
         dense, expert = module_params_of(model, cand)
         fwd, bwd = compute_rows(model, cand)
@@ -193,17 +238,29 @@ def dp_exposed_s(model: "CostModel", cand: "Candidate", ranks: np.ndarray, *, fl
                 "bwd_compute": np.bincount(ranks, weights=bwd, minlength=pp),
                 "compute": np.bincount(ranks, weights=fwd + bwd, minlength=pp)}
 
-    row = _memo(model, ("dp_rows", cand.tp, cand.cp, cand.ep, cand.pp, cand.microbatch_size, cand.sp,
-                        cand.tp_overlap, ranks.tobytes()), rows)
-    if floor and cand.dp_replicate > 1:  # HSDP: no footprint floor derived for its two groups; 0 is a floor
-        return 0.0
-    if not floor:
-        links = model.links(cand)
-        return float(dp_exposed(model, cand, _dp_terms(model, cand, links.dp, links.expert_dp, links.dp_replicate), row))
+    return _memo(model, ("dp_rows", cand.tp, cand.cp, cand.ep, cand.pp, cand.microbatch_size, cand.sp,
+                         cand.tp_overlap, ranks.tobytes()), rows)
+
+
+def _floor_terms(model: "CostModel", cand: "Candidate") -> _DpTerms:
+    """The dp and expert-dp fits over every footprint of the dp axis's groups, as columns (module docstring)."""
     edp = cand.expert_dp
-    return min(float(dp_exposed(model, cand, _dp_terms(model, cand, dataclasses.replace(link, size=cand.dp_cp),
-                                                      dataclasses.replace(link, size=edp)), row))
-               for link in _footprints(model, cand, cand.dp))
+    key = (cand.dp, cand.tp, cand.world_size, cand.cp, edp)  # what the footprints' dp and expert-dp links read
+    links = _memo(model, ("dp_floor_links", *key), lambda: tuple(
+        (dataclasses.replace(link, size=cand.dp_cp), dataclasses.replace(link, size=edp))
+        for link in _footprints(model, cand, cand.dp)))
+    m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # what _dp_terms reads of the candidate, as its key
+    return _memo(model, ("dp_floor_terms", cand.zero_stage, m, *key), lambda: _columns(
+        [_dp_terms(model, cand, dp, expert_dp) for dp, expert_dp in links]))
+
+
+def _columns(terms: list[_DpTerms]) -> _DpTerms:
+    """The (slope, intercept) fits of several links as columns: dp_exposed_rows then gives one row per link."""
+    def column(field: str) -> tuple[np.ndarray, np.ndarray]:
+        fits = np.array([getattr(t, field) for t in terms], dtype=np.float64)
+        return fits[:, :1], fits[:, 1:]
+
+    return _DpTerms(*(column(f.name) for f in dataclasses.fields(_DpTerms)))
 
 
 def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: GroupLink,
@@ -254,8 +311,9 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
         gemms = token_mixer + compute.mlp_gemms(spec, shape, moe=counting.moe_params(spec) if moe_layer else None)
         fwd, bwd, _ = T.gemm_times(env, gemms)
         core = T.gemm_times(real, gemms)[2]
-        cp_s = min((sum(T.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
-                   default=0.0) if cand.cp > 1 else 0.0
+        cp_s = _memo(model, ("per_sample_cp", cand.tp, cand.cp, cand.sp, cand.world_size, _order(cand), core), lambda: min(
+            (sum(T.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
+            default=0.0)) if cand.cp > 1 else 0.0  # cp_times reads no expert degree: shared by the families of every ep
         total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
         tp_total += count * sum(T.tp_times(env, fwd, bwd, collectives=2))
     fwd, bwd, _ = T.gemm_times(env, compute.head_gemms(spec, shape))

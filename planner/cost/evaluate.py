@@ -232,19 +232,25 @@ def dp_exposed(model: "CostModel", cand: "Candidate", fixed: _Fixed, row: dict) 
     bucket exposed. Without overlap all of it is exposed, and so it is where ranks share a node's cores
     (planner.cost.contention): a CPU backend's collectives (gloo) copy and reduce on those same cores, so
     nothing is left to run them beside the backward."""
+    return float(dp_exposed_rows(model, cand, fixed, row).max())
+
+
+def dp_exposed_rows(model: "CostModel", cand: "Candidate", fixed, row: dict) -> np.ndarray:
+    """dp_exposed per pipeline rank (its maximum is dp_exposed). The (slope, intercept) fits of `fixed` may be
+    columns of several links' fits: the rows are then one per link (the bounds' footprints, planner.cost.bounds)."""
     dense, expert = row["dense"], row["expert"]
     total = _affine(fixed.dp_dense, dense) + _affine(fixed.dp_expert, expert)
     if not model.options.dp_overlap or contention.contended(cand.world_size, model.topology):
-        return float(total.max())
+        return total
     m, z = cand.num_microbatches, cand.zero_stage
     window = row["bwd_compute"] * (1 if z <= 1 else m) if z <= 2 else m * row["compute"]
     bucket = np.minimum(1.0, model.options.bucket_params / np.maximum(dense + expert, 1.0))
     if z not in (1, 2) or not model.options.dp_gather_overlap:
-        return float(np.maximum(total - window, total * bucket).max())
+        return np.maximum(total - window, total * bucket)
     gather = _affine(fixed.gather_dense, dense) + _affine(fixed.gather_expert, expert)
     reduce = total - gather
     forward = row["compute"] - row["bwd_compute"]
-    return float((np.maximum(reduce - window, reduce * bucket) + np.maximum(gather - forward, gather * bucket)).max())
+    return np.maximum(reduce - window, reduce * bucket) + np.maximum(gather - forward, gather * bucket)
 
 
 def _zero3_sync_gathers_s(model: "CostModel", cand: "Candidate", detail, row: dict) -> float:

@@ -28,8 +28,10 @@ from planner.cost.overlay import apply_overlay
 from planner.cost.stack import options_for
 from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
 from planner.cost.validity import validity_reasons as _validity
+from planner.frameworks import load_framework
 from planner.io import load_file
 from planner.schedules import schedule as schedule_of
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import PlanRequest
 from planner.schemas.profile import Profile
 
@@ -39,15 +41,19 @@ __all__ = ["Candidate", "CostModel", "CostOptions", "Evaluation", "LayerCosts"]
 class CostModel:
     """Analytic (or profiled) cost of candidates for one PlanRequest."""
 
-    def __init__(self, request: PlanRequest, profile: Profile | None = None, *, options: CostOptions | None = None,
-                 calibration: DeviceCalibration | None = None, step_overhead: float | None = None):
+    def __init__(self, request: PlanRequest, profile: Profile | None = None, *, framework: FrameworkProfile | None = None,
+                 options: CostOptions | None = None, calibration: DeviceCalibration | None = None,
+                 step_overhead: float | None = None):
+        """`profile`: the measured layer profile (else the one the request names, if any); `framework`: the request's
+        stack profile, resolved once by the caller (else read by its name, request.framework, when first needed)."""
         self.request = request
+        self._framework = framework
         self.spec = request.model
         self.topology = request.topology
         self.device = request.topology.device
         self.recipe = memory.RECIPES[request.precision]
         if options is None:
-            options = options_for(request.framework, request.precision)
+            options = options_for(self.framework, request.precision)
         if self.spec.dropout is not None and self.spec.dropout != options.dropout:  # the model says; else the stack's default
             options = dataclasses.replace(options, dropout=self.spec.dropout)
         self.options = options
@@ -96,6 +102,13 @@ class CostModel:
         self.memo: dict = {}  # per-instance memo of shape/layout-level arrays (planner.cost.arrays)
 
     @property
+    def framework(self) -> FrameworkProfile:
+        """The request's stack profile (planner.schemas.framework): the one handed in, else read once by its name."""
+        if self._framework is None:
+            self._framework = load_framework(self.request.framework)
+        return self._framework
+
+    @property
     def hbm_rate_Bps(self) -> float:
         """The device's achieved HBM bandwidth (datasheet x calibration hbm_efficiency), bytes per second."""
         return self.device.hbm_bandwidth_GBps * 1e9 * self.cal.hbm_efficiency
@@ -133,7 +146,7 @@ class CostModel:
         """Why `cand` is not a valid configuration (divisibility, batch, schedule rules); () when valid."""
         cached = self._validity.get(cand)
         if cached is None:
-            cached = _validity(self.request, cand)
+            cached = _validity(self.request, cand, lambda: self.framework)
             self._validity[cand] = cached
         return cached
 

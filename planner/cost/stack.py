@@ -15,16 +15,15 @@ fused counts.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from planner.cost.types import CostOptions
 from planner.frameworks import load_framework
+from planner.schemas.framework import FrameworkProfile
 
 
-@lru_cache(maxsize=32)
-def options_for(framework: str, precision: str):
-    """CostOptions of a stack (by name or profile path) for a precision recipe."""
-    profile = load_framework(framework)
+def options_for(framework: FrameworkProfile | str, precision: str) -> CostOptions:
+    """CostOptions of a stack for a precision recipe: its profile object (the request's, resolved once), or a name
+    or profile path read here (tests and benchmarks that name a stack)."""
+    profile = load_framework(framework) if isinstance(framework, str) else framework
     b = profile.behaviour
     k, o, m, x = b.kernels, b.overlap, b.memory, b.executor
     return CostOptions(

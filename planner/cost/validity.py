@@ -9,24 +9,30 @@ num_microbatches must be a multiple of pp are the framework's rules (planner.fra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from planner.cost import mixers
 from planner.errors import BadInputError
-from planner.frameworks import interleaved_split_reason, load_framework
+from planner.frameworks import interleaved_split_reason
 from planner.schedules import BY_NAME, DEFAULT, NAMES
 from planner.schemas.dims import Axis
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import PlanRequest
 
 if TYPE_CHECKING:
     from planner.cost.types import Candidate
+
+Stack = Callable[[], FrameworkProfile]  # the request's stack profile, handed down (CostModel.framework)
 
 
 def _divisors(n: int) -> str:
     return "{" + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0) + "}"
 
 
-def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
+def _model_reasons(request: PlanRequest, c: "Candidate", stack: Stack | None) -> list[str]:
+    """`stack`: the request's profile, asked for by the interleaving rules only (None: those rules are skipped,
+    as input_reasons drops them)."""
     spec, out = request.model, []
     if spec.num_attention_heads % c.tp:
         out.append(f"tp={c.tp} must divide num_attention_heads={spec.num_attention_heads}: choose tp in {_divisors(spec.num_attention_heads)}")
@@ -47,20 +53,22 @@ def _model_reasons(request: PlanRequest, c: "Candidate") -> list[str]:
     if request.seq_len % c.cp:
         out.append(f"cp={c.cp} must divide seq_len={request.seq_len}")
     stages = c.pp * c.vpp
-    if spec.num_layers < stages and not _empty_ends_fit(request, stages):
+    if stack is None:
+        return out
+    if spec.num_layers < stages and not _empty_ends_fit(request, stages, stack()):
         out.append(f"pp*vpp={stages} exceeds num_layers={spec.num_layers}: every virtual stage needs a decoder layer")
     elif c.vpp > 1:
-        found = interleaved_split_reason(load_framework(request.framework), num_layers=spec.num_layers, pp=c.pp,
+        found = interleaved_split_reason(stack(), num_layers=spec.num_layers, pp=c.pp,
                                          vpp=c.vpp, num_microbatches=c.num_microbatches)
         if found is not None:
             out.append(found[1])
     return out
 
 
-def _empty_ends_fit(request: PlanRequest, stages: int) -> bool:
+def _empty_ends_fit(request: PlanRequest, stages: int, profile: FrameworkProfile) -> bool:
     """num_layers + 2 >= pp*vpp where the stack lets the end stages hold only the embedding and only the loss
     (Llama 3's 405B: 126 layers on 16 x 8 chunks; planner.frameworks_split)."""
-    split = load_framework(request.framework).capabilities.interleaved_split
+    split = profile.capabilities.interleaved_split
     return split.empty_chunks != "none" and request.model.num_layers + 2 >= stages > 1
 
 
@@ -120,15 +128,16 @@ def input_reasons(request: PlanRequest, cand: "Candidate") -> tuple[str, ...]:
     positive = _positive(cand)
     if positive:
         return positive
-    model = [r for r in _model_reasons(request, cand) if not r.startswith(("pp*vpp", "num_layers", "num_microbatches"))]
+    model = [r for r in _model_reasons(request, cand, None) if not r.startswith(("pp*vpp", "num_layers", "num_microbatches"))]
     batch = [r for r in _batch_reasons(request, cand) if r.startswith("dp*tp*pp*cp")]
     schedule = [r for r in _schedule_reasons(cand) if "divisible" not in r and not r.startswith("PipeDream-2BW needs")]
     return tuple(model + batch + schedule)
 
 
-def validity_reasons(request: PlanRequest, cand: "Candidate") -> tuple[str, ...]:
-    """All reasons why `cand` is not a valid configuration for `request`; () when it is valid."""
+def validity_reasons(request: PlanRequest, cand: "Candidate", stack: Stack) -> tuple[str, ...]:
+    """All reasons why `cand` is not a valid configuration for `request` run by the stack `stack()` returns (the
+    request's profile, asked for only where an interleaving rule reads it); () when it is valid."""
     positive = _positive(cand)
     if positive:
         return positive
-    return tuple(_model_reasons(request, cand) + _batch_reasons(request, cand) + _schedule_reasons(cand))
+    return tuple(_model_reasons(request, cand, stack) + _batch_reasons(request, cand) + _schedule_reasons(cand))

@@ -13,6 +13,7 @@ from planner.frameworks import load_framework, plan_configs, precision_refusal, 
 from planner.models.support import reference_refusal
 from planner.schedules import DEFAULT, V_PLACED
 from planner.schedules import schedule as schedule_of
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import LaunchPlan
 
 EXECUTOR_FRAMEWORK = "planner"
@@ -74,12 +75,11 @@ def _check_ranks(plan: LaunchPlan) -> None:
         raise BadInputError("ranks: two ranks share the same coordinates: regenerate the plan")
 
 
-def _check_parallelism(plan: LaunchPlan) -> None:
+def _check_parallelism(plan: LaunchPlan, profile: FrameworkProfile) -> None:
     """The `planner` framework profile's rules (the search applies the same ones with --framework planner)."""
     par, spec = plan.parallelism, plan.request.model
     if par.ep > 1 and spec.moe is None:
         raise BadInputError(f"ep={par.ep} but model {spec.name!r} has no MoE layers: use ep=1")
-    profile = load_framework(EXECUTOR_FRAMEWORK)
     for config in plan_configs(plan):
         refused = refusal(profile, config)
         if refused is not None:
@@ -111,7 +111,8 @@ def _check_schedule(plan: LaunchPlan) -> None:
 def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     """Raise BadInputError for what the executor cannot run; return notes on what it adjusts."""
     par, batch = plan.parallelism, plan.batch
-    refused = precision_refusal(load_framework(EXECUTOR_FRAMEWORK), plan.request.precision)
+    profile = load_framework(EXECUTOR_FRAMEWORK)  # the executor's own profile, read once per check
+    refused = precision_refusal(profile, plan.request.precision)
     if refused is not None:
         raise BadInputError(refused)
     if batch.global_batch_size != batch.microbatch_size * batch.num_microbatches * par.dp:
@@ -122,7 +123,7 @@ def check_runnable(plan: LaunchPlan) -> tuple[str, ...]:
     model_refused = reference_refusal(plan.request.model)
     if model_refused is not None:
         raise BadInputError(model_refused)
-    _check_parallelism(plan)
+    _check_parallelism(plan, profile)
     _check_schedule(plan)
     _check_stages(plan)
     _check_ranks(plan)

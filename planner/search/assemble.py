@@ -66,7 +66,7 @@ def assemble(request: PlanRequest, result, preference=None) -> LaunchPlan:
     from planner.search.costing import make_cost_model
 
     best, rest = result.ranked[0], result.ranked[1:]
-    cost = make_cost_model(request)  # a fresh model: its notes name the winner's shapes only
+    cost = make_cost_model(request, result.opts.profile)  # a fresh model: its notes name the winner's shapes only
     ev = cost.evaluate(best.cand, stage_layers=best.stage_layers, full_recompute_layers=best.full_recompute_layers)
     alternatives = [
         Alternative(parallelism=parallelism_of(o.cand), batch=batch_of(request, o.cand), schedule=o.cand.schedule,
@@ -79,9 +79,7 @@ def assemble(request: PlanRequest, result, preference=None) -> LaunchPlan:
         ilp_calls=result.counters.ilp_calls, dp_calls=result.counters.dp_calls,
         version=f"planner {planner.__version__} {SEARCH_VERSION}",
     )
-    from planner.frameworks import load_framework
-
-    placement = placement_note(cost, best, load_framework(request.framework))
+    placement = placement_note(cost, best, result.opts.profile)
     notes = [*model_notes(cost), *space_notes(result), *([placement] if placement else []),
              *([preference.note()] if preference is not None else [])]
     return build_launch_plan(

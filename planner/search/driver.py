@@ -44,7 +44,8 @@ import numpy as np
 
 from planner.cost.arrays import moe_batch_overlap
 from planner.errors import InfeasibleError, SolverTimeoutError
-from planner.frameworks import config_of, refusal
+from planner.frameworks import config_of, load_framework, refusal
+from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import LaunchPlan, PlanRequest, SearchLimits
 from planner.search import compression_space
 from planner.search.costing import make_cost_model
@@ -53,7 +54,7 @@ from planner.search.group_bounds import MARGIN_BYTES
 from planner.search.members import Members
 from planner.search.outcome import Ranking, Scored, infeasible_message, rank_key
 from planner.search.refine import Counters, partial_recompute, rank_excess_bytes, split_for
-from planner.search.space import Group, Options, Space, axis_orders
+from planner.search.space import Group, Options, Space
 
 ProgressFn = Callable[[int, int], None]
 FAMILY, SHAPE, GROUP, COUPLE, COUPLED, PLACED, VISIT, MEMBER, EVALUATE = range(9)  # stages of a heap entry (_Search.run)
@@ -175,7 +176,7 @@ class _Search:
             for fact in facts:
                 for mbs in self.space.group_options(fact)[0]:
                     m = batch // (fact.dp * mbs)
-                    entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(axis_orders(fact, self.opts.profile))), [fact, m, 0])
+                    entry = alike.setdefault((fact.pp, m % fact.pp == 0, len(self.space.orders(fact))), [fact, m, 0])
                     entry[2] += copies
             for fact, m, count in alike.values():
                 self.space.prune_members(fact, m, reason, count)
@@ -209,7 +210,7 @@ class _Search:
                 self.memory_pruned(group)
                 self.done(1)
         elif stage == COUPLE:
-            coupled = self.floors.coupled(group, self.opts.zero_stages_for(group.fact.pp))
+            coupled = self.floors.coupled(group, self.space.rules.zero_stages(group.fact.pp))
             if coupled:
                 push(max(lower, self.floors.placed_floor(group, coupled)), tie, COUPLED, group, coupled)
             else:
@@ -245,7 +246,7 @@ class _Search:
             arrays = self.members.order_arrays(group, vpp) if not self.exhaustive else None
             if arrays is None:
                 for zero in self.opts.zero_stages:
-                    for order in axis_orders(group.fact, self.opts.profile):
+                    for order in self.space.orders(group.fact):
                         self.visit(self.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp, axis_order=order))
             elif self.cost.validity_reasons(self.candidate(group, schedule=schedule, vpp=vpp)):
                 for zero in self.opts.zero_stages:  # every member invalid for the same reasons: counted by visit
@@ -319,14 +320,19 @@ def _slug(reason: str) -> str:
 
 
 def search(request: PlanRequest, *, fixed: Mapping[str, int] | None = None, progress: ProgressFn | None = None,
-           exhaustive: bool = False, cost=None, opts: Options | None = None, ceiling_s: float | None = None) -> SearchResult:
+           exhaustive: bool = False, cost=None, opts: Options | None = None, ceiling_s: float | None = None,
+           framework: FrameworkProfile | None = None) -> SearchResult:
     """Run the search; `exhaustive=True` turns every bound off (the reference the tests compare against). `opts`
     replaces the request's space (planner.search.practice narrows it); `ceiling_s` prunes every configuration
-    slower than it from the start."""
+    slower than it from the start. `framework`: the request's stack profile as resolved where the request entered
+    (planner.api); else the one of `opts` or `cost`, else read here by its name, once: the space and the cost model
+    share the object."""
     from planner.search.refine_top import refine_top
 
-    cost = cost if cost is not None else make_cost_model(request)
-    opts = opts if opts is not None else Options.from_request(request, fixed)
+    if framework is None:
+        framework = opts.profile if opts is not None else cost.framework if cost is not None else load_framework(request.framework)
+    cost = cost if cost is not None else make_cost_model(request, framework)
+    opts = opts if opts is not None else Options.from_request(request, fixed, framework)
     state = _Search(request, cost, opts, exhaustive=exhaustive, progress=progress)
     if ceiling_s is not None:
         state.ranking.ceiling_s = ceiling_s
@@ -339,12 +345,15 @@ def search(request: PlanRequest, *, fixed: Mapping[str, int] | None = None, prog
     )
 
 
-def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: Mapping[str, int] | None = None) -> LaunchPlan:
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: Mapping[str, int] | None = None,
+         framework: FrameworkProfile | None = None) -> LaunchPlan:
     """The fastest plan that fits (or, within the ranking band, the best inside the stack's practice:
-    planner.search.practice), as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is."""
+    planner.search.practice), as a LaunchPlan; InfeasibleError (exit 1) saying how far the closest is.
+    `framework`: the request's stack profile, resolved once by the caller (planner.api), else read here by name."""
     started = time.monotonic()
-    cost = make_cost_model(request)
-    result = search(request, fixed=fixed, progress=progress, cost=cost)
+    framework = framework if framework is not None else load_framework(request.framework)
+    cost = make_cost_model(request, framework)
+    result = search(request, fixed=fixed, progress=progress, cost=cost, framework=framework)
     limits = request.search or SearchLimits()
     if not result.ranked and result.timed_out:
         raise SolverTimeoutError(

@@ -34,17 +34,16 @@ from planner.schedules import DEFAULT, V_PLACED
 from planner.schedules import schedule as schedule_of
 from planner.schemas.dims import ParallelDims
 from planner.search import bounds
-from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
-                                         recompute_floor_s,
+from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, recompute_floor_s,
                                          step_lower_s, variant_shape)
-from planner.search.space import Group, axis_orders, schedule_variants
+from planner.search.space import Group
 
 
 class Floors(BoundsState):
     """Bounds of groups for one search (`state`: the driver's _Search: cost, opts, request, space)."""
 
     def order(self, fact: ParallelDims) -> tuple[str, ...]:
-        return self._cached(("order", fact), lambda: axis_orders(fact, self.opts.profile)[0])
+        return self.state.space.orders(fact)[0]
 
     def shape(self, pp: int, vpp: int, schedule: str = DEFAULT.name):
         v = schedule_of(schedule).v_placed  # zbv, dualpipev: stages in a V, not looped
@@ -118,9 +117,7 @@ class Floors(BoundsState):
         found = self.memo.get(key)
         if found is None:
             by_vpp: dict[tuple[int, bool], list[str]] = {}
-            for schedule, vpp in schedule_variants(f.pp, self.num_layers, self.opts):
-                if self.state.space.variant_reason(group, schedule, vpp) is not None:
-                    continue
+            for schedule, vpp in self.state.space.rules.valid_variants(f.pp, group.num_microbatches):
                 if schedule_of(schedule).min_microbatches_is_pp and group.num_microbatches < f.pp and self.cost.validity_reasons(
                         self.candidate(group, schedule=schedule)):
                     continue
@@ -128,21 +125,45 @@ class Floors(BoundsState):
             found = self.memo[key] = [(vpp, tuple(schedules)) for (vpp, _), schedules in by_vpp.items()]
         return found
 
+    def variant_ranks(self, group: Group) -> tuple[np.ndarray, np.ndarray]:
+        """The rank of every module under each entry of `variants`, as one bincount index (entry i's ranks + i * pp),
+        and the module of each position: per-rank sums of every variant in one call, each sum added in the order
+        group_bounds.rank_sums adds it."""
+        f = group.fact
+
+        def make() -> tuple[np.ndarray, np.ndarray]:
+            layout = tuple((vpp, schedule_of(schedules[0]).v_placed) for vpp, schedules in self.variants(group))
+            return self._cached(("variant_ranks", f.pp, layout), lambda: (np.concatenate(
+                [self.shape(f.pp, vpp, V_PLACED[0].name if v else DEFAULT.name).ranks + i * f.pp for i, (vpp, v) in enumerate(layout)])
+                if layout else np.zeros(0, np.int64), np.tile(np.arange(self.num_layers + 2), len(layout))))
+            # the same for every factorisation with this pp and layout; with each entry's module index
+
+        return self._cached(("variant_ranks", f, group.num_microbatches), make)
+
+    def rows(self, group: Group, field: str) -> np.ndarray:
+        """variant_sums of one ModuleArrays field of the group (time_s, floor_bytes, activation_bytes), memoised on
+        the arrays and pp (which fix the factorisation and the micro-batch count)."""
+        return self._cached((field, self.arrays_key(group), group.fact.pp),
+                            lambda: self.variant_sums(group, getattr(self.arrays(group), field)))
+
+    def variant_sums(self, group: Group, values: np.ndarray) -> np.ndarray:
+        """Per-rank sums of a per-module array under each entry of `variants`: rows of pp."""
+        index, modules = self.variant_ranks(group)
+        rows = len(modules) // (self.num_layers + 2)
+        return np.bincount(index, weights=values.take(modules), minlength=rows * group.fact.pp).reshape(rows, group.fact.pp)
+
     def time(self, group: Group) -> float:
         """Bound (3) with x = 0 on the placement-floor arrays, the least over the variants, each with pp
-        communication over its cheapest footprint (planner.cost.bounds.pp_comm_floor_s)."""
-        f, m, memo = group.fact, group.num_microbatches, self.memo
-        akey = self.arrays_key(group)
-        lower = np.inf
-        for vpp, schedules in self.variants(group):
-            rkey = ("rank", akey, f.pp, vpp, schedule_of(schedules[0]).v_placed)
-            rank_s = memo.get(rkey)
-            if rank_s is None:
-                rank_s = memo[rkey] = float(
-                    rank_sums(self.arrays(group).time_s, self.shape(f.pp, vpp, schedules[0]).ranks, f.pp).max())
-            ppc = self.pp_comm_floor_s(group, vpp, schedules[0])
-            lower = min(lower, min(step_lower_s(m, rank_s, s, f.pp, vpp, ppc) for s in schedules))
-        return lower
+        communication over its cheapest footprint (planner.cost.bounds.pp_comm_floor_s). The bottleneck rank time of
+        every variant comes from one array operation, shared by the groups of these arrays and pp."""
+        f, m = group.fact, group.num_microbatches
+        variants = self.variants(group)
+        rank_s = self._cached(("rank_rows", self.arrays_key(group), f.pp), lambda: self.rows(group, "time_s").max(axis=1).tolist())
+        floors = self.pp_comm_floors(group)
+        ppc = self._cached(("ppc_rows", f, group.microbatch_size, group.sp),
+                           lambda: [floors[(vpp, schedule_of(schedules[0]).chunked_p2p)] for vpp, schedules in variants])
+        return min((step_lower_s(m, rank_s[i], s, f.pp, vpp, ppc[i]) for i, (vpp, schedules) in enumerate(variants)
+                    for s in schedules), default=np.inf)
 
     def coupled_floor(self, group: Group) -> float:
         """A bound of `coupled` for the whole group from one row per vpp: the least held static + other bytes of
@@ -151,28 +172,84 @@ class Floors(BoundsState):
         member fits) and with static_r, so these least values bound every (schedule, ZeRO stage). inf: no member
         of the group fits."""
         f, m = group.fact, group.num_microbatches
-        arrays, best = self.arrays(group), np.inf
-        zeros = self.opts.zero_stages_for(f.pp)
-        if not zeros:
+        zeros = self.state.space.rules.zero_stages(f.pp)
+        variants = self.variants(group)
+        if not zeros or not variants:
             return np.inf
-        for vpp, schedules in self.variants(group):
-            ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedule_of(schedules[0]).v_placed
-            inflight, fixed = self._cached(("least", f, m, group.microbatch_size, group.sp, vpp, v), lambda: (
-                np.minimum.reduce([self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
-                    self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]),
-                np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
-                                   for s in {schedule_of(s).weight_versions: s for s in schedules}.values()])))
-            act_floor = rank_sums(arrays.floor_bytes, ranks, f.pp)
-            if float(fixed.max()) > MARGIN_BYTES or float((fixed + inflight * act_floor).max()) > MARGIN_BYTES:
-                continue
-            rank_s = rank_sums(arrays.time_s, ranks, f.pp)
-            if self.state.partial(group):
-                excess = fixed + inflight * rank_sums(arrays.activation_bytes, ranks, f.pp)
-                rank_s = rank_s + recompute_floor_s(arrays, ranks, f.pp, excess, inflight, self.memo,
-                                                    ("ratio", self.arrays_key(group), f.pp, vpp, v))
-            tb = float(rank_s.max())
-            best = min(best, min(step_lower_s(m, tb, s, f.pp, vpp, self.pp_comm_floor_s(group, vpp, s)) for s in schedules))
-        return best
+        inflight, fixed = self.least_rows(group, zeros)
+        akey = self.arrays_key(group)
+        act_floor = self.rows(group, "floor_bytes")
+        kept = (fixed.max(axis=1) <= MARGIN_BYTES) & ((fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES)
+        if not kept.any():
+            return np.inf
+        times = self.rows(group, "time_s")
+        if self.state.partial(group):
+            act = self.rows(group, "activation_bytes")
+            times = times.copy()
+            for i in np.flatnonzero(kept):
+                vpp, schedules = variants[i]
+                ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedule_of(schedules[0]).v_placed
+                times[i] = times[i] + recompute_floor_s(self.arrays(group), ranks, f.pp, fixed[i] + inflight[i] * act[i],
+                                                        inflight[i], self.memo, ("ratio", akey, f.pp, vpp, v))
+        bottleneck = times.max(axis=1).tolist()
+        floors = self.pp_comm_floors(group)
+        ppc = self._cached(("ppc_each", f, group.microbatch_size, group.sp), lambda: [
+            [floors[(vpp, schedule_of(s).chunked_p2p)] for s in schedules] for vpp, schedules in variants])
+        return min(step_lower_s(m, bottleneck[i], s, f.pp, variants[i][0], ppc[i][j])
+                   for i in np.flatnonzero(kept).tolist() for j, s in enumerate(variants[i][1]))
+
+    def least_rows(self, group: Group, zeros: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Per entry of `variants` (rows): the fewest in-flight micro-batches of its schedules per rank, and the
+        least held static + other bytes - capacity of its schedules and ZeRO stages per rank (coupled_floor)."""
+        f, m = group.fact, group.num_microbatches
+
+        def make():
+            variants = self.variants(group)
+            inflight = self._cached(("inflight_rows", f.pp, m, tuple(variants)), lambda: np.stack([np.minimum.reduce([
+                self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                    self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]) for vpp, schedules in variants]))
+            looped = [[s for s in schedules if not schedule_of(s).stale_weights] for _, schedules in variants]
+            if all(looped):  # one memory class (not 2BW) in every entry: all of them in one array operation
+                fixed = self.class_fixed_rows(group, [(vpp, each[-1]) for (vpp, _), each in zip(variants, looped)], zeros)
+                for i, (vpp, schedules) in enumerate(variants):
+                    for stale in (s for s in schedules if schedule_of(s).stale_weights):
+                        fixed[i] = np.minimum(fixed[i], self.state.members.rank_fixed_rows(group, stale, vpp, zeros).min(axis=0))
+                return inflight, fixed
+            return inflight, np.stack([np.minimum.reduce([self.state.members.rank_fixed_rows(group, s, vpp, zeros).min(axis=0)
+                                       for s in {schedule_of(s).weight_versions: s for s in schedules}.values()])
+                                       for vpp, schedules in variants])
+
+        return self._cached(("least_rows", f, m, group.microbatch_size, group.sp), make)
+
+    def class_fixed_rows(self, group: Group, reps: list[tuple[int, str]], zeros: tuple[int, ...]) -> np.ndarray:
+        """Per entry of `variants` (its vpp and a schedule `reps[i]` of one memory class): the least over `zeros` of
+        held static + other bytes - capacity per rank, Members.rank_fixed_rows(...).min(axis=0) of every entry at
+        once (the held bytes read no vpp: planner.cost.bounds.held_static_bytes)."""
+        return self.class_rows(group, reps, zeros).min(axis=0)
+
+    def class_rows(self, group: Group, reps: list[tuple[int, str]], zeros: tuple[int, ...]) -> np.ndarray:
+        """Members.rank_fixed_rows of every entry of `variants` with the schedule `reps[i]` (one memory class), as
+        (ZeRO stage, entry, rank), memoised on what they read."""
+        layout = tuple((each_vpp, schedule_of(each).v_placed) for each_vpp, each in reps)  # what the rank sums read
+        key = ("class_rows", group.fact, group.num_microbatches == 1, schedule_of(reps[0][1]).weight_versions, group.microbatch_size, group.sp,
+               zeros, layout)
+        return self._cached(key, lambda: self._class_rows(group, reps, zeros, layout))
+
+    def _class_rows(self, group: Group, reps: list[tuple[int, str]], zeros: tuple[int, ...], layout: tuple) -> np.ndarray:
+        f, members = group.fact, self.state.members
+        vpp, schedule = reps[0]
+        static = self._cached(("class_static", f, group.num_microbatches == 1, schedule_of(schedule).weight_versions, zeros, layout), lambda: np.stack([
+            self.variant_sums(group, cost_bounds.held_static_bytes(
+                self.cost, self.state.candidate(group, zero_stage=z, schedule=schedule, vpp=vpp))) for z in zeros]))
+        first = {}  # the first entry of each placement (looped, V): its other bytes
+        for vpp, schedule in reps:
+            first.setdefault(schedule_of(schedule).v_placed, (vpp, schedule))
+        other = {v: np.stack([members.other_row(group, s, vpp, z) for z in zeros]) for v, (vpp, s) in first.items()}
+        if len(other) == 1:
+            rows = static + next(iter(other.values()))[:, None, :]
+        else:
+            rows = static + np.stack([other[schedule_of(s).v_placed] for _, s in reps], axis=1)
+        return rows - self.state.capacity
 
     def coupled(self, group: Group, zeros: list[int]) -> list[tuple[float, int, str, int]]:
         """Per (vpp, schedule, ZeRO stage in `zeros`) that the per-rank memory floor (planner.search.members)
@@ -180,17 +257,22 @@ class Floors(BoundsState):
         d_l are at most any placement's), no pp communication; sorted. Empty: no member of the group fits."""
         f, m = group.fact, group.num_microbatches
         arrays, out = self.arrays(group), []
-        for vpp, schedules in self.variants(group):
+        all_times, all_act, all_floor = (self.rows(group, field) for field in ("time_s", "activation_bytes", "floor_bytes"))
+        variants = self.variants(group)
+        looped = [[s for s in schedules if not schedule_of(s).stale_weights] for _, schedules in variants]
+        class_rows = self.class_rows(group, [(vpp, each[-1]) for (vpp, _), each in zip(variants, looped)],
+                                     tuple(zeros)) if all(looped) else None  # rank_fixed_rows of every entry at once
+        for i, (vpp, schedules) in enumerate(variants):
             ranks, v = self.shape(f.pp, vpp, schedules[0]).ranks, schedule_of(schedules[0]).v_placed
-            times = rank_sums(arrays.time_s, ranks, f.pp)
-            act, act_floor = rank_sums(arrays.activation_bytes, ranks, f.pp), rank_sums(arrays.floor_bytes, ranks, f.pp)
+            times, act, act_floor = all_times[i], all_act[i], all_floor[i]
             bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
             for schedule in schedules:  # every ZeRO stage at once: rows of per-rank numbers
                 inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
                     self.candidate(group, schedule=schedule, vpp=vpp)))
                 fixed, fits = self._cached(
                     ("fits", f, group.microbatch_size, group.sp, vpp, schedule, tuple(zeros), act_floor.tobytes()),
-                    lambda: self._fits(group, schedule, vpp, zeros, inflight, act_floor))
+                    lambda: self._fits(group, schedule, vpp, zeros, inflight, act_floor,
+                                       class_rows[:, i, :] if class_rows is not None and not schedule_of(schedule).stale_weights else None))
                 if not fits.any():
                     continue
                 key = (inflight.tobytes(), fixed.tobytes())
@@ -205,19 +287,29 @@ class Floors(BoundsState):
         return sorted(out)
 
     def _fits(self, group: Group, schedule: str, vpp: int, zeros: list[int], inflight: np.ndarray,
-              act_floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows per ZeRO stage of held static + other - capacity per rank, and whether the least activations fit
-        on every rank (shared by the groups that differ only in recompute and tp_overlap)."""
-        fixed = self.state.members.rank_fixed_rows(group, schedule, vpp, zeros)
+              act_floor: np.ndarray, fixed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows per ZeRO stage of held static + other - capacity per rank (`fixed` when the caller has them), and
+        whether the least activations fit on every rank (shared by the groups that differ only in recompute and
+        tp_overlap)."""
+        fixed = self.state.members.rank_fixed_rows(group, schedule, vpp, zeros) if fixed is None else fixed
         return fixed, (fixed + inflight * act_floor).max(axis=1) <= MARGIN_BYTES
 
     def pp_comm_floor_s(self, group: Group, vpp: int, schedule: str) -> float:
         """planner.cost.bounds.pp_comm_floor_s of the group's (schedule, vpp) variant (flat schedules share one)."""
-        f, m = group.fact, group.num_microbatches
-        key = ("ppc", f, m, group.microbatch_size, group.sp, vpp, schedule_of(schedule).chunked_p2p)
+        return self.pp_comm_floors(group)[(vpp, schedule_of(schedule).chunked_p2p)]
+
+    def pp_comm_floors(self, group: Group) -> dict[tuple[int, bool], float]:
+        """pp_comm_floor_s of every variant of the group by (vpp, chunked): one send over the cheapest footprint,
+        each schedule's transfers (planner.cost.bounds.pp_comm_floors_s); shared by the groups of this shape."""
+        key = ("ppc", group.fact, group.microbatch_size, group.sp)  # the factorisation and shape fix num_microbatches
         found = self.memo.get(key)
         if found is None:
-            found = self.memo[key] = cost_bounds.pp_comm_floor_s(self.cost, self.candidate(group, schedule=schedule, vpp=vpp))
+            wanted: dict[tuple[int, bool], tuple[str, int]] = {}
+            for vpp, schedules in self.variants(group):
+                for schedule in schedules:
+                    wanted.setdefault((vpp, schedule_of(schedule).chunked_p2p), (schedule, vpp))
+            values = cost_bounds.pp_comm_floors_s(self.cost, self.candidate(group), list(wanted.values()))
+            found = self.memo[key] = dict(zip(wanted, values))
         return found
 
     def placed_floor(self, group: Group, coupled: list[tuple[float, int, str, int]]) -> float:
@@ -229,12 +321,22 @@ class Floors(BoundsState):
             time_s += self.pp_comm_floor_s(group, vpp, schedule)
             if time_s >= best:
                 continue
-            v = schedule_of(schedule).v_placed
-            dp = self._cached(("dp_floor", f, zero, m, group.microbatch_size, group.sp, vpp, v), lambda: cost_bounds.dp_exposed_s(self.cost,
-                self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": schedule} if v else {})),
-                self.shape(f.pp, vpp, schedule).ranks, floor=True))
-            best = min(best, time_s + dp)
+            best = min(best, time_s + self.dp_floors(group, zero)[(vpp, schedule_of(schedule).v_placed)])
         return best
+
+    def dp_floors(self, group: Group, zero: int) -> dict[tuple[int, bool], float]:
+        """planner.cost.bounds.dp_exposed_s(floor=True) at this ZeRO stage under the split of every variant of the
+        group, by (vpp, V placement), in one array operation (planner.cost.bounds.dp_exposed_floors_s)."""
+        f = group.fact
+        layout = self._cached(("dp_layout", f, group.num_microbatches), lambda: {
+            (vpp, schedule_of(schedules[0]).v_placed): schedules[0] for vpp, schedules in self.variants(group)})
+
+        def rows() -> dict[str, np.ndarray]:  # the splits' sums, shared by the ZeRO stages
+            cands = [self.candidate(group, zero_stage=zero, vpp=vpp, **({"schedule": s} if v else {})) for (vpp, v), s in layout.items()]
+            return cost_bounds.dp_split_rows(self.cost, cands, [self.shape(f.pp, vpp, s).ranks for (vpp, _), s in layout.items()])
+
+        return self._cached(("dp_floors", f, zero, group.microbatch_size, group.sp), lambda: dict(zip(layout, cost_bounds.dp_exposed_floors_s(
+            self.cost, self.candidate(group, zero_stage=zero), self._cached(("dp_rows", f, group.microbatch_size, group.sp), rows)))))
 
     def pp_refined(self, group: Group, bounds: list[tuple[float, int, str, int]]) -> list[tuple[float, int, int, tuple, bool]]:
         """`coupled` plus each axis order's pp communication (planner.cost.p2p.pp_comm_s): (bound, vpp, zero, order),
@@ -242,7 +344,7 @@ class Floors(BoundsState):
         f, m = group.fact, group.num_microbatches
         out = []
         for time_s, vpp, schedule, zero in bounds:
-            for order in axis_orders(f, self.opts.profile):
+            for order in self.state.space.orders(f):
                 key = ("ppc_order", f, order, m, group.microbatch_size, group.sp, vpp, schedule_of(schedule).chunked_p2p)
                 ppc = self._cached(key, lambda: p2p.pp_comm_s(self.cost,
                     self.candidate(group, schedule=schedule, vpp=vpp, axis_order=order)))

@@ -22,7 +22,7 @@ from planner.schedules import schedule as schedule_of
 from planner.search.group_bounds import (MARGIN_BYTES, BoundsState, ModuleArrays, module_arrays, rank_sums,
                                          recompute_floor_s,
                                          step_lower_s, variant_shape)
-from planner.search.space import Group, axis_orders
+from planner.search.space import Group
 
 
 class Members(BoundsState):
@@ -39,7 +39,7 @@ class Members(BoundsState):
         per overlap."""
         def make():
             out = []
-            for order in axis_orders(group.fact, self.opts.profile):
+            for order in self.state.space.orders(group.fact):
                 lc = self.cost.layer_costs(self.state.candidate(group, zero_stage=self.opts.zero_stages[0], vpp=vpp,
                                                                 axis_order=order))
                 out.append((order, module_arrays(lc, self.state.partial(group))))
@@ -63,26 +63,33 @@ class Members(BoundsState):
 
     def rank_fixed_bytes(self, group: Group, schedule: str, vpp: int, zero: int) -> np.ndarray:
         """Per rank: held static bytes + other bytes - capacity (what activations may use is minus this)."""
-        f = group.fact
-        cand = None
+        return self.static_row(group, schedule, vpp, zero) + self.other_row(group, schedule, vpp, zero) - self.state.capacity
 
-        def probe():
-            nonlocal cand
-            cand = cand or self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)
-            return cand
+    def static_row(self, group: Group, schedule: str, vpp: int, zero: int) -> np.ndarray:
+        """Per rank: the held static bytes (planner.cost.bounds.held_static_bytes) of the variant's balanced split."""
+        f, v = group.fact, schedule_of(schedule).v_placed
+        return self._cached(("static", f, zero, schedule_of(schedule).weight_versions, group.num_microbatches == 1, vpp, v), lambda: rank_sums(
+            cost_bounds.held_static_bytes(self.cost, self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)),
+            self.shape(f.pp, vpp, schedule).ranks, f.pp))
 
-        ranks, v = self.shape(f.pp, vpp, schedule).ranks, schedule_of(schedule).v_placed
-        static = self._cached(("static", f, zero, schedule_of(schedule).weight_versions, group.num_microbatches == 1, vpp, v), lambda: rank_sums(
-            cost_bounds.held_static_bytes(self.cost, probe()), ranks, f.pp))
-        other = self._cached(("other", f, zero, group.microbatch_size, group.sp, v),
-                             lambda: self.cost.other_per_rank(probe()))
-        return static + other - self.state.capacity
+    def other_row(self, group: Group, schedule: str, vpp: int, zero: int) -> np.ndarray:
+        """Per rank: the other bytes (CostModel.other_per_rank) of the member."""
+        return self._cached(("other", group.fact, zero, group.microbatch_size, group.sp, schedule_of(schedule).v_placed),
+                            lambda: self.cost.other_per_rank(self.state.candidate(group, zero_stage=zero, schedule=schedule, vpp=vpp)))
 
     def rank_fixed_rows(self, group: Group, schedule: str, vpp: int, zeros) -> np.ndarray:
-        """rank_fixed_bytes for each ZeRO stage in `zeros`, as rows (memoised on what they read)."""
-        key = ("rows", group.fact, schedule_of(schedule).weight_versions, group.num_microbatches == 1, vpp, group.microbatch_size,
-               group.sp, tuple(zeros), schedule_of(schedule).v_placed)
-        return self._cached(key, lambda: np.stack([self.rank_fixed_bytes(group, schedule, vpp, z) for z in zeros]))
+        """rank_fixed_bytes for each ZeRO stage in `zeros`, as rows (memoised on what they read): the held static
+        rows (per split) plus the other-bytes rows (per micro-batch shape), less the capacity."""
+        f, zeros, v = group.fact, tuple(zeros), schedule_of(schedule).v_placed
+        key = ("rows", f, schedule_of(schedule).weight_versions, group.num_microbatches == 1, vpp, group.microbatch_size, group.sp, zeros, v)
+        found = self.memo.get(key)
+        if found is None:
+            static = self._cached(("static_rows", f, zeros, schedule_of(schedule).weight_versions, group.num_microbatches == 1, vpp, v),
+                                  lambda: np.stack([self.static_row(group, schedule, vpp, z) for z in zeros]))
+            other = self._cached(("other_rows", f, zeros, group.microbatch_size, group.sp, v),
+                                 lambda: np.stack([self.other_row(group, schedule, vpp, z) for z in zeros]))
+            found = self.memo[key] = static + other - self.state.capacity
+        return found
 
     def expand(self, group: Group, schedule: str, vpp: int, count: int, arrays, push) -> None:
         """Bound the members of one valid variant; `push(lower, (vpp, schedule, zero, order))` those within the
@@ -99,7 +106,7 @@ class Members(BoundsState):
         act = rank_sums(arrays[0][1].activation_bytes, ranks, f.pp)  # activations read no link
         act_floor = rank_sums(arrays[0][1].floor_bytes, ranks, f.pp)
         ratios: dict[int, np.ndarray] = {}
-        allowed = self.opts.zero_stages_for(f.pp)
+        allowed = state.space.rules.zero_stages(f.pp)
         for zero in self.opts.zero_stages:
             if zero not in allowed:
                 pruned["zero_stage_not_in_framework"] += len(arrays)

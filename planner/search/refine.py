@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import InfeasibleError
-from planner.frameworks import load_framework
 from planner.frameworks_split import balanced_split
 from planner.schedules import DEFAULT, V_PLACED
 from planner.schedules import schedule as schedule_of
@@ -44,7 +43,7 @@ def stage_problem(cost, cand, lc) -> StageProblem:
         capacity_bytes=float(cost.capacity_bytes()),
         embed_time_s=float(time[0]), embed_static_bytes=float(static[0]), embed_activation_bytes=float(act[0]),
         head_time_s=float(time[-1]), head_static_bytes=float(static[-1]), head_activation_bytes=float(act[-1]),
-        empty_ends=load_framework(cost.request.framework).capabilities.interleaved_split.empty_chunks != "none",
+        empty_ends=cost.framework.capabilities.interleaved_split.empty_chunks != "none",
     )
 
 

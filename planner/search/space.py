@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import BadInputError
-from planner.frameworks import (Config, group_refusal, interleaved_split_reason, load_framework, model_refusal, parallel_refusal,
+from planner.frameworks import (Config, group_refusal, load_framework, model_refusal, parallel_refusal,
                                 precision_refusal)
 from planner.schedules import ALL as ALL_SCHEDULES
 from planner.schedules import DEFAULT
@@ -51,6 +51,7 @@ from planner.schemas.compression import NONE, Compression
 from planner.schemas.dims import Axis, FixedDims, ParallelDims, divisors
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import AXES, PlanRequest, SearchLimits
+from planner.search.stack_rules import StackRules
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,12 @@ class Options:
         return tuple(z for z in self.zero_stages if z in allowed)
 
     @staticmethod
-    def from_request(request: PlanRequest, fixed: Mapping[str, int] | None = None) -> Options:
+    def from_request(request: PlanRequest, fixed: Mapping[str, int] | None = None,
+                     framework: FrameworkProfile | None = None) -> Options:
+        """The space's choices for `request` run by `framework` (its profile, resolved once by the caller; else read
+        by the request's framework name)."""
         limits = request.search or SearchLimits()
-        profile = framework_of(request)
+        profile = framework_of(request, framework)
         pinned = FixedDims.of({**limits.fixed, **(fixed or {})}, request.gpus)
         _check_framework_request(profile, request.precision, pinned, request.model.moe is not None)
         _check_compression(profile, limits.compression)
@@ -125,12 +129,14 @@ def _check_hsdp(profile: FrameworkProfile, dp_replicate: int, fixed: FixedDims) 
         raise BadInputError(f"dp_replicate={dp_replicate} must divide dp={fixed[Axis.DP]}: choose a divisor of dp, or drop --dp-replicate")
 
 
-def framework_of(request: PlanRequest) -> FrameworkProfile:
-    """The request's framework profile; SearchLimits.runnable (the old --runnable) means the `planner` executor."""
+def framework_of(request: PlanRequest, profile: FrameworkProfile | None = None) -> FrameworkProfile:
+    """The request's framework profile (`profile`, the object resolved where the request entered, else read by the
+    request's name), checked against the request: SearchLimits.runnable (the old --runnable) means the `planner`
+    executor, and the stack must build the model."""
     limits = request.search or SearchLimits()
     if limits.runnable and request.framework != "planner":
         raise BadInputError(f"runnable=true with framework={request.framework!r}: --runnable means --framework planner; drop one")
-    profile = load_framework(request.framework)
+    profile = profile if profile is not None else load_framework(request.framework)
     refused = model_refusal(profile, request.model)
     if refused is not None:
         raise BadInputError(refused)
@@ -245,7 +251,16 @@ class Space:
         self.pruned: Counter[str] = Counter()
         self.considered = 0
         self._sizes: dict[int, list[int]] = {}
-        self._variant_counts: dict[tuple[int, bool], tuple[int, Counter]] = {}
+        # what the stack runs and the model allows, read once here (planner.search.stack_rules), not at each stage
+        pinned, layers = opts.fixed.get("pp"), self.model.num_layers
+        degrees = divisors(request.gpus)
+        self.schedule_variants = {pp: tuple(schedule_variants(pp, layers, opts)) for pp in degrees
+                                  if pp <= layers and pinned in (None, pp)}
+        self.rules = StackRules(request, opts, self.schedule_variants, degrees)
+
+    def orders(self, fact: ParallelDims) -> tuple[tuple[str, ...], ...]:
+        """axis_orders of the factorisation under this stack (its fixed rank order, when it has one)."""
+        return self.rules.rank_order or _orders(fact.pp > 1, fact.dp > 1, fact.cp > 1)
 
     def factorisations(self) -> Iterator[ParallelDims]:
         gpus, gpn, fixed = self.request.gpus, self.request.topology.gpus_per_node, self.opts.fixed
@@ -278,21 +293,15 @@ class Space:
 
     def fact_reason(self, fact: ParallelDims) -> str | None:
         """The first structural rule a factorisation breaks, as a `pruned` key; None when it is valid."""
-        m, r = self.model, self.request
-        if m.num_attention_heads % fact.tp:
-            return "heads_not_divisible_by_tp"
-        if m.mla is None and m.kv_heads % fact.tp:
-            return "kv_heads_not_divisible_by_tp"
-        if m.ffn_hidden_size % fact.tp:
-            return "ffn_not_divisible_by_tp"
-        if r.global_batch_size % fact.dp:
-            return "global_batch_not_divisible_by_dp"
+        m, rules = self.model, self.rules.axis
+        reason = rules[Axis.TP][fact.tp] or rules[Axis.DP][fact.dp]
+        if reason is not None:
+            return reason
         if fact.dp % self.opts.dp_replicate or (self.opts.dp_replicate > 1 and fact.ep > 1):
             return "hsdp_not_dividing_dp" if fact.dp % self.opts.dp_replicate else "hsdp_with_ep_not_priced"
-        if fact.cp > 1 and r.seq_len % (2 * fact.cp):
-            return "seq_len_not_divisible_by_2cp"
-        if m.moe is not None and m.moe.num_experts % fact.ep:
-            return "experts_not_divisible_by_ep"
+        reason = rules[Axis.CP][fact.cp] or rules[Axis.EP][fact.ep]
+        if reason is not None:
+            return reason
         refused = parallel_refusal(self.opts.profile, Config(dp=fact.dp, tp=fact.tp, pp=fact.pp, cp=fact.cp, ep=fact.ep,
                                                              tied_embeddings=m.tied_embeddings))
         return refused[0] if refused is not None else None
@@ -307,8 +316,7 @@ class Space:
         return sizes, sps, overlaps
 
     def members_per_group(self, fact: ParallelDims) -> int:
-        variants = schedule_variants(fact.pp, self.model.num_layers, self.opts)
-        return len(self.opts.zero_stages) * len(variants) * len(axis_orders(fact, self.opts.profile))
+        return len(self.opts.zero_stages) * len(self.schedule_variants[fact.pp]) * len(self.orders(fact))
 
     def fact_count(self, fact: ParallelDims) -> int:
         """Configurations of the space with this factorisation (every group times its members)."""
@@ -329,6 +337,8 @@ class Space:
     def refuses_group(self, group: Group) -> bool:
         """True (and the group's members counted under the rule's key) when the framework refuses every member of
         the group for its group-level fields (planner.frameworks.group_refusal)."""
+        if not self.rules.group_rules:  # the stack has no exclusion on a group's fields alone
+            return False
         f = group.fact
         config = Config(dp=f.dp, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep, sp=group.sp, recompute=group.recompute,
                         tp_overlap=group.tp_overlap, is_moe=self.model.moe is not None, precision=self.request.precision,
@@ -349,23 +359,15 @@ class Space:
                 continue
             yield from self.fact_groups(fact)
 
-    def variant_reason(self, group: Group, schedule: str, vpp: int) -> str | None:
-        """The interleaving rule a (schedule, vpp) variant of the group breaks, as a `pruned` key; None if valid."""
-        if vpp == 1:
-            return None
-        found = interleaved_split_reason(self.opts.profile, num_layers=self.model.num_layers, pp=group.fact.pp, vpp=vpp,
-                                         num_microbatches=group.num_microbatches)
-        return found[0] if found is not None else None
-
     def variants(self, group: Group) -> Iterator[tuple[str, int, int]]:
         """(schedule, vpp, members) of a group that pass the interleaving rules; the rest are counted pruned."""
-        per_variant = len(self.opts.zero_stages) * len(axis_orders(group.fact, self.opts.profile))
-        for schedule, vpp in schedule_variants(group.fact.pp, self.model.num_layers, self.opts):
-            reason = self.variant_reason(group, schedule, vpp)
-            if reason is not None:
-                self.pruned[reason] += per_variant
-            else:
-                yield schedule, vpp, per_variant
+        f = group.fact
+        per_variant = len(self.opts.zero_stages) * len(self.orders(f))
+        valid, rules = self.rules.variants(f.pp, group.num_microbatches)
+        for rule, count in rules.items():
+            self.pruned[rule] += count * per_variant
+        for schedule, vpp in valid:
+            yield schedule, vpp, per_variant
 
     def prune_group(self, group: Group, reason: str, copies: int = 1) -> None:
         """Count a whole group (`copies` groups of its factorisation and num_microbatches) as pruned for
@@ -374,23 +376,11 @@ class Space:
 
     def prune_members(self, fact: ParallelDims, num_microbatches: int, reason: str, copies: int) -> None:
         """prune_group for `copies` groups of `fact` with `num_microbatches`."""
-        key = (fact.pp, num_microbatches % fact.pp == 0)
-        found = self._variant_counts.get(key)
-        if found is None:  # the rules read pp, num_layers and whether pp divides num_microbatches only
-            probe = Group(fact, 1, num_microbatches, False, "none", "none")
-            rules: Counter[str] = Counter()
-            valid = 0
-            for schedule, vpp in schedule_variants(fact.pp, self.model.num_layers, self.opts):
-                rule = self.variant_reason(probe, schedule, vpp)
-                if rule is None:
-                    valid += 1
-                else:
-                    rules[rule] += 1
-            found = self._variant_counts[key] = (valid, rules)
-        per_variant = len(self.opts.zero_stages) * len(axis_orders(fact, self.opts.profile)) * copies
-        for rule, count in found[1].items():
+        valid, rules = self.rules.variants(fact.pp, num_microbatches)
+        per_variant = len(self.opts.zero_stages) * len(self.orders(fact)) * copies
+        for rule, count in rules.items():
             self.pruned[rule] += count * per_variant
-        self.pruned[reason] += found[0] * per_variant
+        self.pruned[reason] += len(valid) * per_variant
 
     def prune_groups(self, groups: list[Group], reason: str) -> None:
         """prune_group for each group, in one count per (factorisation, num_microbatches)."""
@@ -403,5 +393,5 @@ class Space:
 
     def members(self, group: Group, schedule: str, vpp: int) -> Iterator[Member]:
         """The members of one (schedule, vpp) variant: every ZeRO stage and axis order."""
-        for zero, order in itertools.product(self.opts.zero_stages, axis_orders(group.fact, self.opts.profile)):
+        for zero, order in itertools.product(self.opts.zero_stages, self.orders(group.fact)):
             yield Member(zero, schedule, vpp, order)

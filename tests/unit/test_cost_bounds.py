@@ -144,3 +144,25 @@ def test_floors_stay_below_where_the_stack_moe_overlap_depends_on_the_layout():
             overlapped += moe_batch_overlap(cost, cand)
             checked += times.size > 0
     assert checked > 20 and 0 < overlapped < checked
+
+
+def test_batched_floors_equal_one_variant_at_a_time():
+    """The search asks the pp and dp floors of every (schedule, vpp) variant of a group in one call
+    (pp_comm_floors_s, dp_exposed_floors_s): each value is the one-variant function's, to the bit."""
+    request = build_request(model=MOE, topology="dgx-h100", gpus=48, global_batch_size=96, seq_len=1024)
+    cost = CostModel(request)
+    variants = [("gpipe", 1), ("1f1b", 1), ("zero-bubble", 1), ("interleaved", 2), ("zbv", 2), ("dualpipev", 2)]
+    checked = 0
+    for fields in itertools.islice(_candidates(48, True), 0, None, 3):
+        if fields["pp"] == 1:
+            continue
+        base = Candidate(**fields, microbatch_size=1, num_microbatches=96 // fields["dp"])
+        one = [bounds.pp_comm_floor_s(cost, dataclasses.replace(base, schedule=s, vpp=v)) for s, v in variants]
+        assert bounds.pp_comm_floors_s(cost, base, variants) == one
+        for zero in (0, 1, 2, 3):
+            cands = [dataclasses.replace(base, zero_stage=zero, schedule=s, vpp=v) for s, v in variants]
+            splits = [rank_of_modules(split_for(MOE.num_layers, c), c.pp, c.schedule in ("zbv", "dualpipev")) for c in cands]
+            single = [bounds.dp_exposed_s(cost, c, ranks, floor=True) for c, ranks in zip(cands, splits)]
+            assert bounds.dp_exposed_floors_s(cost, cands[0], bounds.dp_split_rows(cost, cands, splits)) == single
+            checked += 1
+    assert checked > 10

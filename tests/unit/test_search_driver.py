@@ -166,3 +166,48 @@ def test_fixed_dimensions_give_the_best_plan_that_keeps_them(fixed, whole_space)
     assert found.ranked and keeps(found.ranked[0].cand)
     assert found.ranked[0].ev.step_time_s == pytest.approx(reference[0].ev.step_time_s, rel=1e-9)
     assert found.ranked[0].cand == reference[0].cand
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "megatron-core", EVERYTHING])
+def test_the_space_reads_its_stack_once_and_answers_as_the_stack_does(framework):
+    """The rules the space reads once from the profile when it is built (planner.search.stack_rules) give, for every
+    pp of the space and num_microbatches divisible by pp or not, the variants and per-degree rules the stack's own
+    judges give when asked one group at a time (planner.frameworks.interleaved_split_reason, the structural checks)."""
+    from planner.frameworks import interleaved_split_reason, load_framework
+    from planner.search.space import schedule_variants
+
+    limits = SearchLimits(schedules=("gpipe", "1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble", "zbv",
+                                     "dualpipev"), max_microbatch_size=2)
+    request = small_request(model=SMALL_MOE.model_copy(update=dict(num_layers=10)), gpus=32, gbs=96, limits=limits,
+                            framework=framework)
+    profile = load_framework(framework)
+    space = Space(request, Options.from_request(request, framework=profile))
+    assert space.opts.profile is profile  # the object handed in, not read again
+    for pp in (1, 2, 4, 8):
+        for m in range(1, 3 * pp + 1):
+            asked = [(s, v) for s, v in schedule_variants(pp, 10, space.opts) if v == 1 or interleaved_split_reason(
+                profile, num_layers=10, pp=pp, vpp=v, num_microbatches=m) is None]
+            assert list(space.rules.valid_variants(pp, m)) == asked
+    for tp in (1, 2, 4, 8, 16, 32):
+        heads = SMALL_MOE.num_attention_heads % tp or SMALL_MOE.kv_heads % tp or SMALL_MOE.ffn_hidden_size % tp
+        assert (space.rules.axis["tp"][tp] is not None) == bool(heads)
+    assert space.rules.axis["ep"][8] == "experts_not_divisible_by_ep" and space.rules.axis["ep"][4] is None
+
+
+def test_a_plan_reads_its_stack_profile_once(monkeypatch):
+    """api.plan resolves the request's framework profile once and hands the object down (search, space, cost
+    model, plan assembly): one read of the profile file per plan, however many stages ask what the stack runs."""
+    import planner.frameworks as frameworks
+    from planner import api
+
+    reads, real = [], frameworks.load_file
+
+    def counting(kind, path, *args, **kwargs):
+        if kind is frameworks.FrameworkProfile:
+            reads.append(str(path))
+        return real(kind, path, *args, **kwargs)
+
+    request = small_request(framework="torchtitan", limits=NARROW.model_copy(update=dict(top_k=1)))
+    monkeypatch.setattr(frameworks, "load_file", counting)
+    api.plan(request)
+    assert len(reads) == 1 and reads[0].endswith("torchtitan.yaml")
