@@ -11,7 +11,6 @@ from planner import api
 from planner.cost import mixers
 from planner.cost.compute import Shape
 from planner.cost.model import Candidate, CostModel
-from planner.cost.validity import validity_reasons as reasons
 from planner.models import counting, load_model
 
 HF = Path(__file__).resolve().parents[1] / "data" / "hf"
@@ -97,9 +96,9 @@ def test_validity_names_the_mixer_splits():
     request = api.build_request(model=QWEN3_NEXT, topology="dgx-h100", gpus=64, global_batch_size=64, seq_len=4096,
                                 framework="deepspeed")
     cand = Candidate(dp=2, tp=32, pp=1, cp=1, ep=1, microbatch_size=1, num_microbatches=32, recompute="none", schedule="1f1b")
-    assert any("linear_attention.num_key_heads=16" in r for r in reasons(request, cand))
+    assert any("linear_attention.num_key_heads=16" in r for r in CostModel(request).validity_reasons(cand))
     cand = Candidate(dp=32, tp=1, pp=1, cp=2, ep=1, microbatch_size=1, num_microbatches=2, recompute="none", schedule="1f1b")
-    assert any("cp=2 with linear layers" in r for r in reasons(request, cand))
+    assert any("cp=2 with linear layers" in r for r in CostModel(request).validity_reasons(cand))
 
 
 @pytest.mark.parametrize("folder", ["qwen3-next-80b-a3b", "jamba-v0.1"])
