@@ -81,6 +81,8 @@ class LiveBytes(TorchDispatchMode):
         self.total = self.peak = 0
         self.at_peak: dict[int, tuple[int, str]] = {}
         self.rising = False
+        self.phase_peaks: dict[str, tuple[int, dict]] = {}  # phase -> (its peak, live storages then; {} while rising)
+        self.last_phase: str | None = None
         self.phase = "build"
         self.in_optimizer = False
         self.paused = 0
@@ -98,28 +100,47 @@ class LiveBytes(TorchDispatchMode):
                 self.resize(serial, nbytes)
             return
         serial = next(self.serials)
-        self.live[serial] = (nbytes, self.current_phase())
+        phase = self.current_phase()
+        self.enter(phase)
+        self.live[serial] = (nbytes, phase)
         self.serial_of[id(st)] = serial
         self.refs[serial] = weakref.ref(st, lambda _ref, key=id(st), s=serial: self.free(key, s))
         self.grow(nbytes)
 
     def current_phase(self) -> str:
+        if self.phase == "warm-up":  # the optimizer state made before the traced step (trace_rank)
+            return self.phase
         if self.in_optimizer:
             return "optimizer"
         return "backward" if torch._C._current_graph_task_id() != -1 else self.phase
+
+    def enter(self, phase: str) -> None:
+        """An event in `phase`: when the phase changed, the previous phase's rise (if any) ends here."""
+        if phase != self.last_phase:
+            self.close_phase()
+            self.last_phase = phase
+
+    def close_phase(self) -> None:
+        if self.last_phase in self.phase_peaks and not self.phase_peaks[self.last_phase][1]:
+            self.phase_peaks[self.last_phase] = (self.phase_peaks[self.last_phase][0], dict(self.live))
 
     def grow(self, nbytes: int) -> None:
         self.total += nbytes
         if self.total > self.peak:
             self.peak, self.rising = self.total, True
+        if self.total > self.phase_peaks.get(self.last_phase, (-1,))[0]:
+            self.phase_peaks[self.last_phase] = (self.total, {})
 
     def mark_fall(self) -> None:
-        """The first fall after a new peak: the live storages now are those at the peak."""
+        """The first fall after a new peak: the live storages now are those at the peak (the global one, and the
+        current phase's)."""
         if self.rising:
             self.at_peak, self.rising = dict(self.live), False
+        self.close_phase()
 
     def resize(self, serial: int, nbytes: int) -> None:
         size, phase = self.live[serial]
+        self.enter(self.current_phase())
         if nbytes < size:
             self.mark_fall()
             self.total -= size - nbytes
@@ -130,6 +151,7 @@ class LiveBytes(TorchDispatchMode):
     def free(self, key: int, serial: int) -> None:
         if serial not in self.live:
             return
+        self.enter(self.current_phase())
         self.mark_fall()
         self.total -= self.live.pop(serial)[0]
         self.refs.pop(serial, None)
@@ -137,10 +159,16 @@ class LiveBytes(TorchDispatchMode):
             del self.serial_of[key]
 
     def reset_peak(self) -> None:
+        """Peaks counted from now on only (the storages alive stay counted)."""
         self.peak, self.at_peak, self.rising = self.total, dict(self.live), False
+        self.phase_peaks, self.last_phase = {}, None
 
     def peak_live(self) -> dict[int, tuple[int, str]]:
         return dict(self.live) if self.rising else self.at_peak
+
+    def phase_peak_live(self) -> dict[str, tuple[int, dict[int, tuple[int, str]]]]:
+        """Each phase's own peak (the most bytes alive while an op of that phase ran) and the storages then."""
+        return {phase: (peak, live if live else dict(self.live)) for phase, (peak, live) in self.phase_peaks.items()}
 
     def serial(self, t: torch.Tensor) -> int | None:
         return self.serial_of.get(id(t.untyped_storage()))
@@ -197,6 +225,7 @@ class RankTrace:
     parts: dict[str, int] = field(default_factory=dict)
     workspace_bytes: int = 0
     microbatches: int = 1
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)  # phase -> its own peak's parts (workspace in other)
 
 
 def traced_plan(plan: LaunchPlan, microbatches: int = 2) -> LaunchPlan:
@@ -223,10 +252,13 @@ def distinct_ranks(plan: LaunchPlan) -> list[int]:
 
 
 def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool = True, steps: int = 2,
-               sent: dict | None = None) -> RankTrace:
+               sent: dict | None = None, warm_up: bool = True) -> RankTrace:
     """Trace `rank`'s optimizer steps of `plan` (module docstring). target "cuda": the GPU contracts and the CUDA
     allocator's rounding and workspace; "cpu": none of them (what a CPU run of the same code allocates). fake=False
-    runs the same steps on real tensors (small plans: the CPU check of the trace)."""
+    runs the same steps on real tensors (small plans: the CPU check of the trace). warm_up: the first of the two
+    steps only makes the optimizer state (zero gradients, the optimizers' step: warm_up_optimizers) and the peak is
+    counted from the second step on; its forward and backward hold no optimizer state, so they peak below the second
+    step's, and its optimizer step equals the second's (test_memtrace checks both ways give one peak)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -264,6 +296,12 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
                  register_optimizer_step_post_hook(lambda *_: setattr(counter, "in_optimizer", False))]
         # the first step needs one micro-batch only: it makes the optimizer state; the last one holds it throughout
         plans = [traced_plan(run_plan, 1)] * (steps - 1) + [run_plan]
+        if warm_up and steps > 1:
+            with materialize():
+                counter.phase = "warm-up"
+                warm_up_optimizers(job)
+            counter.reset_peak()
+            plans = plans[-1:]
         for job.plan in plans:
             rows, seq_len = job.plan.batch.microbatch_size * job.plan.batch.num_microbatches, job.plan.batch.seq_len
             with materialize():
@@ -273,6 +311,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
                 runtime.optimizer_step(job, inputs, targets)
                 del inputs, targets
         parts = peak_parts(counter, job)
+        phases = {phase: peak_parts(counter, job, live) for phase, (_, live) in counter.phase_peak_live().items()}
     finally:
         for hook in hooks:
             hook.remove()
@@ -280,13 +319,29 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
     return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
                      parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
-                     microbatches=run_plan.batch.num_microbatches)
+                     microbatches=run_plan.batch.num_microbatches,
+                     phases={phase: {**each, "other": each["other"] + workspace} for phase, each in phases.items()})
 
 
-def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
-    """The live bytes at the peak by part: the parameters', gradients' and optimizer state's storages as the job holds
-    them at the end, the rest by the phase that made it (forward: activations; backward, optimizer: transient;
-    build: other, e.g. buffers)."""
+def warm_up_optimizers(job) -> None:
+    """The optimizer state of a first step without its forward and backward: every trainable parameter gets a zero
+    gradient shaped like it (a DTensor shard for a DTensor), the optimizers step once (making their state and, for
+    the bf16 recipe, nothing else: masters exist from the build), and the gradients are dropped."""
+    params = [p for part in job.train_parts for p in part.parameters() if p.requires_grad]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    for opt in job.optimizers:
+        opt.step()
+    for opt in job.optimizers:
+        opt.zero_grad(set_to_none=True)
+    for param in params:
+        param.grad = None
+
+
+def peak_parts(counter: LiveBytes, job, live: dict | None = None) -> dict[str, int]:
+    """The live bytes at the peak (or in `live`) by part: the parameters', gradients' and optimizer state's storages
+    as the job holds them at the end, the rest by the phase that made it (forward: activations; backward, optimizer:
+    transient; build: other, e.g. buffers)."""
     def serials(tensors) -> set[int]:
         found = set()
         for t in tensors:
@@ -302,9 +357,10 @@ def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
               "optimizer": serials(t for opt in job.optimizers for inner in inner_optimizers(opt)
                                    for state in inner.state.values() for t in state.values())
               | serials(m for opt in job.optimizers for m in master_weights(opt))}
-    by_phase = {"forward": "activations", "backward": "transient", "optimizer": "transient", "build": "other"}
+    by_phase = {"forward": "activations", "backward": "transient", "optimizer": "transient", "build": "other",
+                "warm-up": "other"}
     parts = dict.fromkeys(PARTS, 0)
-    for serial, (nbytes, phase) in counter.peak_live().items():
+    for serial, (nbytes, phase) in (counter.peak_live() if live is None else live).items():
         part = next((name for name, found in owners.items() if serial in found), by_phase[phase])
         parts[part] += nbytes
     return parts

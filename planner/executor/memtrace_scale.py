@@ -1,0 +1,169 @@
+"""A rank's traced memory at its real depth and micro-batch count from traces of shallow stages (issue 20, item 2: fast
+enough to verify every plan of the `planner` stack by default).
+
+Where the time goes: a trace runs every op of the step under FakeTensorMode (about 0.1 ms of Python per op), so it
+costs layers x micro-batches x distinct ranks; the layers of a stage are identical (same widths, same recompute), and
+past the schedule's warm-up a pipeline's micro-batches repeat. So each rank is traced with its real widths, sequence
+length, embedding/head, recompute and schedule but with 1 and 2 decoder layers per stage, and each phase's peak
+(planner.executor.memtrace.LiveBytes.phase_peaks: build, forward, backward, optimizer) and its parts are extended
+linearly to the rank's real layer count:
+
+    peak_phase(L) = peak_phase(1) + (L - 1) * (peak_phase(2) - peak_phase(1)),   peak = max over phases
+
+Exact when the phase's peak is reached at the same point of the step for every depth (what each layer adds is the
+same: its weights, gradients, optimizer state, saved activations; a phase's peak sits at a layer boundary, the start
+or the end of a pass, whichever its per-layer sign favours). Extending each phase apart, not the step's peak, keeps it
+exact when the deep step peaks in another phase than the shallow ones (e.g. optimizer state outgrowing activations).
+tests/unit/test_memtrace_scale.py compares this with full traces: DDP, ZeRO-1, FSDP2, TP, pipelines (1F1B, GPipe,
+interleaved, zero-bubble), recompute none/selective/full/partial, both bf16 recipes.
+
+Partial full recompute (`full_layers` of a stage's layers checkpointed, the rest not) makes two kinds of layer: each
+kind is extended on its own (traces at (1, 1), (2, 1), (1, 2) layers of each kind). A pipeline's step also grows with
+its micro-batches past the warm-up (torch.distributed.pipelining allocates each micro-batch's receive buffers for the
+step; GPipe holds every micro-batch's activations): two micro-batch counts n1 < n2 past the warm-up (2 x pp x the
+stages a rank holds, and that plus pp) are traced and each phase extended linearly in n as well, the layers' slope
+with it (the bilinear term). Virtual stages of one rank with unequal depths are extended at the deepest (an upper
+bound by at most one layer per virtual stage). Models whose layers differ (MoE every n-th layer, dense first layers,
+per-layer attention types, NoPE layers) are traced in full (trace_plan), as are plans already as small as the traces.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+from planner.executor.memtrace import PARTS, RankTrace, distinct_ranks, trace_plan
+from planner.schemas.plan import LaunchPlan
+
+LAYER = re.compile(r"^layers\.\d+$")
+Point = tuple[int, int, int]  # (layers of the full-recompute kind, layers of the other kind, micro-batches) per stage
+
+
+def layers_of(stage) -> list[str]:
+    return [name for name in stage.layers if LAYER.match(name)]
+
+
+def kinds(stage) -> tuple[int, int]:
+    """(fully recomputed layers, other layers) of a stage: apply_ac checkpoints its first `full_layers` blocks."""
+    count = len(layers_of(stage))
+    full = count if stage.recompute.mode == "full" else min(stage.recompute.full_layers, count)
+    return full, count - full
+
+
+def uniform_layers(plan: LaunchPlan) -> bool:
+    """Every decoder layer of the model is built the same (planner.nn.model.TransformerBlock by its index)."""
+    spec = plan.request.model
+    if spec.moe is not None and (spec.moe.first_k_dense or spec.moe.moe_every != 1):
+        return False
+    if spec.layer_types is not None and len(set(spec.layer_types)) > 1:
+        return False
+    return not spec.nope_layers
+
+
+def microbatch_points(plan: LaunchPlan) -> tuple[int, int] | None:
+    """(n1, n2): two micro-batch counts past a pipeline's warm-up, or None when the plan's own count is as small."""
+    par = plan.parallelism
+    if par.pp == 1:
+        return None
+    held = max(1, len(plan.stages) // par.pp)  # virtual stages per pipeline rank (vpp, or 2 for V schedules)
+    n1 = 2 * par.pp * held
+    n2 = n1 + par.pp
+    return (n1, n2) if plan.batch.num_microbatches > n2 else None
+
+
+def reduced_plan(plan: LaunchPlan, full: int, other: int, microbatches: int | None) -> LaunchPlan:
+    """`plan` with each stage's decoder layers cut to `full` fully recomputed ones (where the stage has that kind)
+    and `other` ones (where it has those), renumbered in stage order; its embedding, norm and head as they were."""
+    stages, index = [], 0
+    for stage in sorted(plan.stages, key=lambda s: s.stage):
+        real_full, real_other = kinds(stage)
+        count = (full if real_full else 0) + (other if real_other else 0)
+        names = list(stage.layers)
+        layer_at = [i for i, name in enumerate(names) if LAYER.match(name)]
+        new_layers = [f"layers.{index + i}" for i in range(count)]
+        if layer_at:
+            names = names[:layer_at[0]] + new_layers + names[layer_at[-1] + 1:]
+        index += count
+        recompute = stage.recompute.model_copy(update={"full_layers": full if (real_full and real_other) else 0})
+        stages.append(stage.model_copy(update={"layers": tuple(names), "recompute": recompute}))
+    model = plan.request.model.model_copy(update={"num_layers": index})
+    update = {"request": plan.request.model_copy(update={"model": model}), "stages": tuple(stages)}
+    if microbatches is not None:
+        batch = plan.batch
+        update["batch"] = batch.model_copy(update={"num_microbatches": microbatches, "global_batch_size":
+                                                   batch.microbatch_size * microbatches * plan.parallelism.dp})
+    return plan.model_copy(update=update)
+
+
+def scalable(plan: LaunchPlan) -> bool:
+    """Whether tracing shallow stages saves anything (and is exact: uniform layers)."""
+    if not uniform_layers(plan):
+        return False
+    deepest = max((sum(kinds(s)) for s in plan.stages), default=0)
+    return deepest > 2 or microbatch_points(plan) is not None
+
+
+def trace_plan_scaled(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
+    """Each distinct rank's trace of `plan`, extended from shallow traces (module docstring); a plan where that saves
+    nothing, or whose layers differ, is traced in full."""
+    if not scalable(plan):
+        return trace_plan(plan, target=target)
+    points = design(plan)
+    traced: dict[Point, list[RankTrace]] = {}
+    for point in points:
+        full, other, n = point
+        traced[point] = trace_plan(reduced_plan(plan, full, other, n if microbatch_points(plan) else None), target=target)
+    ranks = distinct_ranks(plan)
+    return [extend(plan, rank, {point: traces[i] for point, traces in traced.items()}) for i, rank in enumerate(ranks)]
+
+
+def design(plan: LaunchPlan) -> list[Point]:
+    """The shallow traces: (1, 1) layers of each kind the plan has, one more of each kind, at n1 (and at n2 with a
+    pipeline)."""
+    has_full = any(kinds(s)[0] for s in plan.stages)
+    has_other = any(kinds(s)[1] for s in plan.stages)
+    steps = microbatch_points(plan) or (plan.batch.num_microbatches,)
+    points = []
+    for n in steps:
+        points.append((1, 1, n))
+        if has_full:
+            points.append((2, 1, n))
+        if has_other:
+            points.append((1, 2, n))
+    return points
+
+
+def extend(plan: LaunchPlan, rank: int, traces: dict[Point, RankTrace]) -> RankTrace:
+    """`rank`'s trace at its real depth and micro-batch count from its shallow traces (module docstring)."""
+    from planner.executor.pipeline import local_stages
+    from planner.executor.runtime import rank_coords
+
+    coords = rank_coords(plan, rank)
+    mine = local_stages(plan, coords["pp"]) if plan.parallelism.pp > 1 else sorted(plan.stages, key=lambda s: s.stage)[:1]
+    real_full = max((kinds(s)[0] for s in mine), default=0) or 1
+    real_other = max((kinds(s)[1] for s in mine), default=0) or 1
+    steps = microbatch_points(plan) or (plan.batch.num_microbatches,)
+    n = plan.batch.num_microbatches
+    base = traces[(1, 1, steps[0])]
+    phases = set.intersection(*(set(t.phases) for t in traces.values()))
+
+    def at(phase: str, part: str, m: int) -> Fraction:
+        value = Fraction(traces[(1, 1, m)].phases[phase][part])
+        for point, real in (((2, 1, m), real_full), ((1, 2, m), real_other)):
+            if point in traces:
+                value += (real - 1) * (traces[point].phases[phase][part] - traces[(1, 1, m)].phases[phase][part])
+        return value
+
+    def extended(phase: str, part: str) -> int:
+        value = at(phase, part, steps[0])
+        if len(steps) == 2:
+            value += (at(phase, part, steps[1]) - value) * Fraction(n - steps[0], steps[1] - steps[0])
+        return max(0, math.ceil(value))
+
+    by_phase = {phase: {part: extended(phase, part) for part in PARTS} for phase in sorted(phases)}
+    top = max(by_phase, key=lambda phase: sum(by_phase[phase].values()))
+    parts = by_phase[top]
+    return RankTrace(rank=rank, coords=base.coords, peak_bytes=sum(parts.values()), parts=parts,
+                     workspace_bytes=base.workspace_bytes, microbatches=n if len(steps) == 2 else base.microbatches,
+                     phases=by_phase)
