@@ -206,13 +206,17 @@ def estimate(request: PlanRequest, config: Configuration, *, trace_memory: bool 
     return result
 
 
-def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memory: bool = False) -> LaunchPlan:
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memory: bool | None = False) -> LaunchPlan:
     """Search the whole plan space for the fastest configuration that fits. `trace_memory`: verify the chosen plan
     and its alternatives by tracing the executor's step, replacing a plan that does not fit by trace
-    (planner.memory_trace)."""
+    (planner.memory_trace); None: only for the `planner` stack (what `planner plan` does by default)."""
     from planner.search.driver import plan as _plan
 
     result = _plan(request, progress=progress)
+    if trace_memory is None:
+        from planner.memory_trace import EXECUTOR_FRAMEWORK
+
+        trace_memory = request.framework == EXECUTOR_FRAMEWORK
     if trace_memory:
         from planner.memory_trace import verify_plan
 

@@ -1,8 +1,14 @@
 """A plan's memory verified by the executor's own step (issue 20, item 2): the search prices candidates by the
 formulas; this traces the chosen plan (and each alternative it lists) with planner.executor.memtrace, records the
 traced peak in the LaunchPlan (`memory.traced`, `alternatives[].traced_peak_bytes`), and replaces a chosen plan whose
-traced peak does not fit by the next plan of the search's ranking whose traced peak does (verify_plan). Asked for with
-`planner plan/estimate --trace-memory` (api.plan/estimate(trace_memory=True)); plans made without it are unchanged.
+traced peak does not fit by the next plan of the search's ranking whose traced peak does (verify_plan). `planner plan` does this by default for the `planner` stack (api.plan(trace_memory=
+None): on for that stack, off for the others, whose peaks are not our code's); `--no-trace-memory` skips it,
+`planner estimate --trace-memory` asks for it. Plans made without it are unchanged.
+
+Each rank is traced with 1 and 2 decoder layers per stage (and, for a pipeline, two micro-batch counts past its
+warm-up) and extended linearly to its real depth (planner.executor.memtrace_scale: exact on the tested plans, within
+0.2%): seconds at the real widths. A time budget (TRACE_BUDGET_S) bounds the verification of one plan request: plans
+left when it runs out say they were not verified.
 
 Only the `planner` stack runs our executor, so only its plans are traced. torch is imported here only when a trace
 is asked for (the planner core stays torch-free); without torch the plan says it was not verified by trace. A step the
@@ -13,23 +19,30 @@ with the reason.
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Callable
 
 from planner.schemas.plan import Configuration, LaunchPlan, TracedMemory, TracedRank
 
 EXECUTOR_FRAMEWORK = "planner"
+TRACE_BUDGET_S = 120.0  # seconds of tracing for one request's plans at most (a plan is a few seconds: module docstring)
 
 
-def trace_memory(plan: LaunchPlan) -> TracedMemory:
-    """The traced peak of every distinct rank of `plan`, or a note saying why there is none."""
+def trace_memory(plan: LaunchPlan, *, deadline: float | None = None) -> TracedMemory:
+    """The traced peak of every distinct rank of `plan`, or a note saying why there is none. `deadline`
+    (time.monotonic()): past it, the plan is not traced and says so."""
     if plan.request.framework != EXECUTOR_FRAMEWORK:
         return TracedMemory(note=f"not verified by trace: framework {plan.request.framework!r} is not the executor's (planner)")
     if importlib.util.find_spec("torch") is None:
-        return TracedMemory(note="not verified by trace: torch is not installed (pip install 'llm-planner[torch]')")
-    from planner.executor.memtrace import trace_plan
+        return TracedMemory(note="not verified by trace: torch not installed (pip install 'llm-planner[torch]')")
+    if deadline is not None and time.monotonic() > deadline:
+        return TracedMemory(note=f"not verified by trace: the {TRACE_BUDGET_S:.0f} s budget of tracing was spent on "
+                                 "the plans before it")
+    from planner.executor.memtrace_scale import scalable, trace_plan_scaled
+    from planner.executor.moe_contract import ROUTING_NOTE
 
     try:
-        traces = trace_plan(plan, target=target_of(plan))
+        traces = trace_plan_scaled(plan, target=target_of(plan))
     except Exception as exc:  # the fake tensors could not follow this step: say so, keep the formula's verdict
         first = (str(exc).splitlines() or [""])[0][:160]
         return TracedMemory(note=f"not verified by trace: the fake-tensor trace cannot follow this step ({type(exc).__name__}: {first})")
@@ -39,9 +52,12 @@ def trace_memory(plan: LaunchPlan) -> TracedMemory:
     fits = peak <= plan.memory.capacity_bytes
     how = ("CUDA contracts, allocator rounding and cuBLAS workspace included" if target_of(plan) == "cuda"
            else "CPU tensors as allocated")
+    scaled = (", each extended linearly from stages of 1 and 2 layers (planner.executor.memtrace_scale)"
+              if scalable(plan) else "")
+    routing = f"; {ROUTING_NOTE}" if plan.request.model.moe is not None else ""
     return TracedMemory(peak_bytes=peak, fits=fits, ranks=ranks, note=(
-        f"traced by planner.executor.memtrace: the executor's step on fake tensors, {len(ranks)} distinct rank(s), "
-        f"{how}; {'fits' if fits else 'does NOT fit'} in {plan.memory.capacity_bytes / 2**30:.2f} GiB"))
+        f"traced by planner.executor.memtrace: the executor's step on fake tensors, {len(ranks)} distinct rank(s)"
+        f"{scaled}, {how}{routing}; {'fits' if fits else 'does NOT fit'} in {plan.memory.capacity_bytes / 2**30:.2f} GiB"))
 
 
 def target_of(plan: LaunchPlan) -> str:
@@ -61,25 +77,29 @@ def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = No
     """`plan` with its traced memory and its alternatives'. A chosen plan that does not fit by trace is replaced by
     the first plan in the search's ranking that does: its listed alternatives, then (when none fits) the ranking of
     `wider()` (the same search keeping more alternatives), up to MAX_TRACED_PLANS traces. InfeasibleError when none
-    fits. A plan that could not be traced keeps the formula's verdict, with the note saying so."""
-    traced = trace_memory(plan)
+    fits. A plan that could not be traced keeps the formula's verdict, with the note saying so. The tracing of one call
+    stops after TRACE_BUDGET_S (the plans left say so)."""
+    deadline = time.monotonic() + TRACE_BUDGET_S
+    traced = trace_memory(plan, deadline=deadline)
     seen = {_key(plan): (plan.memory.peak_bytes, traced)}  # configuration -> (formula peak, traced)
-    alternatives = tuple(_traced_alternative(plan, alt, seen) if traced.peak_bytes is not None else alt
+    alternatives = tuple(_traced_alternative(plan, alt, seen, deadline) if traced.peak_bytes is not None else alt
                          for alt in plan.alternatives)
     checked = with_trace(plan, traced).model_copy(update={"alternatives": alternatives})
     if traced.fits is not False:
         return checked
-    replacement = _first_fitting(plan, list(plan.alternatives), seen)
+    replacement = _first_fitting(plan, list(plan.alternatives), seen, deadline)
     if replacement is None and wider is not None:
         broader = wider()
-        replacement = _first_fitting(plan, [_as_alternative(broader), *broader.alternatives], seen)
+        replacement = _first_fitting(plan, [_as_alternative(broader), *broader.alternatives], seen, deadline)
     if replacement is None:
         from planner.errors import InfeasibleError
 
+        spent = f"; the {TRACE_BUDGET_S:.0f} s budget of tracing ran out" if time.monotonic() > deadline else ""
         raise InfeasibleError(
             f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB over the "
             f"{plan.memory.capacity_bytes / 2**30:.2f} GiB capacity, and no plan of its ranking fits by trace "
-            f"({len(seen)} traced, planner.executor.memtrace): use a smaller --microbatch-size, --recompute full or more GPUs",
+            f"({len(seen)} traced, planner.executor.memtrace{spent}): use a smaller --microbatch-size, --recompute full or "
+            "more GPUs",
             closest=_describe(plan), shortfall_bytes=traced.peak_bytes - plan.memory.capacity_bytes)
     alt_plan, alt_traced = replacement
     note = (f"the search's first choice ({_describe(plan)}) traced {traced.peak_bytes / 2**30:.2f} GiB, over the "
@@ -107,16 +127,16 @@ def _estimate_of(plan: LaunchPlan, alt) -> LaunchPlan | None:
         return None
 
 
-def _traced_alternative(plan: LaunchPlan, alt, seen: dict):
+def _traced_alternative(plan: LaunchPlan, alt, seen: dict, deadline: float):
     alt_plan = _estimate_of(plan, alt)
     if alt_plan is None:
         return alt
     if _key(alt) not in seen:
-        seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan))
+        seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan, deadline=deadline))
     return alt.model_copy(update={"traced_peak_bytes": seen[_key(alt)][1].peak_bytes})
 
 
-def _first_fitting(plan: LaunchPlan, ranking: list, seen: dict):
+def _first_fitting(plan: LaunchPlan, ranking: list, seen: dict, deadline: float):
     """(plan, traced) of the first configuration of `ranking` that fits by trace, or None. A configuration whose
     formula peak, scaled by the least traced/formula ratio of the plans traced over capacity so far, exceeds the
     capacity is passed over untraced (even the most favourable correction of the formula by the trace says it would
@@ -132,7 +152,7 @@ def _first_fitting(plan: LaunchPlan, ranking: list, seen: dict):
         if _key(alt) not in seen:
             if len(seen) >= MAX_TRACED_PLANS:
                 return None
-            seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan))
+            seen[_key(alt)] = (alt_plan.memory.peak_bytes, trace_memory(alt_plan, deadline=deadline))
         if seen[_key(alt)][1].fits:
             return alt_plan, seen[_key(alt)][1]
     return None

@@ -70,9 +70,10 @@ def plan_command(
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
         "lossy, so opt-in) | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch.")),
-    trace_memory: bool = typer.Option(False, "--trace-memory", help="Verify the chosen plan and its alternatives by tracing "
-                                      "the executor's step (needs torch; --framework planner): a plan that does not fit by "
-                                      "trace is replaced by the next one."),
+    trace_memory: Optional[bool] = typer.Option(None, "--trace-memory/--no-trace-memory", help="Verify the chosen plan and "
+                                                "its alternatives by tracing the executor's step (needs torch): a plan that "
+                                                "does not fit by trace is replaced by the next one. Default: on for "
+                                                "--framework planner, off for the other stacks."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of the summary."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", parser=path_text, help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
@@ -145,7 +146,7 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     return SearchLimits(**fields)
 
 
-def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool = False):
+def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool | None = False):
     """Run api.plan with a progress bar on stderr (factorisations visited of those worth visiting)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -33,8 +33,9 @@ Pipeline plans: torch.distributed.pipelining's warm-up vote and shape exchange d
 gpu_contracts.pipeline_metadata stands them in, and trace_plan traces the ranks in pipeline order, each in a forked
 child process (a fresh torch per rank: DeviceMesh compares equal by layout, so a torch-side cache would otherwise hand
 the second rank the first one's mesh and its destroyed groups), so a stage receives the shapes the one before it sent.
-Not traced (trace_rank raises; planner.memory_trace then says "not verified by trace" and keeps the formula's
-verdict): MoE layers (the routing's token counts give data-dependent shapes).
+MoE layers: the routing's token counts give data-dependent shapes, so the trace assumes balanced routing
+(planner.executor.moe_contract, stated in the plan's note); expert parallelism is not traced (trace_rank raises;
+planner.memory_trace then says "not verified by trace" and keeps the formula's verdict).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from planner.executor.gpu_contracts import (
     cuda_optimizer_defaults, gpu_contracts, inner_optimizers, master_weights, pipeline_metadata, stand_in_ddp,
 )
+from planner.executor.moe_contract import balanced_routing
 from planner.schemas.plan import LaunchPlan
 
 CUDA_BLOCK_BYTES = 512             # kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp
@@ -280,6 +282,8 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
                 stack.enter_context(fake_mode)
             stack.enter_context(counter)
             stack.enter_context(stand_in_ddp())
+            if plan.request.model.moe is not None and fake:  # real tensors route by their values
+                stack.enter_context(balanced_routing())
             stack.enter_context(pipeline_metadata(sent if sent is not None else {}))
             if cuda:
                 stack.enter_context(gpu_contracts(counter))
@@ -375,12 +379,30 @@ def trace_plan(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
     sent: dict = {}  # pipeline metadata a stage sent, for the stages traced after it (gpu_contracts.pipeline_metadata)
     if "fork" not in multiprocessing.get_all_start_methods():
         return [trace_rank(plan, rank, target=target, sent=sent) for rank in distinct_ranks(plan)]
+    preload()
     traces = []
     for rank in distinct_ranks(plan):
         trace, news = _in_child(plan, rank, target, sent)
         sent.update(news)
         traces.append(trace)
     return traces
+
+
+PRELOADED = ("planner.executor.runtime", "planner.executor.parallelize", "planner.executor.pipeline",
+             "planner.executor.precision", "planner.executor.train", "planner.executor.zero1", "planner.executor.domino",
+             "planner.executor.twobw_run", "planner.nn.model", "planner.nn.moe", "torch._subclasses.fake_tensor",
+             "torch.testing._internal.distributed.fake_pg", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+             "torch.distributed.pipelining", "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+             "torch.distributed._composable.replicate", "torch._dynamo")
+
+
+def preload() -> None:
+    """Import, once in the caller, what every traced rank imports (about 1,000 modules, a second or more): the
+    forked children inherit them instead of importing them each. Imports only: no state of torch's is touched."""
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
 
 
 def _in_child(plan: LaunchPlan, rank: int, target: str, sent: dict) -> tuple[RankTrace, dict]:
