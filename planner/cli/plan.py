@@ -164,6 +164,12 @@ def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool | Non
         return api.plan(request, progress=progress, trace_memory=trace_memory)
 
 
+def _traced_peak(alt) -> str:
+    from planner.units import GiB
+
+    return f", traced {alt.traced_peak_bytes / GiB:.1f} GiB" if alt.traced_peak_bytes is not None else ""
+
+
 def _render(plan, output: Optional[Path]) -> None:
     from rich.table import Table
 
@@ -182,8 +188,12 @@ def _render(plan, output: Optional[Path]) -> None:
     out.print(f"step {pred.step_time_s:.3f} s{band}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, "
               f"peak {plan.memory.peak_bytes / GiB:.1f} of {plan.memory.capacity_bytes / GiB:.1f} GiB")
     for note in plan.notes:
-        if note.startswith("practice") and "chose this plan" in note:
+        if (note.startswith("practice") and "chose this plan" in note) or "fits by trace" in note:
             out.print(note, markup=False)
+    if plan.memory.traced is not None:
+        traced = plan.memory.traced
+        peak = f"{traced.peak_bytes / GiB:.1f} GiB: " if traced.peak_bytes is not None else ""
+        out.print(f"memory by trace: {peak}{traced.note}", markup=False)
     table = Table(title="stages", title_justify="left", box=None, padding=(0, 2))
     for column in ("stage", "layers", "recompute", "peak GiB"):
         table.add_column(column, justify="right" if column != "layers" else "left")
@@ -197,7 +207,7 @@ def _render(plan, output: Optional[Path]) -> None:
         p = alt.parallelism
         out.print(f"  alternative dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep} vpp={p.vpp} zero={p.zero_stage} "
                   f"mbs={alt.batch.microbatch_size} {alt.schedule} recompute={alt.recompute}: {alt.step_time_s:.3f} s "
-                  f"({alt.why_not})", markup=False)
+                  f"({alt.why_not}){_traced_peak(alt)}", markup=False)
     considered = plan.solver.configurations_considered
     out.print(f"searched {considered:,} configurations: {plan.solver.configurations_evaluated:,} evaluated, "
               f"pruned: {describe_pruned(plan.pruned)}", markup=False)

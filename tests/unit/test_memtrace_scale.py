@@ -5,7 +5,8 @@ The claim under test: each phase's peak and parts are linear in the layers of a 
 a pipeline's warm-up, the layers' slope with them), so the extension equals the full trace. Measured on these plans:
 equal to the byte on most, within 0.17% on the rest (ZeRO-1's flat shards, FSDP2 under full recompute in a pipeline,
 one 512-byte block on a 1F1B first stage); the test holds them to 0.25%, and the parameters', gradients' and
-optimizer state's bytes at the peak to 1%.
+optimizer state's bytes at the peak to 2% (ZeRO-1, planner.executor.zero1, hands whole parameters to the dp ranks
+greedily by size, so a rank's share is linear in depth only up to one parameter: 1.2% here).
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def test_extended_trace_equals_the_full_trace(case):
     for whole, extended in zip(full, fast):
         assert abs(extended.peak_bytes / whole.peak_bytes - 1) <= BOUND, (whole, extended)
         assert extended.peak_bytes == sum(extended.parts.values())
-        for part in ("params", "grads", "optimizer"):  # within 1% (ZeRO-1's flat shards pad per layer count)
-            assert abs(extended.parts[part] - whole.parts[part]) <= max(0.01 * whole.parts[part], 4096), part
+        for part in ("params", "grads", "optimizer"):  # ZeRO-1 gives whole parameters to dp ranks greedily by size
+            assert abs(extended.parts[part] - whole.parts[part]) <= max(0.02 * whole.parts[part], 4096), part
 
 
 def test_the_warm_up_step_gives_the_peak_of_a_first_full_step():
