@@ -37,6 +37,8 @@ from planner.executor.memtrace import PARTS, RankTrace, distinct_ranks, trace_pl
 from planner.schemas.plan import LaunchPlan
 
 LAYER = re.compile(r"^layers\.\d+$")
+HOLDS_EVERY_MICROBATCH = ("gpipe",)  # all forwards before any backward: a micro-batch adds its activations, per layer
+WARMUP_ROUNDS = 2  # n1 = WARMUP_ROUNDS x pp x virtual stages per rank: past every schedule's warm-up (module docstring)
 Point = tuple[int, int, int]  # (layers of the full-recompute kind, layers of the other kind, micro-batches) per stage
 
 
@@ -67,7 +69,7 @@ def microbatch_points(plan: LaunchPlan) -> tuple[int, int] | None:
     if par.pp == 1:
         return None
     held = max(1, len(plan.stages) // par.pp)  # virtual stages per pipeline rank (vpp, or 2 for V schedules)
-    n1 = 2 * par.pp * held
+    n1 = WARMUP_ROUNDS * par.pp * held
     n2 = n1 + par.pp
     return (n1, n2) if plan.batch.num_microbatches > n2 else None
 
@@ -127,6 +129,8 @@ def design(plan: LaunchPlan) -> list[Point]:
     points = []
     for n in steps:
         points.append((1, 1, n))
+        if n != steps[0] and plan.schedule not in HOLDS_EVERY_MICROBATCH:
+            continue  # what a micro-batch adds past the warm-up is not per layer: the layers' slope is n1's
         if has_full:
             points.append((2, 1, n))
         if has_other:
@@ -150,9 +154,11 @@ def extend(plan: LaunchPlan, rank: int, traces: dict[Point, RankTrace]) -> RankT
 
     def at(phase: str, part: str, m: int) -> Fraction:
         value = Fraction(traces[(1, 1, m)].phases[phase][part])
-        for point, real in (((2, 1, m), real_full), ((1, 2, m), real_other)):
-            if point in traces:
-                value += (real - 1) * (traces[point].phases[phase][part] - traces[(1, 1, m)].phases[phase][part])
+        for full, other, real in ((2, 1, real_full), (1, 2, real_other)):
+            at_m = (full, other, m) if (full, other, m) in traces else (full, other, steps[0])
+            base_m = m if at_m[2] == m else steps[0]
+            if at_m in traces:
+                value += (real - 1) * (traces[at_m].phases[phase][part] - traces[(1, 1, base_m)].phases[phase][part])
         return value
 
     def extended(phase: str, part: str) -> int:

@@ -59,6 +59,8 @@ CASES = {
     "pp2-gpipe": dict(gpus=2, pp=2, mb=1, gbs=16, schedule="gpipe"),
     "pp2-zero-bubble": dict(gpus=2, pp=2, mb=1, gbs=16, schedule="zero-bubble"),
     "pp2-interleaved": dict(gpus=2, pp=2, vpp=2, mb=1, gbs=16, schedule="interleaved"),
+    "pp2-zbv": dict(gpus=2, pp=2, vpp=2, mb=1, gbs=16, schedule="zbv"),
+    "pp2-dualpipev": dict(gpus=2, pp=2, vpp=2, mb=1, gbs=16, schedule="dualpipev"),
     "pp2-dp2-fsdp-full-recompute": dict(gpus=4, pp=2, dp=2, zero=3, mb=1, gbs=24, recompute="full"),
 }
 
