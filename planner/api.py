@@ -218,19 +218,10 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memo
 
         trace_memory = request.framework == EXECUTOR_FRAMEWORK
     if trace_memory:
-        from planner.memory_trace import verify_plan
+        from planner.memory_trace import verify_searched
 
-        result = verify_plan(result, wider=lambda: _plan(_wider(request)))
+        result = verify_searched(result, _plan)
     return result
-
-
-def _wider(request: PlanRequest) -> PlanRequest:
-    """The same request keeping the most alternatives (the ranking a plan that does not fit by trace falls back on)."""
-    from planner.schemas import limits
-    from planner.schemas.plan import SearchLimits
-
-    search = (request.search or SearchLimits()).model_copy(update={"top_k": limits.MAX_TOP_K})
-    return request.model_copy(update={"search": search})
 
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:

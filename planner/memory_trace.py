@@ -110,6 +110,18 @@ def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = No
         "kind": plan.kind, "alternatives": rest, "pruned": plan.pruned, "solver": plan.solver, "notes": (*plan.notes, note)})
 
 
+def verify_searched(plan: LaunchPlan, search: Callable) -> LaunchPlan:
+    """verify_plan for a plan the search made: `search(request)` (planner.search.driver.plan) gives the wider ranking
+    (the same request keeping the most alternatives) a plan that does not fit by trace falls back on."""
+    from planner.schemas import limits
+    from planner.schemas.plan import SearchLimits
+
+    request = plan.request
+    wider = request.model_copy(update={"search": (request.search or SearchLimits()).model_copy(
+        update={"top_k": limits.MAX_TOP_K})})
+    return verify_plan(plan, wider=lambda: search(wider))
+
+
 def _key(item) -> tuple:
     """A plan's or an alternative's configuration."""
     recompute = item.recompute if hasattr(item, "recompute") else item.stages[0].recompute.mode

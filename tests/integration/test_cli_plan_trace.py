@@ -66,3 +66,16 @@ def test_without_torch_the_plan_says_so_and_still_plans(args, monkeypatch):
     assert "peak_bytes" not in plan["memory"]["traced"] or plan["memory"]["traced"]["peak_bytes"] is None
     baseline = json.loads(runner.invoke(app, [*args, "--no-trace-memory"]).stdout)
     assert plan["parallelism"] == baseline["parallelism"] and plan["batch"] == baseline["batch"]
+
+
+def test_a_plan_verified_by_trace_passes_check(args, tmp_path):
+    """`planner check` re-verifies a traced plan by trace (planner.check.recompute_plan), so the plan `planner plan`
+    wrote by default is the one it recomputes."""
+    pytest.importorskip("torch")
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    written = runner.invoke(app, [*args[:-1], "-o", str(folder / "tiny.json")])
+    assert written.exit_code == 0, written.output
+    checked = runner.invoke(app, ["check", str(folder)])
+    assert checked.exit_code == 0, checked.output
+    assert "passed: 1 plan(s), 0 failing" in checked.output
