@@ -50,7 +50,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.executor.gpu_contracts import (
-    cuda_optimizer_defaults, gpu_contracts, inner_optimizers, master_weights, pipeline_metadata, stand_in_ddp,
+    cuda_optimizer_defaults, gpu_contracts, inner_optimizers, master_weights, meshes_outside_fake, pipeline_metadata,
+    stand_in_ddp,
 )
 from planner.executor.moe_contract import balanced_routing
 from planner.schemas.plan import LaunchPlan
@@ -282,6 +283,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
                 stack.enter_context(fake_mode)
             stack.enter_context(counter)
             stack.enter_context(stand_in_ddp())
+            stack.enter_context(meshes_outside_fake(counter))
             if plan.request.model.moe is not None and fake:  # real tensors route by their values
                 stack.enter_context(balanced_routing())
             stack.enter_context(pipeline_metadata(sent if sent is not None else {}))

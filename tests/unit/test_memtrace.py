@@ -62,6 +62,18 @@ def test_traced_peak_equals_the_real_cpu_peak(case):
     assert abs(contracted.peak_bytes / contracted_real.peak_bytes - 1) <= 0.02, (contracted, contracted_real)
 
 
+def test_fsdp_over_tp_is_traced():
+    """FSDP2 over a TP mesh builds a DeviceMesh inside fully_shard (its `nonzero` has a data-dependent shape): made
+    outside the fake mode (gpu_contracts.meshes_outside_fake). The CUDA-contract trace equals the real step within 2%
+    (0.2% measured); on the CPU target the fake run saves 6.7% fewer activation bytes than the real one here (DTensor
+    attention on CPU: not the GPU path, left open)."""
+    from planner.executor.memtrace import trace_rank
+
+    plan = small_plan(gpus=4, dp=2, tp=2, zero=3, gbs=4)
+    traced, real = trace_rank(plan, 0), trace_rank(plan, 0, fake=False)
+    assert abs(traced.peak_bytes / real.peak_bytes - 1) <= 0.02, (traced, real)
+
+
 def test_traced_peak_covers_the_formula_parts():
     """At the peak the trace holds every persistent part whole: the weights, gradients and optimizer state it counts
     are the model's (the formula's params/grads/optimizer bytes of an fp32-parameter recipe), and activations > 0."""
