@@ -5,9 +5,9 @@ traced peak does not fit by the next plan of the search's ranking whose traced p
 None): on for that stack, off for the others, whose peaks are not our code's); `--no-trace-memory` skips it,
 `planner estimate --trace-memory` asks for it. Plans made without it are unchanged.
 
-Each rank is traced with 1 and 2 decoder layers per stage (and, for a pipeline, two micro-batch counts past its
-warm-up) and extended linearly to its real depth (planner.executor.memtrace_scale: exact on the tested plans, within
-0.2%): seconds at the real widths. A time budget (TRACE_BUDGET_S) bounds the verification of one plan request: plans
+Each rank is traced with 2 and 3 decoder layers per stage (and, for a pipeline, two micro-batch counts past its
+warm-up) and extended linearly to its real depth (planner.executor.memtrace_scale: within 0.25% of full traces on the
+tested plans): seconds at the real widths. A time budget (TRACE_BUDGET_S) bounds the verification of one plan request: plans
 left when it runs out say they were not verified.
 
 Only the `planner` stack runs our executor, so only its plans are traced. torch is imported here only when a trace
@@ -52,7 +52,7 @@ def trace_memory(plan: LaunchPlan, *, deadline: float | None = None) -> TracedMe
     fits = peak <= plan.memory.capacity_bytes
     how = ("CUDA contracts, allocator rounding and cuBLAS workspace included" if target_of(plan) == "cuda"
            else "CPU tensors as allocated")
-    scaled = (", each extended linearly from stages of 1 and 2 layers (planner.executor.memtrace_scale)"
+    scaled = (", each extended linearly from stages of 2 and 3 layers (planner.executor.memtrace_scale)"
               if scalable(plan) else "")
     routing = f"; {ROUTING_NOTE}" if plan.request.model.moe is not None else ""
     return TracedMemory(peak_bytes=peak, fits=fits, ranks=ranks, note=(
@@ -73,10 +73,15 @@ def with_trace(plan: LaunchPlan, traced: TracedMemory) -> LaunchPlan:
 MAX_TRACED_PLANS = 8  # plans traced at most while looking for one that fits (each trace takes seconds)
 
 
-def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = None) -> LaunchPlan:
+TIGHTER_SEARCHES = 2  # searches with less memory (by the trace's measure of the formula) after the ranking fails
+
+
+def verify_plan(plan: LaunchPlan, *, wider: Callable[[float], LaunchPlan] | None = None) -> LaunchPlan:
     """`plan` with its traced memory and its alternatives'. A chosen plan that does not fit by trace is replaced by
     the first plan in the search's ranking that does: its listed alternatives, then (when none fits) the ranking of
-    `wider()` (the same search keeping more alternatives), up to MAX_TRACED_PLANS traces. InfeasibleError when none
+    `wider(1)` (the same search keeping more alternatives), then of `wider(r)`: the search with the device's usable
+    memory divided by r, the least traced/formula ratio of the plans traced over capacity (the formula under-counts
+    the executor's memory by at least that much there), TIGHTER_SEARCHES times at most; up to MAX_TRACED_PLANS traces. InfeasibleError when none
     fits. A plan that could not be traced keeps the formula's verdict, with the note saying so. The tracing of one call
     stops after TRACE_BUDGET_S (the plans left say so)."""
     deadline = time.monotonic() + TRACE_BUDGET_S
@@ -89,8 +94,7 @@ def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = No
         return checked
     replacement = _first_fitting(plan, list(plan.alternatives), seen, deadline)
     if replacement is None and wider is not None:
-        broader = wider()
-        replacement = _first_fitting(plan, [_as_alternative(broader), *broader.alternatives], seen, deadline)
+        replacement = _search_fitting(plan, seen, deadline, wider)
     if replacement is None:
         from planner.errors import InfeasibleError
 
@@ -111,15 +115,43 @@ def verify_plan(plan: LaunchPlan, *, wider: Callable[[], LaunchPlan] | None = No
 
 
 def verify_searched(plan: LaunchPlan, search: Callable) -> LaunchPlan:
-    """verify_plan for a plan the search made: `search(request)` (planner.search.driver.plan) gives the wider ranking
-    (the same request keeping the most alternatives) a plan that does not fit by trace falls back on."""
+    """verify_plan for a plan the search made: `search(request)` (planner.search.driver.plan) gives the wider
+    rankings (the same request keeping the most alternatives; with less usable memory) a plan that does not fit by
+    trace falls back on."""
     from planner.schemas import limits
     from planner.schemas.plan import SearchLimits
 
     request = plan.request
     wider = request.model_copy(update={"search": (request.search or SearchLimits()).model_copy(
         update={"top_k": limits.MAX_TOP_K})})
-    return verify_plan(plan, wider=lambda: search(wider))
+
+    def ranking(shrink: float) -> LaunchPlan:
+        device = wider.topology.device
+        usable = device.memory_bytes - device.reserved_memory_bytes
+        smaller = device.model_copy(update={"reserved_memory_bytes": device.memory_bytes - int(usable / shrink)})
+        return search(wider.model_copy(update={"topology": wider.topology.model_copy(update={"device": smaller})}))
+
+    return verify_plan(plan, wider=ranking)
+
+
+def _search_fitting(plan: LaunchPlan, seen: dict, deadline: float, wider: Callable[[float], LaunchPlan]):
+    """(plan, traced) of the first plan that fits by trace in the wider rankings (verify_plan), or None."""
+    from planner.errors import InfeasibleError
+
+    shrink = 1.0
+    for _ in range(1 + TIGHTER_SEARCHES):
+        try:
+            broader = wider(shrink)
+        except InfeasibleError:  # nothing fits the smaller memory by the formula
+            return None
+        before = set(seen)
+        found = _first_fitting(plan, [_as_alternative(broader), *broader.alternatives], seen, deadline)
+        ratios = [t.peak_bytes / f for key, (f, t) in seen.items() if t.fits is False and f > 0
+                  and (key not in before or shrink == 1.0)]  # this round's measure of the formula (all, the first)
+        if found is not None or not ratios or time.monotonic() > deadline or min(ratios) <= shrink:
+            return found
+        shrink = min(ratios)
+    return None
 
 
 def _key(item) -> tuple:

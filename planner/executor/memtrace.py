@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -293,6 +294,9 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.parallelism.world_size)
     hooks = []
+    quiet = warnings.catch_warnings()  # torch's warnings about the traced code are the executor's, not the user's
+    quiet.__enter__()
+    warnings.simplefilter("ignore")
     try:
         job = runtime.new_job(run_plan, RunOptions(device="cpu"), torch.device("cpu"), "fake")
         runtime.build_parts(job, materialize)
@@ -322,6 +326,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
         for hook in hooks:
             hook.remove()
         dist.destroy_process_group()
+        quiet.__exit__(None, None, None)
     workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
     return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
                      parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,

@@ -1,30 +1,35 @@
 """A rank's traced memory at its real depth and micro-batch count from traces of shallow stages (issue 20, item 2: fast
 enough to verify every plan of the `planner` stack by default).
 
-Where the time goes: a trace runs every op of the step under FakeTensorMode (about 0.1 ms of Python per op), so it
-costs layers x micro-batches x distinct ranks; the layers of a stage are identical (same widths, same recompute), and
-past the schedule's warm-up a pipeline's micro-batches repeat. So each rank is traced with its real widths, sequence
-length, embedding/head, recompute and schedule but with 1 and 2 decoder layers per stage, and each phase's peak
-(planner.executor.memtrace.LiveBytes.phase_peaks: build, forward, backward, optimizer) and its parts are extended
-linearly to the rank's real layer count:
+Where the time goes (cProfile of trace_rank): every op of the step runs under FakeTensorMode (0.1-0.5 ms of Python
+per op), so a trace costs layers x micro-batches x distinct ranks, plus about 1,000 module imports per forked rank
+(memtrace.preload now does them once). A pipeline rank's step ran all its micro-batches (128 for Llama-3 8B on 8
+GPUs, x 16 layers, twice). The layers of a stage are identical (same widths, same recompute), and past the
+schedule's warm-up a pipeline's micro-batches repeat, so each rank is traced with its real widths, sequence length,
+embedding/head, recompute and schedule but with BASE = 2 and 3 decoder layers per stage, and each phase's peak
+(planner.executor.memtrace.LiveBytes.phase_peaks: forward, backward, optimizer) and its parts are extended linearly to
+the rank's real layer count L:
 
-    peak_phase(L) = peak_phase(1) + (L - 1) * (peak_phase(2) - peak_phase(1)),   peak = max over phases
+    peak_phase(L) = peak_phase(2) + (L - 2) * (peak_phase(3) - peak_phase(2)),   peak = max over phases
 
-Exact when the phase's peak is reached at the same point of the step for every depth (what each layer adds is the
-same: its weights, gradients, optimizer state, saved activations; a phase's peak sits at a layer boundary, the start
-or the end of a pass, whichever its per-layer sign favours). Extending each phase apart, not the step's peak, keeps it
-exact when the deep step peaks in another phase than the shallow ones (e.g. optimizer state outgrowing activations).
-tests/unit/test_memtrace_scale.py compares this with full traces: DDP, ZeRO-1, FSDP2, TP, pipelines (1F1B, GPipe,
-interleaved, zero-bubble), recompute none/selective/full/partial, both bf16 recipes.
+Exact when each layer adds the same bytes to the phase's peak (its weights, gradients, optimizer state, saved
+activations; a phase peaks at a layer boundary). Extending each phase apart, not the step's peak, keeps this when the
+deep step peaks in another phase than the shallow ones. The base is 2 layers, not 1: the first layer next to the
+embedding can add different bytes (Llama-3 70B, FSDP2 ZeRO-3, full recompute: the backward peak grows 2.08 GiB from
+1 to 2 layers, then 1.95, 2.05 GiB per layer; from 2 and 3 layers the extension is within about 2% there, from 1 and
+2 it was 6% over). tests/unit/test_memtrace_scale.py compares this with full traces: DDP, ZeRO-1, FSDP2, TP, pipelines
+(1F1B, GPipe, interleaved, zero-bubble, ZBV, DualPipeV), recompute none/selective/full/partial, both bf16 recipes.
 
 Partial full recompute (`full_layers` of a stage's layers checkpointed, the rest not) makes two kinds of layer: each
-kind is extended on its own (traces at (1, 1), (2, 1), (1, 2) layers of each kind). A pipeline's step also grows with
+kind is extended on its own (traces at (2, 2), (3, 2), (2, 3) layers of each kind). A pipeline's step also grows with
 its micro-batches past the warm-up (torch.distributed.pipelining allocates each micro-batch's receive buffers for the
-step; GPipe holds every micro-batch's activations): two micro-batch counts n1 < n2 past the warm-up (2 x pp x the
-stages a rank holds, and that plus pp) are traced and each phase extended linearly in n as well, the layers' slope
-with it (the bilinear term). Virtual stages of one rank with unequal depths are extended at the deepest (an upper
-bound by at most one layer per virtual stage). Models whose layers differ (MoE every n-th layer, dense first layers,
-per-layer attention types, NoPE layers) are traced in full (trace_plan), as are plans already as small as the traces.
+whole step and the runtime schedules hold their sends to the end; GPipe holds every micro-batch's activations): two
+micro-batch counts n1 < n2 past the warm-up (2 x pp x the stages a rank holds, and that plus pp) are traced and each
+phase extended linearly in n as well; GPipe's per-layer slope is traced at both (activations per layer and
+micro-batch), the other schedules' at n1 only (what a micro-batch adds there is not per layer: tested). Virtual
+stages of one rank with unequal depths are extended at the deepest (an upper bound by at most one layer per virtual
+stage). Models whose layers differ (MoE every n-th layer, dense first layers, per-layer attention types, NoPE layers)
+and plans as shallow as the traces are traced in full (trace_plan).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from planner.schemas.plan import LaunchPlan
 
 LAYER = re.compile(r"^layers\.\d+$")
 HOLDS_EVERY_MICROBATCH = ("gpipe",)  # all forwards before any backward: a micro-batch adds its activations, per layer
+BASE = 2  # layers of each kind in the base trace: the first layer next to the embedding may differ (module docstring)
 WARMUP_ROUNDS = 2  # n1 = WARMUP_ROUNDS x pp x virtual stages per rank: past every schedule's warm-up (module docstring)
 Point = tuple[int, int, int]  # (layers of the full-recompute kind, layers of the other kind, micro-batches) per stage
 
@@ -103,7 +109,7 @@ def scalable(plan: LaunchPlan) -> bool:
     if not uniform_layers(plan):
         return False
     deepest = max((sum(kinds(s)) for s in plan.stages), default=0)
-    return deepest > 2 or microbatch_points(plan) is not None
+    return deepest > BASE + 1 or microbatch_points(plan) is not None
 
 
 def trace_plan_scaled(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
@@ -121,20 +127,20 @@ def trace_plan_scaled(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTra
 
 
 def design(plan: LaunchPlan) -> list[Point]:
-    """The shallow traces: (1, 1) layers of each kind the plan has, one more of each kind, at n1 (and at n2 with a
+    """The shallow traces: BASE layers of each kind the plan has, one more of each kind, at n1 (and at n2 with a
     pipeline)."""
     has_full = any(kinds(s)[0] for s in plan.stages)
     has_other = any(kinds(s)[1] for s in plan.stages)
     steps = microbatch_points(plan) or (plan.batch.num_microbatches,)
     points = []
     for n in steps:
-        points.append((1, 1, n))
+        points.append((BASE, BASE, n))
         if n != steps[0] and plan.schedule not in HOLDS_EVERY_MICROBATCH:
             continue  # what a micro-batch adds past the warm-up is not per layer: the layers' slope is n1's
         if has_full:
-            points.append((2, 1, n))
+            points.append((BASE + 1, BASE, n))
         if has_other:
-            points.append((1, 2, n))
+            points.append((BASE, BASE + 1, n))
     return points
 
 
@@ -145,20 +151,20 @@ def extend(plan: LaunchPlan, rank: int, traces: dict[Point, RankTrace]) -> RankT
 
     coords = rank_coords(plan, rank)
     mine = local_stages(plan, coords["pp"]) if plan.parallelism.pp > 1 else sorted(plan.stages, key=lambda s: s.stage)[:1]
-    real_full = max((kinds(s)[0] for s in mine), default=0) or 1
-    real_other = max((kinds(s)[1] for s in mine), default=0) or 1
+    real_full = max((kinds(s)[0] for s in mine), default=0) or BASE  # a kind the rank lacks: no change
+    real_other = max((kinds(s)[1] for s in mine), default=0) or BASE
     steps = microbatch_points(plan) or (plan.batch.num_microbatches,)
     n = plan.batch.num_microbatches
-    base = traces[(1, 1, steps[0])]
+    base = traces[(BASE, BASE, steps[0])]
     phases = set.intersection(*(set(t.phases) for t in traces.values()))
 
     def at(phase: str, part: str, m: int) -> Fraction:
-        value = Fraction(traces[(1, 1, m)].phases[phase][part])
-        for full, other, real in ((2, 1, real_full), (1, 2, real_other)):
+        value = Fraction(traces[(BASE, BASE, m)].phases[phase][part])
+        for full, other, real in ((BASE + 1, BASE, real_full), (BASE, BASE + 1, real_other)):
             at_m = (full, other, m) if (full, other, m) in traces else (full, other, steps[0])
             base_m = m if at_m[2] == m else steps[0]
             if at_m in traces:
-                value += (real - 1) * (traces[at_m].phases[phase][part] - traces[(1, 1, base_m)].phases[phase][part])
+                value += (real - BASE) * (traces[at_m].phases[phase][part] - traces[(BASE, BASE, base_m)].phases[phase][part])
         return value
 
     def extended(phase: str, part: str) -> int:
