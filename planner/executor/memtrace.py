@@ -256,13 +256,14 @@ def distinct_ranks(plan: LaunchPlan) -> list[int]:
 
 
 def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool = True, steps: int = 2,
-               sent: dict | None = None, warm_up: bool = True) -> RankTrace:
+               sent: dict | None = None, warm_up: bool | None = None) -> RankTrace:
     """Trace `rank`'s optimizer steps of `plan` (module docstring). target "cuda": the GPU contracts and the CUDA
     allocator's rounding and workspace; "cpu": none of them (what a CPU run of the same code allocates). fake=False
     runs the same steps on real tensors (small plans: the CPU check of the trace). warm_up: the first of the two
     steps only makes the optimizer state (zero gradients, the optimizers' step: warm_up_optimizers) and the peak is
     counted from the second step on; its forward and backward hold no optimizer state, so they peak below the second
-    step's, and its optimizer step equals the second's (test_memtrace checks both ways give one peak)."""
+    step's, and its optimizer step equals the second's (test_memtrace_scale checks both ways give one peak). None: on
+    fake tensors only (a real run, the check of the trace, runs the executor's first step as it is)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -273,6 +274,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     if dist.is_initialized():
         raise RuntimeError("trace_rank needs a process without a process group (it initialises the fake backend)")
     run_plan = traced_plan(plan)
+    warm_up = fake if warm_up is None else warm_up
     cuda = target == "cuda"
     counter = LiveBytes(CUDA_BLOCK_BYTES if cuda else 1)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None

@@ -65,8 +65,8 @@ def test_traced_peak_equals_the_real_cpu_peak(case):
 def test_fsdp_over_tp_is_traced():
     """FSDP2 over a TP mesh builds a DeviceMesh inside fully_shard (its `nonzero` has a data-dependent shape): made
     outside the fake mode (gpu_contracts.meshes_outside_fake). The CUDA-contract trace equals the real step within 2%
-    (0.2% measured); on the CPU target the fake run saves 6.7% fewer activation bytes than the real one here (DTensor
-    attention on CPU: not the GPU path, left open)."""
+    (0.2% measured); on the CPU target the fake run counts 2.6% fewer bytes than the real one here (DTensor attention
+    on CPU, not the GPU path: left open)."""
     from planner.executor.memtrace import trace_rank
 
     plan = small_plan(gpus=4, dp=2, tp=2, zero=3, gbs=4)
