@@ -30,9 +30,10 @@ contracts stood in (planner.executor.gpu_contracts), each stated here with its s
   and NCCL's own buffers are allocated outside the caching allocator and are not in max_memory_allocated.
 
 Pipeline plans: torch.distributed.pipelining's warm-up vote and shape exchange do not cross a fake process group;
-gpu_contracts.pipeline_metadata stands them in, and trace_plan traces the ranks in pipeline order, each in a forked
-child process (a fresh torch per rank: DeviceMesh compares equal by layout, so a torch-side cache would otherwise hand
-the second rank the first one's mesh and its destroyed groups), so a stage receives the shapes the one before it sent.
+gpu_contracts.pipeline_metadata stands them in, and memtrace_scale.trace_plan traces the ranks in pipeline order,
+each in a forked child process (a fresh torch per rank: DeviceMesh compares equal by layout, so a torch-side cache
+would otherwise hand the second rank the first one's mesh and its destroyed groups), so a stage receives the shapes
+the one before it sent.
 MoE layers: the routing's token counts give data-dependent shapes, so the trace assumes balanced routing
 (planner.executor.moe_contract, stated in the plan's note); expert parallelism is not traced (trace_rank raises;
 planner.memory_trace then says "not verified by trace" and keeps the formula's verdict).
@@ -61,7 +62,6 @@ CUDA_BLOCK_BYTES = 512             # kMinBlockSize, c10/cuda/CUDACachingAllocato
 CUDA_LARGE_SEGMENT_BYTES = 2 << 20  # kRoundLarge (reserved segments; not in max_memory_allocated)
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # CublasHandlePool.cpp default ":4096:8" (4096 KiB x 8) on sm90+
 PARTS = ("params", "grads", "optimizer", "activations", "transient", "other")
-TRACE_TIMEOUT_S = 600.0  # one rank's trace in a child process (seconds at the real sizes; this bounds a hang)
 
 
 def rounded(nbytes: int, block: int) -> int:
@@ -264,8 +264,6 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     counted from the second step on; its forward and backward hold no optimizer state, so they peak below the second
     step's, and its optimizer step equals the second's (test_memtrace_scale checks both ways give one peak). None: on
     fake tensors only (a real run, the check of the trace, runs the executor's first step as it is)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from planner.executor import runtime
@@ -274,9 +272,34 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     if dist.is_initialized():
         raise RuntimeError("trace_rank needs a process without a process group (it initialises the fake backend)")
     run_plan = traced_plan(plan)
-    warm_up = fake if warm_up is None else warm_up
     cuda = target == "cuda"
     counter = LiveBytes(CUDA_BLOCK_BYTES if cuda else 1)
+    materialize = tracing(plan, counter, fake=fake, cuda=cuda, sent=sent if sent is not None else {})
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.parallelism.world_size)
+    try:
+        with warnings.catch_warnings():  # torch's warnings about the traced code are the executor's, not the user's
+            warnings.simplefilter("ignore")
+            job = runtime.new_job(run_plan, RunOptions(device="cpu"), torch.device("cpu"), "fake")
+            runtime.build_parts(job, materialize)
+            if cuda:
+                cuda_optimizer_defaults(job.optimizers)
+            run_steps(job, counter, materialize, steps=steps, warm_up=fake if warm_up is None else warm_up)
+        parts = peak_parts(counter, job)
+        phases = {phase: peak_parts(counter, job, live) for phase, (_, live) in counter.phase_peak_live().items()}
+    finally:
+        dist.destroy_process_group()
+    workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
+    return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
+                     parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
+                     microbatches=run_plan.batch.num_microbatches,
+                     phases={phase: {**each, "other": each["other"] + workspace} for phase, each in phases.items()})
+
+
+def tracing(plan: LaunchPlan, counter: LiveBytes, *, fake: bool, cuda: bool, sent: dict):
+    """The context every tensor of the traced job is made in (runtime.build_parts' `materialize`, and each step):
+    FakeTensorMode (fake), the counter, the stand-ins of what fake tensors cannot run, the GPU contracts (cuda)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
 
     @contextlib.contextmanager
@@ -289,51 +312,43 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
             stack.enter_context(meshes_outside_fake(counter))
             if plan.request.model.moe is not None and fake:  # real tensors route by their values
                 stack.enter_context(balanced_routing())
-            stack.enter_context(pipeline_metadata(sent if sent is not None else {}))
+            stack.enter_context(pipeline_metadata(sent))
             if cuda:
                 stack.enter_context(gpu_contracts(counter))
             yield
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.parallelism.world_size)
-    hooks = []
-    quiet = warnings.catch_warnings()  # torch's warnings about the traced code are the executor's, not the user's
-    quiet.__enter__()
-    warnings.simplefilter("ignore")
+    return materialize
+
+
+def run_steps(job, counter: LiveBytes, materialize, *, steps: int, warm_up: bool) -> None:
+    """The traced optimizer steps of `job` (trace_rank): the first makes the optimizer state (one micro-batch, or the
+    warm-up), the last holds it throughout; the optimizer's own steps are marked for the counter's phases."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from planner.executor import runtime
+
+    run_plan = job.plan
+    plans = [traced_plan(run_plan, 1)] * (steps - 1) + [run_plan]
+    if warm_up and steps > 1:
+        with materialize():
+            counter.phase = "warm-up"
+            warm_up_optimizers(job)
+        counter.reset_peak()
+        plans = plans[-1:]
+    hooks = [register_optimizer_step_pre_hook(lambda *_: setattr(counter, "in_optimizer", True)),
+             register_optimizer_step_post_hook(lambda *_: setattr(counter, "in_optimizer", False))]
     try:
-        job = runtime.new_job(run_plan, RunOptions(device="cpu"), torch.device("cpu"), "fake")
-        runtime.build_parts(job, materialize)
-        if cuda:
-            cuda_optimizer_defaults(job.optimizers)
-        hooks = [register_optimizer_step_pre_hook(lambda *_: setattr(counter, "in_optimizer", True)),
-                 register_optimizer_step_post_hook(lambda *_: setattr(counter, "in_optimizer", False))]
-        # the first step needs one micro-batch only: it makes the optimizer state; the last one holds it throughout
-        plans = [traced_plan(run_plan, 1)] * (steps - 1) + [run_plan]
-        if warm_up and steps > 1:
-            with materialize():
-                counter.phase = "warm-up"
-                warm_up_optimizers(job)
-            counter.reset_peak()
-            plans = plans[-1:]
         for job.plan in plans:
             rows, seq_len = job.plan.batch.microbatch_size * job.plan.batch.num_microbatches, job.plan.batch.seq_len
             with materialize():
                 counter.phase = "forward"
-                vocab = plan.request.model.vocab_size
+                vocab = job.plan.request.model.vocab_size
                 inputs, targets = torch.randint(0, vocab, (rows, seq_len)), torch.randint(0, vocab, (rows, seq_len))
                 runtime.optimizer_step(job, inputs, targets)
                 del inputs, targets
-        parts = peak_parts(counter, job)
-        phases = {phase: peak_parts(counter, job, live) for phase, (_, live) in counter.phase_peak_live().items()}
     finally:
         for hook in hooks:
             hook.remove()
-        dist.destroy_process_group()
-        quiet.__exit__(None, None, None)
-    workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
-    return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
-                     parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
-                     microbatches=run_plan.batch.num_microbatches,
-                     phases={phase: {**each, "other": each["other"] + workspace} for phase, each in phases.items()})
 
 
 def warm_up_optimizers(job) -> None:
@@ -377,70 +392,3 @@ def peak_parts(counter: LiveBytes, job, live: dict | None = None) -> dict[str, i
         part = next((name for name, found in owners.items() if serial in found), by_phase[phase])
         parts[part] += nbytes
     return parts
-
-
-def trace_plan(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
-    """Every distinct rank's trace (distinct_ranks), in pipeline order, each in a forked child process where fork is
-    available: each rank gets a fresh torch (no DTensor or DeviceMesh state left by the rank before, the stand-ins'
-    patches of torch never in the caller's process); the pipeline metadata a stage sent goes on to the next child."""
-    import multiprocessing
-
-    sent: dict = {}  # pipeline metadata a stage sent, for the stages traced after it (gpu_contracts.pipeline_metadata)
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return [trace_rank(plan, rank, target=target, sent=sent) for rank in distinct_ranks(plan)]
-    preload()
-    traces = []
-    for rank in distinct_ranks(plan):
-        trace, news = _in_child(plan, rank, target, sent)
-        sent.update(news)
-        traces.append(trace)
-    return traces
-
-
-PRELOADED = ("planner.executor.runtime", "planner.executor.parallelize", "planner.executor.pipeline",
-             "planner.executor.precision", "planner.executor.train", "planner.executor.zero1", "planner.executor.domino",
-             "planner.executor.twobw_run", "planner.nn.model", "planner.nn.moe", "torch._subclasses.fake_tensor",
-             "torch.testing._internal.distributed.fake_pg", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
-             "torch.distributed.pipelining", "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
-             "torch.distributed._composable.replicate", "torch._dynamo")
-
-
-def preload() -> None:
-    """Import, once in the caller, what every traced rank imports (about 1,000 modules, a second or more): the
-    forked children inherit them instead of importing them each. Imports only: no state of torch's is touched."""
-    import importlib
-
-    for name in PRELOADED:
-        importlib.import_module(name)
-
-
-def _in_child(plan: LaunchPlan, rank: int, target: str, sent: dict) -> tuple[RankTrace, dict]:
-    """trace_rank in a forked child; its result (or its error, raised here as RuntimeError) comes back by a pipe."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-
-    def child() -> None:
-        try:
-            mine = dict(sent)
-            trace = trace_rank(plan, rank, target=target, sent=mine)
-            sender.send(("ok", trace, {k: v for k, v in mine.items() if k not in sent}))
-        except BaseException as exc:  # every failure goes back as one line
-            sender.send(("error", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", None))
-
-    process = context.Process(target=child, daemon=True)
-    process.start()
-    sender.close()
-    try:
-        if not receiver.poll(TRACE_TIMEOUT_S):
-            process.kill()
-            raise RuntimeError(f"the trace of rank {rank} took over {TRACE_TIMEOUT_S:.0f} s: stopped")
-        status, value, news = receiver.recv()
-    except EOFError:
-        process.join()
-        status, value, news = "error", f"the trace of rank {rank} died (exit code {process.exitcode})", None
-    process.join()
-    if status != "ok":
-        raise RuntimeError(value)
-    return value, news

@@ -38,9 +38,10 @@ import math
 import re
 from fractions import Fraction
 
-from planner.executor.memtrace import PARTS, RankTrace, distinct_ranks, trace_plan
+from planner.executor.memtrace import PARTS, RankTrace, distinct_ranks, trace_rank
 from planner.schemas.plan import LaunchPlan
 
+TRACE_TIMEOUT_S = 600.0  # one rank's trace in a child process (seconds at the real sizes; this bounds a hang)
 LAYER = re.compile(r"^layers\.\d+$")
 HOLDS_EVERY_MICROBATCH = ("gpipe",)  # all forwards before any backward: a micro-batch adds its activations, per layer
 BASE = 2  # layers of each kind in the base trace: the first layer next to the embedding may differ (module docstring)
@@ -179,3 +180,71 @@ def extend(plan: LaunchPlan, rank: int, traces: dict[Point, RankTrace]) -> RankT
     return RankTrace(rank=rank, coords=base.coords, peak_bytes=sum(parts.values()), parts=parts,
                      workspace_bytes=base.workspace_bytes, microbatches=n if len(steps) == 2 else base.microbatches,
                      phases=by_phase)
+
+
+# ------------------------------------------------------------------ every distinct rank, each in a child
+def trace_plan(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
+    """Every distinct rank's trace (distinct_ranks), in pipeline order, each in a forked child process where fork is
+    available: each rank gets a fresh torch (no DTensor or DeviceMesh state left by the rank before, the stand-ins'
+    patches of torch never in the caller's process); the pipeline metadata a stage sent goes on to the next child."""
+    import multiprocessing
+
+    sent: dict = {}  # pipeline metadata a stage sent, for the stages traced after it (gpu_contracts.pipeline_metadata)
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return [trace_rank(plan, rank, target=target, sent=sent) for rank in distinct_ranks(plan)]
+    preload()
+    traces = []
+    for rank in distinct_ranks(plan):
+        trace, news = in_child(plan, rank, target, sent)
+        sent.update(news)
+        traces.append(trace)
+    return traces
+
+
+PRELOADED = ("planner.executor.runtime", "planner.executor.parallelize", "planner.executor.pipeline",
+             "planner.executor.precision", "planner.executor.train", "planner.executor.zero1", "planner.executor.domino",
+             "planner.executor.twobw_run", "planner.nn.model", "planner.nn.moe", "torch._subclasses.fake_tensor",
+             "torch.testing._internal.distributed.fake_pg", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+             "torch.distributed.pipelining", "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+             "torch.distributed._composable.replicate", "torch._dynamo")
+
+
+def preload() -> None:
+    """Import, once in the caller, what every traced rank imports (about 1,000 modules, a second or more): the
+    forked children inherit them instead of importing them each. Imports only: no state of torch's is touched."""
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+
+
+def in_child(plan: LaunchPlan, rank: int, target: str, sent: dict) -> tuple[RankTrace, dict]:
+    """trace_rank in a forked child; its result (or its error, raised here as RuntimeError) comes back by a pipe."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            mine = dict(sent)
+            trace = trace_rank(plan, rank, target=target, sent=mine)
+            sender.send(("ok", trace, {k: v for k, v in mine.items() if k not in sent}))
+        except BaseException as exc:  # every failure goes back as one line
+            sender.send(("error", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", None))
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    sender.close()
+    try:
+        if not receiver.poll(TRACE_TIMEOUT_S):
+            process.kill()
+            raise RuntimeError(f"the trace of rank {rank} took over {TRACE_TIMEOUT_S:.0f} s: stopped")
+        status, value, news = receiver.recv()
+    except EOFError:
+        process.join()
+        status, value, news = "error", f"the trace of rank {rank} died (exit code {process.exitcode})", None
+    process.join()
+    if status != "ok":
+        raise RuntimeError(value)
+    return value, news

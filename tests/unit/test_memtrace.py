@@ -140,7 +140,8 @@ def test_pipeline_ranks_traced_equal_their_real_cpu_step(case):
 
 
 def test_multi_rank_plans_trace_each_distinct_rank():
-    from planner.executor.memtrace import distinct_ranks, trace_plan
+    from planner.executor.memtrace import distinct_ranks
+    from planner.executor.memtrace_scale import trace_plan
 
     plan = small_plan(gpus=2, dp=2, zero=3)
     assert distinct_ranks(plan) == [0]
@@ -155,7 +156,7 @@ def test_dp2_tp2_pp2_traces_each_pipeline_rank_in_its_own_process():
     (no process group, torch.nn.functional as it was)."""
     import torch.nn.functional as F
 
-    from planner.executor.memtrace import trace_plan
+    from planner.executor.memtrace_scale import trace_plan
 
     sdpa = F.scaled_dot_product_attention
     request = api.build_request(model=SPEC, topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=128)

@@ -68,8 +68,9 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_extended_trace_equals_the_full_trace(case):
-    from planner.executor.memtrace import trace_plan
-    from planner.executor.memtrace_scale import design, microbatch_points, reduced_plan, scalable, trace_plan_scaled
+    from planner.executor.memtrace_scale import (
+        design, microbatch_points, reduced_plan, scalable, trace_plan, trace_plan_scaled,
+    )
 
     plan = deep_plan(**CASES[case])
     assert scalable(plan)
