@@ -13,7 +13,10 @@ enable_gqa) and steps AdamW fused: on the GQA rows it traces the (c*T*(a - kv)*d
 saved less, about 2-3% under those rows' measured peaks (benchmarks/executor_h100_accuracy.py's GQA ablation prices
 the same term on the same rows). Prints traced,
 measured (CUDA max allocated) and the formula's peak in GiB; for the OOM row, whether the trace exceeds the capacity,
-and for the row the search chose, what `planner plan --trace-memory` picks for that request instead.
+and for the row the search chose, what `planner plan --trace-memory` picks for that request instead. Each row is also
+traced as `planner plan` verifies plans by default (planner.executor.memtrace_scale: 2 and 3 layers, extended to the
+model's depth): its peak and seconds. MoE rows are traced under balanced routing (planner.executor.moe_contract), the
+measured runs routed as their router did.
 """
 
 from __future__ import annotations
@@ -49,9 +52,11 @@ def row_plan(row: dict):
 
 def main() -> int:
     from planner.executor.memtrace import trace_rank
+    from planner.executor.memtrace_scale import trace_plan_scaled
 
     rows = json.loads(ROWS.read_text())
-    print(f"{'row':<12} {'status':<6} {'traced':>8} {'measured':>9} {'error':>7} {'formula':>8} {'capacity':>8}  trace s")
+    print(f"{'row':<12} {'status':<6} {'traced':>8} {'measured':>9} {'error':>7} {'formula':>8} {'capacity':>8}  trace s"
+          "  extended GiB (s)")
     for row in rows:
         plan = row_plan(row)
         started = time.perf_counter()
@@ -61,11 +66,15 @@ def main() -> int:
             print(f"{row['name']:<12} {row['status']:<6} not traced: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
             continue
         seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        extended = trace_plan_scaled(plan)[0]
+        fast = f"  {extended.peak_bytes / GiB:.2f} ({time.perf_counter() - started:.1f})"
         measured = row.get("peak_bytes")
         capacity = plan.memory.capacity_bytes
         error = f"{traced.peak_bytes / measured - 1:+.1%}" if measured else ("> cap" if traced.peak_bytes > capacity else "FITS?")
         print(f"{row['name']:<12} {row['status']:<6} {traced.peak_bytes / GiB:8.2f} "
-              f"{(measured or 0) / GiB:9.2f} {error:>7} {plan.memory.peak_bytes / GiB:8.2f} {capacity / GiB:8.2f}  {seconds:.1f}")
+              f"{(measured or 0) / GiB:9.2f} {error:>7} {plan.memory.peak_bytes / GiB:8.2f} {capacity / GiB:8.2f}  {seconds:.1f}"
+              f"{fast}")
         print("  traced parts (GiB): " + ", ".join(f"{k} {v / GiB:.2f}" for k, v in traced.parts.items()))
         if row.get("chosen_by_plan"):
             replan(plan, row["precision"])

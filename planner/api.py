@@ -206,28 +206,23 @@ def estimate(request: PlanRequest, config: Configuration, *, trace_memory: bool 
     return result
 
 
-def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memory: bool = False) -> LaunchPlan:
+def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memory: bool | None = False) -> LaunchPlan:
     """Search the whole plan space for the fastest configuration that fits. `trace_memory`: verify the chosen plan
     and its alternatives by tracing the executor's step, replacing a plan that does not fit by trace
-    (planner.memory_trace)."""
+    (planner.memory_trace); None: only for the `planner` stack (what `planner plan` does by default)."""
     from planner.search.driver import plan as _plan
 
     framework = load_framework(request.framework)  # the request's profile, read once and handed down
     result = _plan(request, progress=progress, framework=framework)
+    if trace_memory is None:
+        from planner.memory_trace import EXECUTOR_FRAMEWORK
+
+        trace_memory = request.framework == EXECUTOR_FRAMEWORK
     if trace_memory:
-        from planner.memory_trace import verify_plan
+        from planner.memory_trace import verify_searched
 
-        result = verify_plan(result, wider=lambda: _plan(_wider(request), framework=framework))
+        result = verify_searched(result, lambda wider: _plan(wider, framework=framework))
     return result
-
-
-def _wider(request: PlanRequest) -> PlanRequest:
-    """The same request keeping the most alternatives (the ranking a plan that does not fit by trace falls back on)."""
-    from planner.schemas import limits
-    from planner.schemas.plan import SearchLimits
-
-    search = (request.search or SearchLimits()).model_copy(update={"top_k": limits.MAX_TOP_K})
-    return request.model_copy(update={"search": search})
 
 
 def _plan_of(plan: LaunchPlan | str | Path) -> LaunchPlan:

@@ -89,7 +89,11 @@ def recompute_plan(plan: LaunchPlan) -> LaunchPlan:
     if plan.kind == "plan":
         from planner.search.driver import plan as search_plan
 
-        return search_plan(plan.request)
+        if plan.memory.traced is None:
+            return search_plan(plan.request)
+        from planner.memory_trace import verify_searched  # a plan verified by trace is re-verified the same way
+
+        return verify_searched(search_plan(plan.request), search_plan)
     from planner.estimate import estimate
 
     return estimate(plan.request, configuration_of(plan))

@@ -71,9 +71,10 @@ def plan_command(
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | auto (per configuration, what the framework runs that is fastest; "
         "lossy, so opt-in) | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch.")),
-    trace_memory: bool = typer.Option(False, "--trace-memory", help="Verify the chosen plan and its alternatives by tracing "
-                                      "the executor's step (needs torch; --framework planner): a plan that does not fit by "
-                                      "trace is replaced by the next one."),
+    trace_memory: Optional[bool] = typer.Option(None, "--trace-memory/--no-trace-memory", help="Verify the chosen plan and "
+                                                "its alternatives by tracing the executor's step (needs torch): a plan that "
+                                                "does not fit by trace is replaced by the next one. Default: on for "
+                                                "--framework planner, off for the other stacks."),
     json_output: bool = typer.Option(False, "--json", help="Print the LaunchPlan JSON instead of the summary."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", parser=path_text, help="Write the LaunchPlan JSON to this file (atomically)."),
 ) -> None:
@@ -146,7 +147,7 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     return SearchLimits(**fields)
 
 
-def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool = False):
+def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool | None = False):
     """Run api.plan with a progress bar on stderr (factorisations visited of those worth visiting)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -162,6 +163,12 @@ def _search_with_progress(api, request, *, quiet: bool, trace_memory: bool = Fal
             bar.update(task, completed=done, total=total)
 
         return api.plan(request, progress=progress, trace_memory=trace_memory)
+
+
+def _traced_peak(alt) -> str:
+    from planner.units import GiB
+
+    return f", traced {alt.traced_peak_bytes / GiB:.1f} GiB" if alt.traced_peak_bytes is not None else ""
 
 
 def _render(plan, output: Optional[Path]) -> None:
@@ -182,8 +189,12 @@ def _render(plan, output: Optional[Path]) -> None:
     out.print(f"step {pred.step_time_s:.3f} s{band}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, "
               f"peak {plan.memory.peak_bytes / GiB:.1f} of {plan.memory.capacity_bytes / GiB:.1f} GiB")
     for note in plan.notes:
-        if note.startswith("practice") and "chose this plan" in note:
+        if (note.startswith("practice") and "chose this plan" in note) or "fits by trace" in note:
             out.print(note, markup=False)
+    if plan.memory.traced is not None:
+        traced = plan.memory.traced
+        peak = f"{traced.peak_bytes / GiB:.1f} GiB: " if traced.peak_bytes is not None else ""
+        out.print(f"memory by trace: {peak}{traced.note}", markup=False)
     table = Table(title="stages", title_justify="left", box=None, padding=(0, 2))
     for column in ("stage", "layers", "recompute", "peak GiB"):
         table.add_column(column, justify="right" if column != "layers" else "left")
@@ -197,7 +208,7 @@ def _render(plan, output: Optional[Path]) -> None:
         p = alt.parallelism
         out.print(f"  alternative dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep} vpp={p.vpp} zero={p.zero_stage} "
                   f"mbs={alt.batch.microbatch_size} {alt.schedule} recompute={alt.recompute}: {alt.step_time_s:.3f} s "
-                  f"({alt.why_not})", markup=False)
+                  f"({alt.why_not}){_traced_peak(alt)}", markup=False)
     considered = plan.solver.configurations_considered
     out.print(f"searched {considered:,} configurations: {plan.solver.configurations_evaluated:,} evaluated, "
               f"pruned: {describe_pruned(plan.pruned)}", markup=False)

@@ -154,6 +154,27 @@ def stand_in_ddp():
         parallel.DistributedDataParallel = real
 
 
+@contextlib.contextmanager
+def meshes_outside_fake(counter):
+    """DeviceMesh's own index tensors (which rank sits where: `(mesh == rank).nonzero()`, a data-dependent shape) are
+    made on real CPU tensors, as the executor makes them, not under the trace's FakeTensorMode, and not counted (they
+    live on the host). FSDP2 over a TP mesh builds such a mesh inside fully_shard (DeviceMesh._concatenate)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    real_init = DeviceMesh.__init__
+
+    def init(self, *args, **kwargs):
+        with unset_fake_temporarily(), counter.pause():
+            real_init(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = init
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = real_init
+
+
 def cuda_optimizer_defaults(optimizers) -> None:
     """The optimizer the executor builds on CUDA, on the trace's CPU tensors: AdamW groups get
     parallelize.adamw_impl's answer for CUDA (fused=True, one kernel and no temporaries; the per-tensor loop where

@@ -30,17 +30,20 @@ contracts stood in (planner.executor.gpu_contracts), each stated here with its s
   and NCCL's own buffers are allocated outside the caching allocator and are not in max_memory_allocated.
 
 Pipeline plans: torch.distributed.pipelining's warm-up vote and shape exchange do not cross a fake process group;
-gpu_contracts.pipeline_metadata stands them in, and trace_plan traces the ranks in pipeline order, each in a forked
-child process (a fresh torch per rank: DeviceMesh compares equal by layout, so a torch-side cache would otherwise hand
-the second rank the first one's mesh and its destroyed groups), so a stage receives the shapes the one before it sent.
-Not traced (trace_rank raises; planner.memory_trace then says "not verified by trace" and keeps the formula's
-verdict): MoE layers (the routing's token counts give data-dependent shapes).
+gpu_contracts.pipeline_metadata stands them in, and memtrace_scale.trace_plan traces the ranks in pipeline order,
+each in a forked child process (a fresh torch per rank: DeviceMesh compares equal by layout, so a torch-side cache
+would otherwise hand the second rank the first one's mesh and its destroyed groups), so a stage receives the shapes
+the one before it sent.
+MoE layers: the routing's token counts give data-dependent shapes, so the trace assumes balanced routing
+(planner.executor.moe_contract, stated in the plan's note); expert parallelism is not traced (trace_rank raises;
+planner.memory_trace then says "not verified by trace" and keeps the formula's verdict).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 import weakref
 from dataclasses import dataclass, field
 
@@ -49,15 +52,16 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.executor.gpu_contracts import (
-    cuda_optimizer_defaults, gpu_contracts, inner_optimizers, master_weights, pipeline_metadata, stand_in_ddp,
+    cuda_optimizer_defaults, gpu_contracts, inner_optimizers, master_weights, meshes_outside_fake, pipeline_metadata,
+    stand_in_ddp,
 )
+from planner.executor.moe_contract import balanced_routing
 from planner.schemas.plan import LaunchPlan
 
 CUDA_BLOCK_BYTES = 512             # kMinBlockSize, c10/cuda/CUDACachingAllocator.cpp
 CUDA_LARGE_SEGMENT_BYTES = 2 << 20  # kRoundLarge (reserved segments; not in max_memory_allocated)
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # CublasHandlePool.cpp default ":4096:8" (4096 KiB x 8) on sm90+
 PARTS = ("params", "grads", "optimizer", "activations", "transient", "other")
-TRACE_TIMEOUT_S = 600.0  # one rank's trace in a child process (seconds at the real sizes; this bounds a hang)
 
 
 def rounded(nbytes: int, block: int) -> int:
@@ -81,6 +85,8 @@ class LiveBytes(TorchDispatchMode):
         self.total = self.peak = 0
         self.at_peak: dict[int, tuple[int, str]] = {}
         self.rising = False
+        self.phase_peaks: dict[str, tuple[int, dict]] = {}  # phase -> (its peak, live storages then; {} while rising)
+        self.last_phase: str | None = None
         self.phase = "build"
         self.in_optimizer = False
         self.paused = 0
@@ -98,28 +104,47 @@ class LiveBytes(TorchDispatchMode):
                 self.resize(serial, nbytes)
             return
         serial = next(self.serials)
-        self.live[serial] = (nbytes, self.current_phase())
+        phase = self.current_phase()
+        self.enter(phase)
+        self.live[serial] = (nbytes, phase)
         self.serial_of[id(st)] = serial
         self.refs[serial] = weakref.ref(st, lambda _ref, key=id(st), s=serial: self.free(key, s))
         self.grow(nbytes)
 
     def current_phase(self) -> str:
+        if self.phase == "warm-up":  # the optimizer state made before the traced step (trace_rank)
+            return self.phase
         if self.in_optimizer:
             return "optimizer"
         return "backward" if torch._C._current_graph_task_id() != -1 else self.phase
+
+    def enter(self, phase: str) -> None:
+        """An event in `phase`: when the phase changed, the previous phase's rise (if any) ends here."""
+        if phase != self.last_phase:
+            self.close_phase()
+            self.last_phase = phase
+
+    def close_phase(self) -> None:
+        if self.last_phase in self.phase_peaks and not self.phase_peaks[self.last_phase][1]:
+            self.phase_peaks[self.last_phase] = (self.phase_peaks[self.last_phase][0], dict(self.live))
 
     def grow(self, nbytes: int) -> None:
         self.total += nbytes
         if self.total > self.peak:
             self.peak, self.rising = self.total, True
+        if self.total > self.phase_peaks.get(self.last_phase, (-1,))[0]:
+            self.phase_peaks[self.last_phase] = (self.total, {})
 
     def mark_fall(self) -> None:
-        """The first fall after a new peak: the live storages now are those at the peak."""
+        """The first fall after a new peak: the live storages now are those at the peak (the global one, and the
+        current phase's)."""
         if self.rising:
             self.at_peak, self.rising = dict(self.live), False
+        self.close_phase()
 
     def resize(self, serial: int, nbytes: int) -> None:
         size, phase = self.live[serial]
+        self.enter(self.current_phase())
         if nbytes < size:
             self.mark_fall()
             self.total -= size - nbytes
@@ -130,6 +155,7 @@ class LiveBytes(TorchDispatchMode):
     def free(self, key: int, serial: int) -> None:
         if serial not in self.live:
             return
+        self.enter(self.current_phase())
         self.mark_fall()
         self.total -= self.live.pop(serial)[0]
         self.refs.pop(serial, None)
@@ -137,10 +163,16 @@ class LiveBytes(TorchDispatchMode):
             del self.serial_of[key]
 
     def reset_peak(self) -> None:
+        """Peaks counted from now on only (the storages alive stay counted)."""
         self.peak, self.at_peak, self.rising = self.total, dict(self.live), False
+        self.phase_peaks, self.last_phase = {}, None
 
     def peak_live(self) -> dict[int, tuple[int, str]]:
         return dict(self.live) if self.rising else self.at_peak
+
+    def phase_peak_live(self) -> dict[str, tuple[int, dict[int, tuple[int, str]]]]:
+        """Each phase's own peak (the most bytes alive while an op of that phase ran) and the storages then."""
+        return {phase: (peak, live if live else dict(self.live)) for phase, (peak, live) in self.phase_peaks.items()}
 
     def serial(self, t: torch.Tensor) -> int | None:
         return self.serial_of.get(id(t.untyped_storage()))
@@ -197,6 +229,7 @@ class RankTrace:
     parts: dict[str, int] = field(default_factory=dict)
     workspace_bytes: int = 0
     microbatches: int = 1
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)  # phase -> its own peak's parts (workspace in other)
 
 
 def traced_plan(plan: LaunchPlan, microbatches: int = 2) -> LaunchPlan:
@@ -223,12 +256,14 @@ def distinct_ranks(plan: LaunchPlan) -> list[int]:
 
 
 def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool = True, steps: int = 2,
-               sent: dict | None = None) -> RankTrace:
+               sent: dict | None = None, warm_up: bool | None = None) -> RankTrace:
     """Trace `rank`'s optimizer steps of `plan` (module docstring). target "cuda": the GPU contracts and the CUDA
     allocator's rounding and workspace; "cpu": none of them (what a CPU run of the same code allocates). fake=False
-    runs the same steps on real tensors (small plans: the CPU check of the trace)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    runs the same steps on real tensors (small plans: the CPU check of the trace). warm_up: the first of the two
+    steps only makes the optimizer state (zero gradients, the optimizers' step: warm_up_optimizers) and the peak is
+    counted from the second step on; its forward and backward hold no optimizer state, so they peak below the second
+    step's, and its optimizer step equals the second's (test_memtrace_scale checks both ways give one peak). None: on
+    fake tensors only (a real run, the check of the trace, runs the executor's first step as it is)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from planner.executor import runtime
@@ -239,6 +274,32 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     run_plan = traced_plan(plan)
     cuda = target == "cuda"
     counter = LiveBytes(CUDA_BLOCK_BYTES if cuda else 1)
+    materialize = tracing(plan, counter, fake=fake, cuda=cuda, sent=sent if sent is not None else {})
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.parallelism.world_size)
+    try:
+        with warnings.catch_warnings():  # torch's warnings about the traced code are the executor's, not the user's
+            warnings.simplefilter("ignore")
+            job = runtime.new_job(run_plan, RunOptions(device="cpu"), torch.device("cpu"), "fake")
+            runtime.build_parts(job, materialize)
+            if cuda:
+                cuda_optimizer_defaults(job.optimizers)
+            run_steps(job, counter, materialize, steps=steps, warm_up=fake if warm_up is None else warm_up)
+        parts = peak_parts(counter, job)
+        phases = {phase: peak_parts(counter, job, live) for phase, (_, live) in counter.phase_peak_live().items()}
+    finally:
+        dist.destroy_process_group()
+    workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
+    return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
+                     parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
+                     microbatches=run_plan.batch.num_microbatches,
+                     phases={phase: {**each, "other": each["other"] + workspace} for phase, each in phases.items()})
+
+
+def tracing(plan: LaunchPlan, counter: LiveBytes, *, fake: bool, cuda: bool, sent: dict):
+    """The context every tensor of the traced job is made in (runtime.build_parts' `materialize`, and each step):
+    FakeTensorMode (fake), the counter, the stand-ins of what fake tensors cannot run, the GPU contracts (cuda)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
 
     @contextlib.contextmanager
@@ -248,45 +309,67 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
                 stack.enter_context(fake_mode)
             stack.enter_context(counter)
             stack.enter_context(stand_in_ddp())
-            stack.enter_context(pipeline_metadata(sent if sent is not None else {}))
+            stack.enter_context(meshes_outside_fake(counter))
+            if plan.request.model.moe is not None and fake:  # real tensors route by their values
+                stack.enter_context(balanced_routing())
+            stack.enter_context(pipeline_metadata(sent))
             if cuda:
                 stack.enter_context(gpu_contracts(counter))
             yield
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.parallelism.world_size)
-    hooks = []
+    return materialize
+
+
+def run_steps(job, counter: LiveBytes, materialize, *, steps: int, warm_up: bool) -> None:
+    """The traced optimizer steps of `job` (trace_rank): the first makes the optimizer state (one micro-batch, or the
+    warm-up), the last holds it throughout; the optimizer's own steps are marked for the counter's phases."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from planner.executor import runtime
+
+    run_plan = job.plan
+    plans = [traced_plan(run_plan, 1)] * (steps - 1) + [run_plan]
+    if warm_up and steps > 1:
+        with materialize():
+            counter.phase = "warm-up"
+            warm_up_optimizers(job)
+        counter.reset_peak()
+        plans = plans[-1:]
+    hooks = [register_optimizer_step_pre_hook(lambda *_: setattr(counter, "in_optimizer", True)),
+             register_optimizer_step_post_hook(lambda *_: setattr(counter, "in_optimizer", False))]
     try:
-        job = runtime.new_job(run_plan, RunOptions(device="cpu"), torch.device("cpu"), "fake")
-        runtime.build_parts(job, materialize)
-        if cuda:
-            cuda_optimizer_defaults(job.optimizers)
-        hooks = [register_optimizer_step_pre_hook(lambda *_: setattr(counter, "in_optimizer", True)),
-                 register_optimizer_step_post_hook(lambda *_: setattr(counter, "in_optimizer", False))]
-        # the first step needs one micro-batch only: it makes the optimizer state; the last one holds it throughout
-        plans = [traced_plan(run_plan, 1)] * (steps - 1) + [run_plan]
         for job.plan in plans:
             rows, seq_len = job.plan.batch.microbatch_size * job.plan.batch.num_microbatches, job.plan.batch.seq_len
             with materialize():
                 counter.phase = "forward"
-                vocab = plan.request.model.vocab_size
+                vocab = job.plan.request.model.vocab_size
                 inputs, targets = torch.randint(0, vocab, (rows, seq_len)), torch.randint(0, vocab, (rows, seq_len))
                 runtime.optimizer_step(job, inputs, targets)
                 del inputs, targets
-        parts = peak_parts(counter, job)
     finally:
         for hook in hooks:
             hook.remove()
-        dist.destroy_process_group()
-    workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
-    return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
-                     parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
-                     microbatches=run_plan.batch.num_microbatches)
 
 
-def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
-    """The live bytes at the peak by part: the parameters', gradients' and optimizer state's storages as the job holds
-    them at the end, the rest by the phase that made it (forward: activations; backward, optimizer: transient;
-    build: other, e.g. buffers)."""
+def warm_up_optimizers(job) -> None:
+    """The optimizer state of a first step without its forward and backward: every trainable parameter gets a zero
+    gradient shaped like it (a DTensor shard for a DTensor), the optimizers step once (making their state and, for
+    the bf16 recipe, nothing else: masters exist from the build), and the gradients are dropped."""
+    params = [p for part in job.train_parts for p in part.parameters() if p.requires_grad]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    for opt in job.optimizers:
+        opt.step()
+    for opt in job.optimizers:
+        opt.zero_grad(set_to_none=True)
+    for param in params:
+        param.grad = None
+
+
+def peak_parts(counter: LiveBytes, job, live: dict | None = None) -> dict[str, int]:
+    """The live bytes at the peak (or in `live`) by part: the parameters', gradients' and optimizer state's storages
+    as the job holds them at the end, the rest by the phase that made it (forward: activations; backward, optimizer:
+    transient; build: other, e.g. buffers)."""
     def serials(tensors) -> set[int]:
         found = set()
         for t in tensors:
@@ -302,58 +385,10 @@ def peak_parts(counter: LiveBytes, job) -> dict[str, int]:
               "optimizer": serials(t for opt in job.optimizers for inner in inner_optimizers(opt)
                                    for state in inner.state.values() for t in state.values())
               | serials(m for opt in job.optimizers for m in master_weights(opt))}
-    by_phase = {"forward": "activations", "backward": "transient", "optimizer": "transient", "build": "other"}
+    by_phase = {"forward": "activations", "backward": "transient", "optimizer": "transient", "build": "other",
+                "warm-up": "other"}
     parts = dict.fromkeys(PARTS, 0)
-    for serial, (nbytes, phase) in counter.peak_live().items():
+    for serial, (nbytes, phase) in (counter.peak_live() if live is None else live).items():
         part = next((name for name, found in owners.items() if serial in found), by_phase[phase])
         parts[part] += nbytes
     return parts
-
-
-def trace_plan(plan: LaunchPlan, *, target: str = "cuda") -> list[RankTrace]:
-    """Every distinct rank's trace (distinct_ranks), in pipeline order, each in a forked child process where fork is
-    available: each rank gets a fresh torch (no DTensor or DeviceMesh state left by the rank before, the stand-ins'
-    patches of torch never in the caller's process); the pipeline metadata a stage sent goes on to the next child."""
-    import multiprocessing
-
-    sent: dict = {}  # pipeline metadata a stage sent, for the stages traced after it (gpu_contracts.pipeline_metadata)
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return [trace_rank(plan, rank, target=target, sent=sent) for rank in distinct_ranks(plan)]
-    traces = []
-    for rank in distinct_ranks(plan):
-        trace, news = _in_child(plan, rank, target, sent)
-        sent.update(news)
-        traces.append(trace)
-    return traces
-
-
-def _in_child(plan: LaunchPlan, rank: int, target: str, sent: dict) -> tuple[RankTrace, dict]:
-    """trace_rank in a forked child; its result (or its error, raised here as RuntimeError) comes back by a pipe."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-
-    def child() -> None:
-        try:
-            mine = dict(sent)
-            trace = trace_rank(plan, rank, target=target, sent=mine)
-            sender.send(("ok", trace, {k: v for k, v in mine.items() if k not in sent}))
-        except BaseException as exc:  # every failure goes back as one line
-            sender.send(("error", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", None))
-
-    process = context.Process(target=child, daemon=True)
-    process.start()
-    sender.close()
-    try:
-        if not receiver.poll(TRACE_TIMEOUT_S):
-            process.kill()
-            raise RuntimeError(f"the trace of rank {rank} took over {TRACE_TIMEOUT_S:.0f} s: stopped")
-        status, value, news = receiver.recv()
-    except EOFError:
-        process.join()
-        status, value, news = "error", f"the trace of rank {rank} died (exit code {process.exitcode})", None
-    process.join()
-    if status != "ok":
-        raise RuntimeError(value)
-    return value, news

@@ -17,6 +17,7 @@ as in a single process.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -73,6 +74,10 @@ def pipeline_step(schedule, stages: list[Stage], inputs: torch.Tensor, targets: 
     losses: list[torch.Tensor] = []
     args = (inputs,) if has_first else ()
     kwargs = {"target": targets, "losses": losses} if has_last else {}
+    if "return_outputs" in inspect.signature(schedule.step).parameters:
+        # the losses are all the step needs: torch (2.8+) otherwise keeps every micro-batch's output (the logits)
+        # on the last stage to merge them after the step, a mb x seq x vocab tensor per micro-batch held to the end
+        kwargs["return_outputs"] = False
     schedule.step(*args, **kwargs)
     return losses
 

@@ -62,6 +62,18 @@ def test_traced_peak_equals_the_real_cpu_peak(case):
     assert abs(contracted.peak_bytes / contracted_real.peak_bytes - 1) <= 0.02, (contracted, contracted_real)
 
 
+def test_fsdp_over_tp_is_traced():
+    """FSDP2 over a TP mesh builds a DeviceMesh inside fully_shard (its `nonzero` has a data-dependent shape): made
+    outside the fake mode (gpu_contracts.meshes_outside_fake). The CUDA-contract trace equals the real step within 2%
+    (0.2% measured); on the CPU target the fake run counts 2.6% fewer bytes than the real one here (DTensor attention
+    on CPU, not the GPU path: left open)."""
+    from planner.executor.memtrace import trace_rank
+
+    plan = small_plan(gpus=4, dp=2, tp=2, zero=3, gbs=4)
+    traced, real = trace_rank(plan, 0), trace_rank(plan, 0, fake=False)
+    assert abs(traced.peak_bytes / real.peak_bytes - 1) <= 0.02, (traced, real)
+
+
 def test_traced_peak_covers_the_formula_parts():
     """At the peak the trace holds every persistent part whole: the weights, gradients and optimizer state it counts
     are the model's (the formula's params/grads/optimizer bytes of an fp32-parameter recipe), and activations > 0."""
@@ -128,7 +140,8 @@ def test_pipeline_ranks_traced_equal_their_real_cpu_step(case):
 
 
 def test_multi_rank_plans_trace_each_distinct_rank():
-    from planner.executor.memtrace import distinct_ranks, trace_plan
+    from planner.executor.memtrace import distinct_ranks
+    from planner.executor.memtrace_scale import trace_plan
 
     plan = small_plan(gpus=2, dp=2, zero=3)
     assert distinct_ranks(plan) == [0]
@@ -143,7 +156,7 @@ def test_dp2_tp2_pp2_traces_each_pipeline_rank_in_its_own_process():
     (no process group, torch.nn.functional as it was)."""
     import torch.nn.functional as F
 
-    from planner.executor.memtrace import trace_plan
+    from planner.executor.memtrace_scale import trace_plan
 
     sdpa = F.scaled_dot_product_attention
     request = api.build_request(model=SPEC, topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=128)
@@ -180,7 +193,7 @@ def test_without_torch_or_off_the_planner_stack_the_plan_says_not_verified(monke
     plan = api.estimate(request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=2))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
-    assert memory_trace.trace_memory(plan).note.startswith("not verified by trace: torch is not installed")
+    assert memory_trace.trace_memory(plan).note.startswith("not verified by trace: torch not installed")
     other = plan.model_copy(update={"request": plan.request.model_copy(update={"framework": "megatron-core"})})
     assert "not the executor's" in memory_trace.trace_memory(other).note
 
@@ -197,7 +210,7 @@ def test_a_plan_that_does_not_fit_by_trace_is_replaced_by_the_next_that_does(mon
 
     first = key(plan)
 
-    def fake_trace(p):  # the search's choice over capacity by trace, every other plan under it
+    def fake_trace(p, deadline=None):  # the search's choice over capacity by trace, every other plan under it
         over = key(p) == first
         peak = p.memory.capacity_bytes + 1 if over else 1
         return TracedMemory(peak_bytes=peak, fits=not over, note="test")
@@ -208,18 +221,56 @@ def test_a_plan_that_does_not_fit_by_trace_is_replaced_by_the_next_that_does(mon
     assert checked.memory.traced.fits and checked.kind == "plan" and "replaced by the next plan" in checked.notes[-1]
 
 
-def test_a_step_the_fake_tensors_cannot_follow_keeps_the_formula_verdict_and_says_so():
-    """MoE routing's token counts give data-dependent shapes: the plan is not traced, its note says why, and a later
-    trace in the same process still works (the fake process group is gone)."""
+def moe_plan(*, capacity_factor=None, precision="amp-bf16", gpus=1, ep=1, dp=1):
     from planner.schemas.model import MoESpec
 
-    moe = SPEC.model_copy(update={"name": "small-moe", "moe": MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32)})
-    request = api.build_request(model=moe, topology="dgx-h100", gpus=1, global_batch_size=4, seq_len=128)
-    config = Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=1)
-    plan = api.estimate(request, config, trace_memory=True)
-    traced = plan.memory.traced
+    moe = SPEC.model_copy(update={"name": "small-moe", "moe": MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=32,
+                                                                      capacity_factor=capacity_factor)})
+    request = api.build_request(model=moe, topology="dgx-h100", gpus=gpus, global_batch_size=4 * dp, seq_len=128,
+                                precision=precision)
+    return api.estimate(request, Configuration(parallelism=Parallelism(dp=dp, tp=1, pp=1, ep=ep), microbatch_size=2))
+
+
+@pytest.mark.parametrize("capacity_factor", [None, 0.5])
+@pytest.mark.parametrize("precision", ["amp-bf16", "bf16"])
+def test_moe_traced_under_balanced_routing_equals_a_real_step_routed_balanced(capacity_factor, precision):
+    """The trace assumes balanced routing (planner.executor.moe_contract); the real CPU step runs the executor's MoE
+    unchanged (bincount, host-read counts, capacity mask) with the router forced to a balanced assignment (token t's
+    k experts are (t*k .. t*k+k-1) mod E)."""
+    from planner.executor.memtrace import trace_rank
+    from planner.nn import moe as moe_module
+
+    plan = moe_plan(capacity_factor=capacity_factor, precision=precision)
+    real_forward = moe_module.Router.forward
+
+    def balanced(self, x):
+        weights, experts = real_forward(self, x)
+        rows, k = experts.shape
+        return weights, (torch.arange(rows * k, device=x.device) % self.gate.out_features).view(rows, k)
+
+    for target in ("cpu", "cuda"):
+        traced = trace_rank(plan, 0, target=target)
+        moe_module.Router.forward = balanced
+        try:
+            real = trace_rank(plan, 0, target=target, fake=False)
+        finally:
+            moe_module.Router.forward = real_forward
+        assert abs(traced.peak_bytes / real.peak_bytes - 1) <= 0.02, (target, traced, real)
+
+
+def test_moe_plan_is_verified_with_the_routing_assumption_stated_and_ep_is_not_traced():
+    """The MoE plan's traced note states the routing assumption; expert parallelism (counts exchanged by all-to-all)
+    is not traced: the plan keeps the formula's verdict, its note says why, and a later trace in the same process
+    still works (the fake process group is gone)."""
+    plan = moe_plan()
+    traced = api.estimate(plan.request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=2),
+                          trace_memory=True).memory.traced
+    assert traced.peak_bytes > 0 and "MoE routing assumed balanced" in traced.note
+    ep = moe_plan(gpus=2, ep=2, dp=2)
+    traced = api.estimate(ep.request, Configuration(parallelism=Parallelism(dp=2, tp=1, pp=1, ep=2), microbatch_size=2),
+                          trace_memory=True).memory.traced
     assert traced.peak_bytes is None and traced.fits is None and traced.note.startswith("not verified by trace")
-    assert plan.feasible == api.estimate(request, config).feasible
+    assert "expert parallelism" in traced.note
     assert not dist.is_initialized()
     assert small_plan().memory.traced is None and api.estimate(
         small_plan().request, Configuration(parallelism=Parallelism(dp=1, tp=1, pp=1), microbatch_size=2),
