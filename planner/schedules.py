@@ -98,6 +98,11 @@ class Schedule:
         return self.placement == "v"
 
     @property
+    def holds_every_microbatch(self) -> bool:
+        """All forwards before any backward (GPipe): each micro-batch adds its activations on every rank."""
+        return self.inflight is _all_first
+
+    @property
     def multi_stage(self) -> bool:
         """Its torch class takes a rank's list of stages (vpp may exceed 1), not one stage."""
         return self.stages_per_rank != "one"

@@ -39,11 +39,11 @@ import re
 from fractions import Fraction
 
 from planner.executor.memtrace import PARTS, RankTrace, distinct_ranks, trace_rank
+from planner.schedules import schedule as schedule_of
 from planner.schemas.plan import LaunchPlan
 
 TRACE_TIMEOUT_S = 600.0  # one rank's trace in a child process (seconds at the real sizes; this bounds a hang)
 LAYER = re.compile(r"^layers\.\d+$")
-HOLDS_EVERY_MICROBATCH = ("gpipe",)  # all forwards before any backward: a micro-batch adds its activations, per layer
 BASE = 2  # layers of each kind in the base trace: the first layer next to the embedding may differ (module docstring)
 WARMUP_ROUNDS = 2  # n1 = WARMUP_ROUNDS x pp x virtual stages per rank: past every schedule's warm-up (module docstring)
 Point = tuple[int, int, int]  # (layers of the full-recompute kind, layers of the other kind, micro-batches) per stage
@@ -136,7 +136,8 @@ def design(plan: LaunchPlan) -> list[Point]:
     points = []
     for n in steps:
         points.append((BASE, BASE, n))
-        if n != steps[0] and plan.schedule not in HOLDS_EVERY_MICROBATCH:
+        # GPipe holds every micro-batch: each one adds its activations, per layer
+        if n != steps[0] and not schedule_of(plan.schedule).holds_every_microbatch:
             continue  # what a micro-batch adds past the warm-up is not per layer: the layers' slope is n1's
         if has_full:
             points.append((BASE + 1, BASE, n))
