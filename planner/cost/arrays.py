@@ -94,7 +94,9 @@ def moe_dispatcher(model: "CostModel", cand: "Candidate") -> str | None:
     name, alltoall / flex / allgather), which the plan carries for its exports; None without MoE layers or with ep 1."""
     if cand.ep <= 1 or not model.moe_mask.any():
         return None
-    return _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))["moe_decoder"].moe_dispatcher
+    kinds = _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))
+    # the MoE layers of any mixer (attention, Gated DeltaNet, Mamba) share the dispatcher choice: the first priced
+    return next(cost.moe_dispatcher for name, cost in kinds.items() if name.endswith("moe_decoder"))
 
 
 def cp_flavour(model: "CostModel", cand: "Candidate") -> str | None:
@@ -103,7 +105,7 @@ def cp_flavour(model: "CostModel", cand: "Candidate") -> str | None:
     if cand.cp <= 1:
         return None
     kinds = _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))
-    return (kinds.get("decoder") or kinds["moe_decoder"]).cp_flavour
+    return next((cost.cp_flavour for name, cost in kinds.items() if name.endswith("decoder") and cost.cp_flavour), None)
 
 
 def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None, *,

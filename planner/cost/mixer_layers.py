@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.cost import compute, memory, mixers, moe_comm
-from planner.cost.layer_terms import Env, ModuleCost, autocast_cast_s, ep_times, gemm_times, tp_times
+from planner.cost.layer_terms import Env, ModuleCost, autocast_cast_s, ep_options, gemm_times, tp_times
 from planner.models import counting
 
 
@@ -57,17 +57,15 @@ def decoder_cost(env: Env, *, moe_layer: bool, mixer: str) -> ModuleCost:
     cast_fwd, cast_bwd = autocast_cast_s(env, _params_per_gpu(env, moe_layer, mixer))
     fwd, bwd = g_fwd + mem + cast_fwd, g_bwd + 2 * mem + cast_bwd
     tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=mixers.tp_collectives(spec, mixer), gemm_s=(g_fwd, g_bwd))
-    ep_fwd, ep_bwd = ep_times(env) if moe_layer else (0.0, 0.0)
-    if moe_layer:  # what the stack's overlap hides (moe_comm.exposed_s), as for attention layers
+    dispatcher, ep_fwd, ep_bwd = None, 0.0, 0.0
+    if moe_layer:  # the same MoE FFN as an attention layer's: the dispatcher least exposed (layers.decoder_cost)
         shared_fwd, shared_bwd, _ = gemm_times(env, [g for g in gemms if g.name == "shared_experts"])
-        ep_fwd = moe_comm.exposed_s(ep_fwd, layer_compute_s=fwd, shared_compute_s=shared_fwd,
-                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
-        ep_bwd = moe_comm.exposed_s(ep_bwd, layer_compute_s=bwd, shared_compute_s=shared_bwd,
-                                    batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
+        dispatcher, ep_fwd, ep_bwd = moe_comm.choose(ep_options(env), layer_s=(fwd, bwd), shared_s=(shared_fwd, shared_bwd),
+                                                     batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
     acts = activations(env, moe_layer=moe_layer, mixer=mixer)
     selective, act_selective = 0.0, acts.none
     if env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
         selective, act_selective = (fwd + tp_fwd + ep_fwd) / 2, (acts.none + acts.full) / 2
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd,
                       ep_bwd_s=ep_bwd, selective_s=selective, act_none=acts.none, act_selective=act_selective,
-                      act_full=acts.full, act_transient=acts.transient)
+                      act_full=acts.full, act_transient=acts.transient, moe_dispatcher=dispatcher)

@@ -112,6 +112,23 @@ def test_each_hybrid_model_is_planned(folder):
         assert spec.linear_attention.num_key_heads % plan.parallelism.tp == 0
 
 
+@pytest.mark.parametrize("folder", ["qwen3-next-80b-a3b", "jamba-v0.1"])
+def test_hybrid_moe_layers_are_priced_with_expert_parallelism(folder):
+    """The MoE layers of a hybrid stack are module types of their own (linear_moe_decoder, mamba_moe_decoder): the
+    MoE FFN is priced as an attention layer's (moe_comm.choose), and the dispatcher the plan carries is read from
+    whichever MoE type the model has."""
+    spec = load_model(str(HF / folder))
+    request = api.build_request(model=spec, topology="dgx-h100", gpus=64, global_batch_size=64, seq_len=4096,
+                                framework="deepspeed")
+    cand = Candidate(dp=64, tp=1, pp=1, cp=1, ep=4, microbatch_size=1, num_microbatches=1, recompute="full",
+                     schedule="1f1b", zero_stage=2)
+    model = CostModel(request)
+    assert not model.validity_reasons(cand)
+    assert model.evaluate(cand).step_time_s > 0
+    plan = api.plan(request)
+    assert plan.feasible and plan.parallelism.ep > 1 and plan.parallelism.moe_dispatcher == "alltoall"
+
+
 def test_linear_attention_is_cheaper_than_full_attention_at_long_sequences():
     """Ablation: Qwen3-Next with every layer full (gated) attention against its 3:1 Gated DeltaNet stack at 64k tokens."""
     dense = QWEN3_NEXT.model_copy(update={"moe": None, "ffn_hidden_size": 5120})
