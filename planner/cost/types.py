@@ -83,6 +83,8 @@ class CostOptions:
     softmax_in_place: the unfused softmax's backward overwrites its output gradient (kernels.softmax_backward_in_place).
     logits_live_in_backward: the fp32 logits stay allocated through the layers' backward (else the loss's phase and
         a layer's backward phase do not overlap: CostModel.stage_other_bytes).
+    fsdp_unsharded_through_pp_step: with pp > 1 under FSDP2 (ZeRO-2/3) a rank holds its stage's gradients and
+        gathered parameters unsharded through the step (behaviour.memory; planner.cost.arrays.static_parts).
     zero3_gather_unit, zero3_max_live_params, zero3_reduce_bucket_params, zero3_grads_fp32,
         zero3_step_fp32_grad_params: how the stack holds ZeRO-3 memory (behaviour.memory; memory.zero3_working_set_bytes,
         measured by benchmarks/gpu_memory.py).
@@ -107,6 +109,7 @@ class CostOptions:
     fp8_saves_fp8_inputs: bool = True
     allocator_fraction: float | None = None
     logits_live_in_backward: bool = False
+    fsdp_unsharded_through_pp_step: bool = False
     softmax_in_place: bool = False
     zero3_gather_unit: str = "block"
     zero3_max_live_params: float = 0.0

@@ -253,6 +253,10 @@ class MemoryHabits(Schema):
                                                              "(else in the 16-bit training dtype)")
     logits_live_in_backward: bool = Field(default=False, description="the loop keeps the loss's fp32 logits alive "
                                           "through the layers' backward (a HuggingFace model's output object holds them)")
+    fsdp_unsharded_through_pp_step: bool = Field(
+        default=False, description="with pp > 1 and ZeRO-2/3 by FSDP2, torch.distributed.pipelining keeps every "
+                                   "stage's gradients unsharded (no reduce-scatter) and its gathered parameters "
+                                   "(no reshard after backward) from the first backward to the step's last micro-batch")
     zero3_gather_unit: Literal["block", "module"] = Field(
         default="block", description="what ZeRO-3 gathers at once: a whole block (FSDP, Megatron-FSDP) or one "
                                      "sub-module (DeepSpeed ZeRO-3's per-module hooks)")
