@@ -85,6 +85,8 @@ class CostOptions:
         a layer's backward phase do not overlap: CostModel.stage_other_bytes).
     fsdp_unsharded_through_pp_step: with pp > 1 under FSDP2 (ZeRO-2/3) a rank holds its stage's gradients and
         gathered parameters unsharded through the step (behaviour.memory; planner.cost.arrays.static_parts).
+    split_backward_retains_graph, pp_recv_buffers_per_microbatch: what torch.distributed.pipelining holds beyond a
+        schedule's textbook count (behaviour.memory; planner.cost.pipelining_memory).
     zero3_gather_unit, zero3_max_live_params, zero3_reduce_bucket_params, zero3_grads_fp32,
         zero3_step_fp32_grad_params: how the stack holds ZeRO-3 memory (behaviour.memory; memory.zero3_working_set_bytes,
         measured by benchmarks/gpu_memory.py).
@@ -110,6 +112,8 @@ class CostOptions:
     allocator_fraction: float | None = None
     logits_live_in_backward: bool = False
     fsdp_unsharded_through_pp_step: bool = False
+    split_backward_retains_graph: bool = False
+    pp_recv_buffers_per_microbatch: bool = False
     softmax_in_place: bool = False
     zero3_gather_unit: str = "block"
     zero3_max_live_params: float = 0.0

@@ -257,6 +257,13 @@ class MemoryHabits(Schema):
         default=False, description="with pp > 1 and ZeRO-2/3 by FSDP2, torch.distributed.pipelining keeps every "
                                    "stage's gradients unsharded (no reduce-scatter) and its gathered parameters "
                                    "(no reshard after backward) from the first backward to the step's last micro-batch")
+    split_backward_retains_graph: bool = Field(
+        default=False, description="torch.distributed.pipelining's split backward (ScheduleInterleavedZeroBubble): the "
+                                   "B pass retains each micro-batch's graph and weight-gradient inputs until its W "
+                                   "pass, which lags rank r's B pass by r micro-batches")
+    pp_recv_buffers_per_microbatch: bool = Field(
+        default=False, description="torch.distributed.pipelining's PipelineStage allocates an activation and a "
+                                   "gradient receive buffer per micro-batch, alive through the step")
     zero3_gather_unit: Literal["block", "module"] = Field(
         default="block", description="what ZeRO-3 gathers at once: a whole block (FSDP, Megatron-FSDP) or one "
                                      "sub-module (DeepSpeed ZeRO-3's per-module hooks)")
