@@ -248,7 +248,7 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links, *, ove
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's;
     `overlap` as module_table's."""
     row = rows_of(module_table(model, cand, links, overlap=overlap), cand.recompute)
-    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp_cp, cand.dp_replicate,
+    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp_cp, cand.dp_replicate, cand.num_microbatches > 1,
            (schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed))
     static = model.memo.get(key)
     if static is None:
@@ -265,28 +265,26 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO (HSDP: the
     dp*cp/dp_replicate ranks of a shard group, Candidate.zero_shard), routed experts over their dp*cp/ep
     expert-data-parallel ranks. PipeDream-2BW keeps a second weight version.
-    Under torch.distributed.pipelining with FSDP2 (options.fsdp_unsharded_through_pp_step, pp > 1, ZeRO-2/3) every
-    backward but the step's last runs with set_reshard_after_backward(False) and set_requires_gradient_sync(False)
-    (torch 2.13 torch/distributed/pipelining/stage.py lines 844-847, PipelineStage.backward_maybe_with_nosync), which
-    are set back only by perform_reduce_grad after every micro-batch's backward (lines 1164-1177): the rank holds its
-    stage's gathered parameters and unsharded gradients (FSDP2's param dtype, the recipe's gather bytes) beside the
-    sharded ones from the first backward to the end of the step.
+    FSDP2 with more than one micro-batch (options.fsdp_grads_unsharded_across_microbatches, ZeRO-2/3) reduce-scatters
+    only after the step's last micro-batch, so the rank holds its unsharded gradients (FSDP2's param dtype, the
+    recipe's gather bytes) beside the sharded ones: torch 2.13 torch/distributed/pipelining/stage.py lines 844-847
+    (set_requires_gradient_sync(False) for every backward, set back by perform_reduce_grad, lines 1164-1177) with
+    pp > 1, planner/executor/runtime.py _set_grad_sync (the executor's own micro-batch loop) with pp = 1. The gathered
+    parameters stage.py keeps (set_reshard_after_backward(False)) are not priced: the trace of the executor's step
+    shows no such term (benchmarks/results/executor_memory_vs_trace.txt).
     A stack whose ZeRO-3 gradient partition is 16-bit (options.zero3_grads_fp32 False) holds 2 bytes per
     parameter there; its optimizer step's fp32 copies are checked by evaluate (the step peak)."""
     recipe, zero = model.recipe, cand.zero_stage
     if zero >= 3 and not model.options.zero3_grads_fp32:  # the 16-bit gradient partition (DeepSpeed stage 3)
         recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, recipe.gather_bytes))
-    unsharded = model.options.fsdp_unsharded_through_pp_step and cand.pp > 1 and zero >= 2
-    shard_as = 3 if unsharded else zero  # FSDP2 keeps the sharded parameters (its optimizer's) beside the gathered ones
-    d = memory.static_split(dense, recipe, zero_stage=shard_as, dp=cand.zero_shard)
-    e = memory.static_split(expert, recipe, zero_stage=shard_as, dp=cand.expert_shard)
+    d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.zero_shard)
+    e = memory.static_split(expert, recipe, zero_stage=zero, dp=cand.expert_shard)
     weights, grads, optim = (d[i] + e[i] for i in range(3))
     if model.executor_recipe is not None and model.executor_recipe.autocast:
-        weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=shard_as, dp=cand.zero_shard,
+        weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.zero_shard,
                                                   expert_dp=cand.expert_shard, autocast_under_fsdp=not model.options.bf16_autocast)
-    if unsharded:  # pipelining_unsharded_bytes: gathered parameters and unsharded gradients held through the step
-        weights = weights + recipe.gather_bytes * (dense + expert)
-        grads = grads + recipe.gather_bytes * (dense + expert)
+    if model.options.fsdp_grads_unsharded_across_microbatches and zero >= 2 and cand.num_microbatches > 1:
+        grads = grads + recipe.gather_bytes * (dense + expert)  # FSDP2's unsharded gradients, reduced at the step's end
     versions = schedule_of(cand.schedule).weight_versions
     if versions > 1:
         weights = weights * versions

@@ -173,6 +173,7 @@ class _Fixed:
 
     inflight: np.ndarray  # per pipeline rank
     wgrad_held: np.ndarray  # per pipeline rank: micro-batches of weight-gradient inputs held (pipelining_memory)
+    loss_credit: np.ndarray  # per pipeline rank: pipelining_memory.loss_phase_credit
     other: np.ndarray  # per pipeline rank, stage_other_bytes
     pp_comm_s: float
     dp_dense: tuple[float, float]  # (slope per parameter, intercept) of the dense reduction time
@@ -215,6 +216,7 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
         inflight=model.inflight_per_rank(cand),
         wgrad_held=np.array([pipelining_memory.zb_weight_grad_held(cand.pp, r, cand.num_microbatches, cand.vpp)
                              if pipelining_memory.torch_split_backward(model, cand) else 0.0 for r in range(cand.pp)]),
+        loss_credit=pipelining_memory.loss_phase_credit(model, cand),
         other=model.other_per_rank(cand),
         pp_comm_s=pp_comm_s(model, cand),
         dp_dense=dp_dense, dp_expert=dp_expert, gather_dense=gather_dense, gather_expert=gather_expert,
@@ -379,7 +381,9 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     micro-batch, one replica, no ZeRO: planner.cost.autocast.allocated_peak); peak = allocated * (1 + fragmentation
     fraction) + fixed allowance (calibration.yaml). Reasons name the worst rank over capacity."""
     cal = model.mem_cal
-    acts = fixed.inflight * row["act"] + fixed.wgrad_held * row["wgrad"]  # the second: torch's split backward
+    acts = fixed.inflight * row["act"]
+    if fixed.wgrad_held.any():  # torch's split backward: weight-gradient inputs, the loss phase or the B pass's peak
+        acts = acts + fixed.wgrad_held * row["wgrad"] - np.minimum(fixed.loss_credit, row["wgrad"] / cand.vpp)
     static = row["weights"] + row["grads"] + row["optimizer"]
     other = fixed.other + _partial_full_working_bytes(model, cand, full) + compression.memory_bytes(model.recipe, cand, row, model.links(cand).dp)
     weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + other

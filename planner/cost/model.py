@@ -156,7 +156,7 @@ class CostModel:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it): pp and vpp through whether
         the stack's MoE overlap runs (arrays.moe_batch_overlap)."""
         sched = schedule_of(cand.schedule)
-        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.dp_replicate, cand.tp_overlap,
+        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.num_microbatches > 1, cand.dp_replicate, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, moe_batch_overlap(self, cand), cand.compression.has("fp8-dispatch"),
                 cand.axis_order,
                 (sched.weight_versions, sched.v_placed))

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import moe_comm
+from planner.cost import executor, moe_comm
+from planner.cost.arrays import layer_working_bytes
 from planner.cost.memory import p2p_activation_bytes
 from planner.schedules import schedule as schedule_of
 
@@ -111,3 +112,18 @@ def recv_buffer_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     for s in range(stages):
         counts[sched.stage_rank(s, pp=cand.pp)] += (s != 0) + (s != stages - 1)
     return counts * cand.num_microbatches * p2p_activation_bytes(model.spec, model.shape(cand))
+
+
+def loss_phase_credit(model: "CostModel", cand: "Candidate") -> np.ndarray:
+    """Per pipeline rank: what stage_other_bytes counts for the loss phase beyond a layer's backward phase, on the
+    loss rank (executor pricing only; else 0). The loss phase of a split-backward rank runs after a W pass, with one
+    micro-batch of weight-gradient inputs fewer than the peak after its B pass (module docstring): evaluate counts
+    the larger phase, not both (planner.cost.evaluate._memory)."""
+    credit = np.zeros(cand.pp)
+    recipe = model.executor_recipe_for(cand)
+    if recipe is None or not torch_split_backward(model, cand):
+        return credit
+    loss = executor.loss_transient_bytes(model.spec, model.shape(cand), recipe)
+    working = layer_working_bytes(model, cand, full_recompute=cand.recompute == "full")
+    credit[schedule_of(cand.schedule).loss_rank(pp=cand.pp, vpp=cand.vpp)] = max(0.0, loss - working)
+    return credit

@@ -42,7 +42,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
         moe_shared_overlap=o.moe_shared_expert_overlap, moe_overlap_needs=tuple(o.moe_all_to_all_needs),
         cp_flavours=tuple(profile.capabilities.context_parallel.flavours) or ("p2p",), softmax_in_place=k.softmax_backward_in_place,
         logits_live_in_backward=m.logits_live_in_backward,
-        fsdp_unsharded_through_pp_step=m.fsdp_unsharded_through_pp_step,
+        fsdp_grads_unsharded_across_microbatches=m.fsdp_grads_unsharded_across_microbatches,
         split_backward_retains_graph=m.split_backward_retains_graph,
         pp_recv_buffers_per_microbatch=m.pp_recv_buffers_per_microbatch, zero3_gather_unit=m.zero3_gather_unit,
         zero3_max_live_params=m.zero3_max_live_params, zero3_reduce_bucket_params=m.zero3_reduce_bucket_params,

@@ -253,10 +253,9 @@ class MemoryHabits(Schema):
                                                              "(else in the 16-bit training dtype)")
     logits_live_in_backward: bool = Field(default=False, description="the loop keeps the loss's fp32 logits alive "
                                           "through the layers' backward (a HuggingFace model's output object holds them)")
-    fsdp_unsharded_through_pp_step: bool = Field(
-        default=False, description="with pp > 1 and ZeRO-2/3 by FSDP2, torch.distributed.pipelining keeps every "
-                                   "stage's gradients unsharded (no reduce-scatter) and its gathered parameters "
-                                   "(no reshard after backward) from the first backward to the step's last micro-batch")
+    fsdp_grads_unsharded_across_microbatches: bool = Field(
+        default=False, description="ZeRO-2/3 by FSDP2 reduce-scatters only after the step's last micro-batch: the "
+                                   "rank holds its unsharded gradients through the step (more than one micro-batch)")
     split_backward_retains_graph: bool = Field(
         default=False, description="torch.distributed.pipelining's split backward (ScheduleInterleavedZeroBubble): the "
                                    "B pass retains each micro-batch's graph and weight-gradient inputs until its W "
