@@ -15,10 +15,7 @@ benchmarks/executor_memory_vs_trace.py.
 - Receive buffers (options.pp_recv_buffers_per_microbatch): PipelineStage allocates one activation receive buffer per
   micro-batch for every stage but the first (stage.py _setup_forward_recv_info, lines 2243-2275:
   _make_tensor_from_meta per chunk_id) and one gradient receive buffer per micro-batch for every stage but the last
-  (_setup_backward_recv_info lines 322-333, _create_grad_recv_info line 2314), all alive through the step. Priced for
-  the single-stage schedules (ScheduleGPipe, Schedule1F1B): the trace shows them there (Llama-3 8B pp 4 1F1B 32
-  micro-batches, middle ranks 1.19x the formula without them, 0.98x with), not under the multi-stage runtime schedules
-  (interleaved pp 4 vpp 2, 16 micro-batches: 0.97-1.03x without, 0.87x with; benchmarks/executor_memory_vs_trace.py).
+  (_setup_backward_recv_info lines 322-333, _create_grad_recv_info line 2314), all alive through the step.
 """
 
 from __future__ import annotations
@@ -108,9 +105,9 @@ def stage_weight_grad_bytes(model: "CostModel", cand: "Candidate", split: tuple[
 def recv_buffer_bytes(model: "CostModel", cand: "Candidate") -> np.ndarray:
     """Per pipeline rank: the receive buffers of every micro-batch (module docstring), an activation buffer for each
     local stage but the first, a gradient buffer for each but the last, s*b*h (/t with SP) each."""
-    sched, stages = schedule_of(cand.schedule), cand.pp * cand.vpp
-    if not model.options.pp_recv_buffers_per_microbatch or cand.pp <= 1 or sched.multi_stage:
+    if not model.options.pp_recv_buffers_per_microbatch or cand.pp <= 1:
         return np.zeros(cand.pp)
+    sched, stages = schedule_of(cand.schedule), cand.pp * cand.vpp
     counts = np.zeros(cand.pp)
     for s in range(stages):
         counts[sched.stage_rank(s, pp=cand.pp)] += (s != 0) + (s != stages - 1)
