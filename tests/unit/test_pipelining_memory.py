@@ -53,3 +53,21 @@ def test_held_counts_follow_torch_zb1p(pp, vpp, m):
         graph, inputs = _held(_rank_ops(pp, rank, m, vpp))
         assert pm.zb_inflight(pp, rank, m, vpp) * vpp == graph, (rank, graph)
         assert pm.zb_weight_grad_held(pp, rank, m, vpp) * vpp == inputs, (rank, inputs)
+
+
+def test_receive_buffers_per_microbatch():
+    """1F1B: rank 0 a gradient buffer per micro-batch, middle ranks both, the last an activation buffer (s*b*h bf16
+    each); interleaved: per local stage; none for a stack without the fact."""
+    from planner import api
+    from planner.cost.model import Candidate, CostModel
+
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=8, global_batch_size=64, seq_len=8192,
+                                framework="planner")
+    model = CostModel(request)
+    one = 8192 * 4096 * 2
+    cand = Candidate(dp=2, tp=1, pp=4, microbatch_size=1, num_microbatches=32, schedule="1f1b")
+    assert pm.recv_buffer_bytes(model, cand).tolist() == [32 * one, 64 * one, 64 * one, 32 * one]
+    looped = Candidate(dp=2, tp=1, pp=4, vpp=2, microbatch_size=1, num_microbatches=32, schedule="interleaved")
+    assert pm.recv_buffer_bytes(model, looped).tolist() == [96 * one, 128 * one, 128 * one, 96 * one]
+    megatron = CostModel(request.model_copy(update={"framework": "megatron-core"}))
+    assert not pm.recv_buffer_bytes(megatron, cand).any()
