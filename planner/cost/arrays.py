@@ -250,7 +250,7 @@ def layer_costs_with(model: "CostModel", cand: "Candidate", links: Links, *, ove
     """LayerCosts of `cand` under `links` (its own, or planner.cost.bounds.floor_links), equal to build_detail's;
     `overlap` as module_table's."""
     row = rows_of(module_table(model, cand, links, overlap=overlap), cand.recompute)
-    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp_cp, cand.dp_replicate,
+    key = ("static", cand.tp, cand.ep, cand.pp > 1, cand.zero_stage, cand.dp_cp, cand.dp_replicate, cand.num_microbatches > 1,
            (schedule_of(cand.schedule).weight_versions, schedule_of(cand.schedule).v_placed))
     static = model.memo.get(key)
     if static is None:
@@ -267,6 +267,13 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     """(weights, grads, optimizer) bytes per module: dense parameters shard over dp*cp ranks under ZeRO (HSDP: the
     dp*cp/dp_replicate ranks of a shard group, Candidate.zero_shard), routed experts over their dp*cp/ep
     expert-data-parallel ranks. PipeDream-2BW keeps a second weight version.
+    FSDP2 with more than one micro-batch (options.fsdp_grads_unsharded_across_microbatches, ZeRO-2/3) reduce-scatters
+    only after the step's last micro-batch, so the rank holds its unsharded gradients (FSDP2's param dtype, the
+    recipe's gather bytes) beside the sharded ones: torch 2.13 torch/distributed/pipelining/stage.py lines 844-847
+    (set_requires_gradient_sync(False) for every backward, set back by perform_reduce_grad, lines 1164-1177) with
+    pp > 1, planner/executor/runtime.py _set_grad_sync (the executor's own micro-batch loop) with pp = 1. The gathered
+    parameters stage.py keeps (set_reshard_after_backward(False)) are not priced: the trace of the executor's step
+    shows no such term (benchmarks/results/executor_memory_vs_trace.txt).
     A stack whose ZeRO-3 gradient partition is 16-bit (options.zero3_grads_fp32 False) holds 2 bytes per
     parameter there; its optimizer step's fp32 copies are checked by evaluate (the step peak)."""
     recipe, zero = model.recipe, cand.zero_stage
@@ -278,6 +285,8 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     if model.executor_recipe is not None and model.executor_recipe.autocast:
         weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.zero_shard,
                                                   expert_dp=cand.expert_shard, autocast_under_fsdp=not model.options.bf16_autocast)
+    if model.options.fsdp_grads_unsharded_across_microbatches and zero >= 2 and cand.num_microbatches > 1:
+        grads = grads + recipe.gather_bytes * (dense + expert)  # FSDP2's unsharded gradients, reduced at the step's end
     versions = schedule_of(cand.schedule).weight_versions
     if versions > 1:
         weights = weights * versions

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import autocast, comm, compression, contention, zero3_legacy
+from planner.cost import autocast, comm, compression, contention, pipelining_memory, zero3_legacy
 from planner.cost.arrays import ROWS, layer_working_bytes
 from planner.cost.compute import peak_tflops
 from planner.cost.executor import MASTER_STEP_CHUNK_ELEMENTS, MASTER_STEP_EXTRA_BYTES_TOUCHED, largest_parameter
@@ -172,6 +172,8 @@ class _Fixed:
     """What does not depend on the stage split: memoised per candidate."""
 
     inflight: np.ndarray  # per pipeline rank
+    wgrad_held: np.ndarray  # per pipeline rank: micro-batches of weight-gradient inputs held (pipelining_memory)
+    loss_credit: np.ndarray  # per pipeline rank: pipelining_memory.loss_phase_credit
     other: np.ndarray  # per pipeline rank, stage_other_bytes
     pp_comm_s: float
     dp_dense: tuple[float, float]  # (slope per parameter, intercept) of the dense reduction time
@@ -212,6 +214,9 @@ def _fixed(model: "CostModel", cand: "Candidate") -> _Fixed:
     dp_dense, dp_expert, gather_dense, gather_expert = dp_fits(model, cand)
     found = _Fixed(
         inflight=model.inflight_per_rank(cand),
+        wgrad_held=np.array([pipelining_memory.zb_weight_grad_held(cand.pp, r, cand.num_microbatches, cand.vpp)
+                             if pipelining_memory.torch_split_backward(model, cand) else 0.0 for r in range(cand.pp)]),
+        loss_credit=pipelining_memory.loss_phase_credit(model, cand),
         other=model.other_per_rank(cand),
         pp_comm_s=pp_comm_s(model, cand),
         dp_dense=dp_dense, dp_expert=dp_expert, gather_dense=gather_dense, gather_expert=gather_expert,
@@ -286,6 +291,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     pp, m = cand.pp, cand.num_microbatches
     ranks = schedule_of(cand.schedule).rank_sums(sums, pp=pp, vpp=cand.vpp)
     row = dict(zip(ROWS, ranks))
+    row["wgrad"] = pipelining_memory.stage_weight_grad_bytes(model, cand, split) if fixed.wgrad_held.any() else 0.0
     rank_time = row["fwd"] + row["bwd"] + row["rec"]
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])
@@ -376,6 +382,8 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     fraction) + fixed allowance (calibration.yaml). Reasons name the worst rank over capacity."""
     cal = model.mem_cal
     acts = fixed.inflight * row["act"]
+    if fixed.wgrad_held.any():  # torch's split backward: weight-gradient inputs, the loss phase or the B pass's peak
+        acts = acts + fixed.wgrad_held * row["wgrad"] - np.minimum(fixed.loss_credit, row["wgrad"] / cand.vpp)
     static = row["weights"] + row["grads"] + row["optimizer"]
     other = fixed.other + _partial_full_working_bytes(model, cand, full) + compression.memory_bytes(model.recipe, cand, row, model.links(cand).dp)
     weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + other

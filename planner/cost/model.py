@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.cost import layers as L
 from planner.cost.layer_terms import Links
-from planner.cost import compression, executor, memory
+from planner.cost import compression, executor, memory, pipelining_memory
 from planner.cost.arrays import build_detail, layer_costs_with, layer_working_bytes, moe_batch_overlap, zero3_working_bytes
 from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
                                       memory_calibration, step_overhead_s)
@@ -156,7 +156,7 @@ class CostModel:
         """The candidate fields a Detail depends on (its memo key; the bounds reuse it): pp and vpp through whether
         the stack's MoE overlap runs (arrays.moe_batch_overlap)."""
         sched = schedule_of(cand.schedule)
-        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.dp_replicate, cand.tp_overlap,
+        return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.num_microbatches > 1, cand.dp_replicate, cand.tp_overlap,
                 cand.microbatch_size, cand.recompute, moe_batch_overlap(self, cand), cand.compression.has("fp8-dispatch"),
                 cand.axis_order,
                 (sched.weight_versions, sched.v_placed))
@@ -198,9 +198,15 @@ class CostModel:
 
     def inflight_microbatches(self, cand: Candidate, stage: int) -> float:
         """Micro-batches whose activations pipeline rank `stage` holds at its peak (planner.schedules)."""
+        if pipelining_memory.torch_split_backward(self, cand):  # torch's split backward holds more (its module)
+            return pipelining_memory.zb_inflight(cand.pp, stage, cand.num_microbatches, cand.vpp)
         return schedule_of(cand.schedule).inflight_microbatches(pp=cand.pp, stage=stage, num_microbatches=cand.num_microbatches, vpp=cand.vpp)
 
     def stage_other_bytes(self, cand: Candidate, stage: int) -> int:
+        """_other_bytes plus the pipeline's receive buffers of every micro-batch (pipelining_memory)."""
+        return int(self._other_bytes(cand, stage) + pipelining_memory.recv_buffer_bytes(self, cand)[stage])
+
+    def _other_bytes(self, cand: Candidate, stage: int) -> int:
         """The larger of two phases that do not overlap: the loss's logits buffer on the last pipeline rank (fp32
         T*V/t, freed once the head's backward is done, unless options.logits_live_in_backward) and the transient
         bytes of a layer running its backward (its gradients in flight and, under full recompute, its recomputed
@@ -236,12 +242,14 @@ class CostModel:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
         key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp,
-               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap, schedule_of(cand.schedule).v_placed)
+               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap, schedule_of(cand.schedule).v_placed,
+               cand.vpp, cand.num_microbatches)
         found = self.memo.get(key)
         if found is None:
             last = schedule_of(cand.schedule).loss_rank(pp=cand.pp, vpp=cand.vpp)
-            found = np.full(cand.pp, float(self.stage_other_bytes(cand, (last + 1) % cand.pp)))
-            found[last] = float(self.stage_other_bytes(cand, last))
+            found = np.full(cand.pp, float(self._other_bytes(cand, (last + 1) % cand.pp)))
+            found[last] = float(self._other_bytes(cand, last))
+            found += pipelining_memory.recv_buffer_bytes(self, cand)
             found.setflags(write=False)
             self.memo[key] = found
         return found

@@ -253,6 +253,16 @@ class MemoryHabits(Schema):
                                                              "(else in the 16-bit training dtype)")
     logits_live_in_backward: bool = Field(default=False, description="the loop keeps the loss's fp32 logits alive "
                                           "through the layers' backward (a HuggingFace model's output object holds them)")
+    fsdp_grads_unsharded_across_microbatches: bool = Field(
+        default=False, description="ZeRO-2/3 by FSDP2 reduce-scatters only after the step's last micro-batch: the "
+                                   "rank holds its unsharded gradients through the step (more than one micro-batch)")
+    split_backward_retains_graph: bool = Field(
+        default=False, description="torch.distributed.pipelining's split backward (ScheduleInterleavedZeroBubble): the "
+                                   "B pass retains each micro-batch's graph and weight-gradient inputs until its W "
+                                   "pass, which lags rank r's B pass by r micro-batches")
+    pp_recv_buffers_per_microbatch: bool = Field(
+        default=False, description="torch.distributed.pipelining's PipelineStage allocates an activation and a "
+                                   "gradient receive buffer per micro-batch, alive through the step")
     zero3_gather_unit: Literal["block", "module"] = Field(
         default="block", description="what ZeRO-3 gathers at once: a whole block (FSDP, Megatron-FSDP) or one "
                                      "sub-module (DeepSpeed ZeRO-3's per-module hooks)")
