@@ -17,7 +17,8 @@ from planner import api
 from planner.cli import app
 from planner.io import canonical_json, load_file
 from planner.plan_verify import verify_plan
-from planner.schemas.plan import Configuration, LaunchPlan, Parallelism
+from planner.errors import BadInputError
+from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, TracedMemory
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = sorted([*ROOT.glob("examples/plans/*.json"), ROOT / "docs/plan.json", *ROOT.glob("tests/golden/*.json")])
@@ -110,3 +111,16 @@ def test_fresh_plans_are_honest_after_their_json_round_trip(tmp_path, model, top
     path = tmp_path / "plan.json"
     path.write_text(canonical_json(plan))
     verify_plan(load_file(LaunchPlan, path), source=str(path))
+
+
+def test_a_plan_verified_by_trace_re_derives():
+    """`planner plan` for the planner stack adds memory.traced (planner.memory_trace), which the cost model does not
+    derive: `planner run` re-derives the rest and runs it; `planner check` re-traces it. An edited traced peak
+    still has to agree with the plan's own claims only."""
+    plan = api.plan(api.build_request(model="tinyllama-1.1b", topology="dgx-h100", gpus=8, framework="planner"))
+    traced = TracedMemory(peak_bytes=plan.memory.peak_bytes, fits=True, note="traced")
+    stated = plan.model_copy(update={"memory": plan.memory.model_copy(update={"traced": traced})})
+    assert verify_plan(stated) is stated
+    lied = stated.model_copy(update={"memory": stated.memory.model_copy(update={"peak_bytes": stated.memory.peak_bytes + 2**30})})
+    with pytest.raises(BadInputError, match="memory"):
+        verify_plan(lied)
