@@ -22,10 +22,11 @@ import numpy as np
 from planner.cost import autocast, comm, compression, contention, pipelining_memory, zero3_legacy
 from planner.cost.arrays import ROWS, layer_working_bytes
 from planner.cost.compute import peak_tflops
-from planner.cost.executor import MASTER_STEP_CHUNK_ELEMENTS, MASTER_STEP_EXTRA_BYTES_TOUCHED, largest_parameter
+from planner.cost.executor import MASTER_STEP_EXTRA_BYTES_TOUCHED
 from planner.cost.executor import OPTIMIZER_BYTES_TOUCHED as EXECUTOR_OPTIMIZER_BYTES
-from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED, reduce_bucket_bytes
+from planner.cost.memory import OPTIMIZER_BYTES_TOUCHED
 from planner.cost.p2p import pp_comm_s
+from planner.cost.step_memory import foreach_temp_bytes, master_step, step_extra_bytes
 from planner.errors import BadInputError
 from planner.frameworks_split import balanced_split
 from planner.schedules import schedule as schedule_of
@@ -324,57 +325,6 @@ def _partial_full_working_bytes(model: "CostModel", cand: "Candidate", full: tup
     return layer_working_bytes(model, cand, full_recompute=True) - layer_working_bytes(model, cand, full_recompute=False)
 
 
-def _step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray | float:
-    """Bytes the optimizer step adds to the static ones when a ZeRO-3 stack keeps 16-bit gradient partitions:
-    their fp32 copies, options.zero3_step_fp32_grad_params at a time (DeepSpeed: two sub-groups), beside its
-    gradient bucket. 0 otherwise (the step then needs no more than the backward)."""
-    o = model.options
-    if model.executor_recipe is not None and o.adamw_impl == "foreach":
-        return _foreach_step_extra_bytes(cand, row)
-    if master_step(model):
-        return _master_step_extra_bytes(model, cand, row)
-    if cand.zero_stage < 3 or o.zero3_grads_fp32 or not o.zero3_step_fp32_grad_params:
-        return 0.0
-    local = row["dense"] / cand.zero_shard + row["expert"] / cand.expert_shard
-    return 4 * np.minimum(local, o.zero3_step_fp32_grad_params) + reduce_bucket_bytes(o.zero3_reduce_bucket_params)
-
-
-def master_step(model: "CostModel") -> bool:
-    """The executor's bf16/fp8 step over fp32 masters (planner/executor/precision.py MasterWeightOptimizer): the
-    recipe with bf16 parameters (behaviour.executor.bf16_recipe bf16-params)."""
-    return (model.executor_recipe is not None and not model.options.bf16_autocast
-            and model.request.precision in ("bf16", "fp8"))
-
-
-def _master_step_extra_bytes(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray:
-    """MasterWeightOptimizer.step's fp32 gradient copies (executor.MASTER_STEP_CHUNK_ELEMENTS): 4 bytes x
-    min(local elements, max(2**26, the largest local parameter)); the bf16 gradient of a converted parameter is
-    dropped (p.grad = None) but stays referenced by DDP's bucket views, so none of it is counted as freed. Local:
-    TP shards, FSDP2 (ZeRO-2/3) shards over dp x cp; ZeRO-1 steps whole parameters of its share."""
-    edp = cand.expert_shard
-    shard = (cand.zero_shard, edp) if cand.zero_stage >= 1 else (1, 1)
-    local = row["dense"] / shard[0] + row["expert"] / shard[1]
-    largest = largest_parameter(model.spec, ep=cand.ep) / cand.tp / (cand.zero_shard if cand.zero_stage >= 2 else 1)
-    return 4 * np.minimum(local, max(MASTER_STEP_CHUNK_ELEMENTS, largest))
-
-
-def _foreach_step_extra_bytes(cand: "Candidate", row: dict) -> np.ndarray:
-    """The executor's foreach AdamW step (torch/optim/adam.py _multi_tensor_adam): exp_avg_sq_sqrt =
-    torch._foreach_sqrt(exp_avg_sqs) is an fp32 copy of v for every parameter the optimizer steps, alive until the
-    final addcdiv_; the autocast bf16 copies counted among the weights are gone by then (freed with the backward)."""
-    edp = cand.expert_shard
-    held = (cand.zero_shard, edp) if cand.zero_stage >= 3 else (1, 1)
-    fp32_weights = 4 * (row["dense"] / held[0] + row["expert"] / held[1])
-    return _foreach_temp_bytes(cand, row) - np.maximum(0.0, row["weights"] - fp32_weights)
-
-
-def _foreach_temp_bytes(cand: "Candidate", row: dict) -> np.ndarray:
-    """foreach AdamW's fp32 sqrt(v): 4 bytes per parameter the optimizer steps on this rank."""
-    edp = cand.expert_shard
-    shard = (cand.zero_shard, edp) if cand.zero_stage >= 1 else (1, 1)
-    return 4 * (row["dense"] / shard[0] + row["expert"] / shard[1])
-
-
 def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
             full: tuple[int, ...] = ()) -> tuple[np.ndarray, tuple[str, ...]]:
     """Per pipeline rank (MEMORY_ROWS x pp): allocated = static + inflight * activations + other (amp-bf16 with one
@@ -388,7 +338,7 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
     other = fixed.other + _partial_full_working_bytes(model, cand, full) + compression.memory_bytes(model.recipe, cand, row, model.links(cand).dp)
     weights, grads, optimizer, allocated = row["weights"], row["grads"], row["optimizer"], static + acts + other
     saved = acts
-    step_peak = static + _step_extra_bytes(model, cand, row)
+    step_peak = static + step_extra_bytes(model, cand, row)
     if (step_peak > allocated).any():  # the optimizer step, activations freed, outgrows the backward
         acts = np.where(step_peak > allocated, 0.0, acts)
         allocated = np.maximum(allocated, step_peak)
@@ -398,7 +348,7 @@ def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",
             dp=cand.dp, cp=cand.cp, zero_stage=cand.zero_stage, num_microbatches=cand.num_microbatches):
         foreach = executor_recipe is not None and model.options.adamw_impl == "foreach"
         weights, grads, optimizer, acts, allocated = autocast.peak_rows(
-            weights, grads, optimizer, saved, other, step_extra=_foreach_temp_bytes(cand, row) if foreach else 0.0)
+            weights, grads, optimizer, saved, other, step_extra=foreach_temp_bytes(cand, row) if foreach else 0.0)
         static = weights + grads + optimizer
     peak = allocated * (1 + cal.fragmentation_fraction) + cal.fragmentation_fixed_bytes
     table = np.vstack([weights, grads, optimizer, acts, peak - static - acts, peak])

@@ -51,15 +51,15 @@ def test_bf16_step_moves_40_bytes_per_parameter_against_fused_adamw_s_28():
 
 def test_bf16_step_transient_is_one_chunk_of_fp32_gradients():
     """4 bytes x min(local elements, max(2**26, largest local parameter)); FSDP2 shards the largest parameter."""
-    from planner.cost.evaluate import _step_extra_bytes
+    from planner.cost.step_memory import step_extra_bytes
 
     request, model = _model("bf16")
     row = {"dense": np.array([1.1e9]), "expert": np.array([0.0])}
     chunk = max(2**26, executor.largest_parameter(model.spec))
-    assert _step_extra_bytes(model, _cand(request), row)[0] == 4 * chunk
-    assert _step_extra_bytes(model, _cand(request, zero=3), row)[0] == 4 * min(1.1e9 / 8, 2**26)
+    assert step_extra_bytes(model, _cand(request), row)[0] == 4 * chunk
+    assert step_extra_bytes(model, _cand(request, zero=3), row)[0] == 4 * min(1.1e9 / 8, 2**26)
     amp_request, amp = _model("amp-bf16")
-    assert np.all(np.asarray(_step_extra_bytes(amp, _cand(amp_request), row)) == 0)  # fused AdamW: no temporaries
+    assert np.all(np.asarray(step_extra_bytes(amp, _cand(amp_request), row)) == 0)  # fused AdamW: no temporaries
 
 
 def test_amp_bf16_under_fsdp2_holds_whole_autocast_copies_now():
