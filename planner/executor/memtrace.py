@@ -244,7 +244,7 @@ def traced_plan(plan: LaunchPlan, microbatches: int = 2) -> LaunchPlan:
 def distinct_ranks(plan: LaunchPlan) -> list[int]:
     """One rank per pipeline coordinate, at coordinate 0 of dp, cp and tp: the other ranks of a pipeline stage hold the
     same shapes (FSDP2 and DTensor give coordinate 0 the largest shard of an uneven split: torch.chunk)."""
-    from planner.executor.runtime import rank_coords
+    from planner.executor.mesh import rank_coords
 
     par = plan.parallelism
     chosen = {}
@@ -267,6 +267,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from planner.executor import runtime
+    from planner.executor.mesh import rank_coords
     from planner.launch_spec.options import RunOptions
 
     if dist.is_initialized():
@@ -289,7 +290,7 @@ def trace_rank(plan: LaunchPlan, rank: int, *, target: str = "cuda", fake: bool 
     finally:
         dist.destroy_process_group()
     workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
-    return RankTrace(rank=rank, coords=runtime.rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
+    return RankTrace(rank=rank, coords=rank_coords(plan, rank), peak_bytes=counter.peak + workspace,
                      parts={**parts, "other": parts["other"] + workspace}, workspace_bytes=workspace,
                      microbatches=run_plan.batch.num_microbatches,
                      phases={phase: {**each, "other": each["other"] + workspace} for phase, each in phases.items()})

@@ -149,7 +149,7 @@ def design(plan: LaunchPlan) -> list[Point]:
 def extend(plan: LaunchPlan, rank: int, traces: dict[Point, RankTrace]) -> RankTrace:
     """`rank`'s trace at its real depth and micro-batch count from its shallow traces (module docstring)."""
     from planner.executor.pipeline import local_stages
-    from planner.executor.runtime import rank_coords
+    from planner.executor.mesh import rank_coords
 
     coords = rank_coords(plan, rank)
     mine = local_stages(plan, coords["pp"]) if plan.parallelism.pp > 1 else sorted(plan.stages, key=lambda s: s.stage)[:1]

@@ -104,7 +104,7 @@ def test_latest_step_ignores_uncommitted_folders(tmp_path):
 
 def test_rank_coords_follow_the_plan_map_and_axis_order():
     pytest.importorskip("torch")
-    from planner.executor.runtime import rank_coords
+    from planner.executor.mesh import rank_coords
 
     plan = make_plan(dp=2, tp=2, pp=2, axis_order=("pp", "tp", "cp", "dp"))
     assert rank_coords(plan, 1) == {"pp": 0, "tp": 0, "cp": 0, "dp": 1}
