@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from planner.cost.arrays import cp_flavour, moe_dispatcher
+from planner.cost.arrays import priced_choices
 from planner.cost.evaluate import Evaluation
 from planner.cost.model import Candidate, CostModel
 from planner.schedules import schedule as schedule_of
@@ -104,10 +104,10 @@ def build_launch_plan(
         for v, names in enumerate(modules)
     )
     sizes = cand.layout_sizes()
+    dispatcher, flavour = priced_choices(model, cand)
     return LaunchPlan(
         kind=kind, request=request, batch=batch_of(request, cand),
-        parallelism=parallelism_of(cand).model_copy(update={"moe_dispatcher": moe_dispatcher(model, cand),
-                                                            "cp_comm_type": cp_flavour(model, cand)}),
+        parallelism=parallelism_of(cand).model_copy(update={"moe_dispatcher": dispatcher, "cp_comm_type": flavour}),
         schedule=cand.schedule, stages=stages, ranks=tuple(rank_map(request.topology, sizes, tuple(cand.axis_order))),
         process_groups=process_groups(model, cand), prediction=prediction_of(evaluation, model.cal.error_band),
         memory=MemoryReport(peak_bytes=evaluation.peak_bytes, capacity_bytes=evaluation.capacity_bytes,

@@ -89,23 +89,19 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bo
     return kinds
 
 
-def moe_dispatcher(model: "CostModel", cand: "Candidate") -> str | None:
-    """The token dispatcher the candidate's MoE layers are priced with (planner.cost.moe_comm.choose: Megatron-Core's
-    name, alltoall / flex / allgather), which the plan carries for its exports; None without MoE layers or with ep 1."""
-    if cand.ep <= 1 or not model.moe_mask.any():
-        return None
+def priced_choices(model: "CostModel", cand: "Candidate") -> tuple[str | None, str | None]:
+    """(MoE token dispatcher, context-parallel flavour) the candidate's layers are priced with, which the plan
+    carries for its exports: the dispatcher of planner.cost.moe_comm.choose (Megatron-Core's name, alltoall / flex /
+    allgather; None without MoE layers or with ep 1), shared by the MoE layers of every mixer (attention, Gated
+    DeltaNet, Mamba); the flavour of planner.cost.context_parallel.choose (the profile's spelling; None with cp 1)."""
+    has_moe = cand.ep > 1 and bool(model.moe_mask.any())
+    if not has_moe and cand.cp <= 1:
+        return None, None
     kinds = _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))
-    # the MoE layers of any mixer (attention, Gated DeltaNet, Mamba) share the dispatcher choice: the first priced
-    return next(cost.moe_dispatcher for name, cost in kinds.items() if name.endswith("moe_decoder"))
-
-
-def cp_flavour(model: "CostModel", cand: "Candidate") -> str | None:
-    """The context-parallel flavour the candidate's decoder layers are priced with (planner.cost.context_parallel
-    .choose, the profile's spelling), which the plan carries for its exports; None with cp 1."""
-    if cand.cp <= 1:
-        return None
-    kinds = _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))
-    return next((cost.cp_flavour for name, cost in kinds.items() if name.endswith("decoder") and cost.cp_flavour), None)
+    dispatcher = next(cost.moe_dispatcher for name, cost in kinds.items() if name.endswith("moe_decoder")) if has_moe else None
+    flavour = next((cost.cp_flavour for name, cost in kinds.items() if name.endswith("decoder") and cost.cp_flavour),
+                   None) if cand.cp > 1 else None
+    return dispatcher, flavour
 
 
 def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None, *,
