@@ -253,6 +253,10 @@ def with_extras(result: dict, path: Path) -> dict:
         if field in P.READING_RULES:  # a conversion rule switched off
             table.append((label, {"reading rule": {}}, V.headline(run_all(path, off=(field,), baselines=False)["rows"])))
             continue
+        if field == V.RING_LATENCY:  # the NCCL collective formula every stack shares
+            with V.ring_latency_per_node():
+                table.append((label, {"every stack": {}}, V.headline(run_all(path, baselines=False)["rows"])))
+            continue
         overrides = V.ablation_overrides(field, value)
         other = run_all(path, overrides=overrides, baselines=False) if overrides else result
         table.append((label, overrides, V.headline(other["rows"])))

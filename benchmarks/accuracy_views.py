@@ -13,18 +13,45 @@ measured) the configuration the model ranks first is than the measured best.
 
 Ablations: a mechanism is a CostOptions field a stack's profile sets (planner.cost.stack.options_for); switching it
 off replaces the profile's value by the generic reading (CostOptions' default) for every run of every stack that
-sets it, through accuracy.build_case(overrides=...), the same code path as the shipped model.
+sets it, through accuracy.build_case(overrides=...), the same code path as the shipped model. A mechanism every
+stack shares (an NCCL collective's cost) has no profile value: its row sets the field for every stack, or, for the
+collective formula itself, swaps it for the earlier one while the runs are evaluated (ring_latency_per_node).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
 from collections import defaultdict
 
+from planner.cost import comm
 from planner.cost.stack import options_for
 from planner.cost.types import CostOptions
+
+RING_LATENCY = "ring_latency_per_node"  # not a CostOptions field: the collective formula itself (ring_latency_per_node)
+
+
+@contextlib.contextmanager
+def ring_latency_per_node():
+    """The ablation of comm.half_ring_latency_s: an all-gather or reduce-scatter across nodes charged the latency
+    count in use before NCCL's (ranks_per_node-1 NVLink steps and nodes-1 network steps, as if hierarchical), for
+    every stack; restored on exit."""
+    original = comm.half_ring_latency_s
+
+    def per_node(group, collective: str = "all_gather") -> float:
+        if group.size <= 1 or not group.spans_nodes:
+            return original(group, collective)
+        _, latency = group.intra(collective)
+        return (group.ranks_per_node - 1) * latency + (group.num_nodes - 1) * group.inter_latency_s
+
+    comm.half_ring_latency_s = per_node
+    try:
+        yield
+    finally:
+        comm.half_ring_latency_s = original
+
 
 STACKS = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "pytorch-fsdp", "hai-llm")
 LEGACY = {"deepspeed": ("legacy/deepspeed-2021",)}  # profiles a stack's older sources run (published_runs.profile_of)
@@ -57,6 +84,10 @@ ABLATIONS = (
     ("context-parallel flavour not stated read as the stack's default (reading rule)", "cp_flavour_unstated_is_default", None),
     ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
     ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
+    ("ZeRO-3 collectives layer by layer, each with its latency (FSDP2 / DeepSpeed per-module fetch)",
+     "zero3_layer_collectives", False),
+    ("fp8 casts of linear inputs and output gradients (Transformer Engine cast-transpose)", "fp8_casts", False),
+    ("all-gather / reduce-scatter latency per rank of the ring (NCCL tuning.cc), not per node", RING_LATENCY, None),
 )
 
 

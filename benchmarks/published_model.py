@@ -25,14 +25,34 @@ def activation_of(text: str | None) -> str:
 
 
 def _moe_spec(moe: dict) -> MoESpec:
-    """The run's MoE block, whatever spelling of the usual fields it uses."""
+    """The run's MoE block, whatever spelling of the usual fields it uses: experts, top-k, expert width, shared
+    experts (and their own width where stated), leading dense layers, MoE every n-th layer, the capacity factor
+    (unsaid or 0: dropless), and node- or group-limited routing (DeepSeek-V3 Sec. 2.1.2: each token reaches at most
+    M nodes; HF n_group / topk_group)."""
     def pick(*keys, default=None):
         return next((moe[k] for k in keys if moe.get(k) is not None), default)
 
-    return MoESpec(num_experts=pick("num_routed_experts", "num_experts", "experts"), top_k=pick("top_k", "topk", default=2),
-                   expert_ffn_hidden_size=pick("expert_ffn_hidden", "expert_ffn_hidden_size", "ffn_hidden"),
-                   num_shared_experts=pick("shared_experts", "num_shared_experts", default=0),
-                   first_k_dense=pick("dense_layers_first", "first_k_dense", default=0))
+    experts = pick("num_routed_experts", "num_experts", "experts")
+    fields = dict(num_experts=experts, top_k=pick("top_k", "topk", "experts_per_token", default=2),
+                  expert_ffn_hidden_size=pick("expert_ffn_hidden", "expert_ffn_hidden_size", "ffn_hidden"),
+                  num_shared_experts=pick("shared_experts", "num_shared_experts", default=0),
+                  first_k_dense=pick("dense_layers_first", "first_k_dense", default=0))
+    shared_ffn = pick("shared_expert_ffn_hidden", "shared_ffn_hidden", "shared_expert_intermediate_size")
+    if shared_ffn:
+        fields["shared_expert_ffn_hidden_size"] = int(shared_ffn)
+        fields["num_shared_experts"] = fields["num_shared_experts"] or 1
+    every = pick("moe_every", "moe_layer_freq", "moe_layer_interval", "expert_interval")
+    if isinstance(every, int) and every > 1:
+        fields["moe_every"] = every
+    capacity = pick("capacity_factor", "moe_capacity_factor", "expert_capacity_factor")
+    if isinstance(capacity, (int, float)) and capacity > 0:
+        fields["capacity_factor"] = float(capacity)
+    groups, group_topk = pick("num_groups", "n_group"), pick("group_topk", "topk_group", "node_limited_routing_max_nodes")
+    if group_topk and not groups and moe.get("node_limited_routing_max_nodes"):
+        groups = pick("num_nodes_spanned", "ep_nodes")  # M nodes of how many: only where the source says
+    if groups and group_topk and int(group_topk) < int(groups) and experts and experts % int(groups) == 0:
+        fields.update(num_groups=int(groups), group_topk=int(group_topk))
+    return MoESpec(**fields)
 
 
 def model_spec(run: dict) -> ModelSpec:

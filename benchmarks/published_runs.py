@@ -4,7 +4,9 @@ evaluates: the model, the cluster, the software stack, the published settings, a
 No table of per-run settings. What a source leaves unsaid is resolved by stated rules, the same for every run:
 - architecture: an unsaid activation is GeLU with ffn = 4h (the GPT-3 convention); an unsaid vocabulary is 51200
   (GPT-2 BPE padded to a multiple of 1024, as GPT-3-style Megatron models); gated activations imply RMSNorm and
-  RoPE (Llama convention), others LayerNorm and the run's `position` (else learned);
+  RoPE (Llama convention), others LayerNorm and the run's `position` (else learned); an MoE block's fields under
+  their usual spellings (published_model._moe_spec): an unsaid or zero capacity factor is dropless, an unsaid
+  MoE frequency every layer, group-limited routing only where both the groups and the groups per token are given;
 - cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800) scaled to the run's GPUs, with the
   published NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of

@@ -90,7 +90,7 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
                  moe_hierarchical=model.options.moe_hierarchical,
                  moe_dispatch_fp8=cand.compression.has("fp8-dispatch"),
                  moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
-                 cp_flavours=model.options.cp_flavours)
+                 cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts)
 
 
 def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:
@@ -267,7 +267,8 @@ def _dp_terms(model: "CostModel", cand: "Candidate", dp: GroupLink, expert_dp: G
               replicate: GroupLink | None = None) -> _DpTerms:
     links = T.Links(tp=dp, cp=dp, ep=dp, dp=dp, expert_dp=expert_dp, pp=dp, dp_replicate=replicate)  # what dp_comm_s reads
     m = cand.num_microbatches if cand.zero_stage >= 2 else 0  # ZeRO-0/1 reduce once per step
-    key = ("dp_terms", cand.zero_stage, m, dp, expert_dp) + ((replicate,) if replicate is not None else ())
+    units = cand.pp if cand.zero_stage >= 3 else 0  # ZeRO-3 pays a latency per sharded layer (dp_comm_s)
+    key = ("dp_terms", cand.zero_stage, m, units, dp, expert_dp) + ((replicate,) if replicate is not None else ())
     return _memo(model, key, lambda: _DpTerms(*dp_fits(model, cand, links)))
 
 

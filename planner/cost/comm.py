@@ -54,10 +54,30 @@ def _half_ring_s(num_bytes: float, group: GroupLink, collective: str) -> float:
     bandwidth, latency = group.intra(collective)
     if not group.spans_nodes:
         return _ring_s(num_bytes, group.size, bandwidth, latency, factor=1)
+    if num_bytes <= 0:
+        return 0.0
     rpn, nodes = group.ranks_per_node, group.num_nodes
-    intra = _ring_s(num_bytes, rpn, bandwidth, latency, factor=1)
-    inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, group.inter_latency_s, factor=1)
-    return intra + inter
+    intra = _ring_s(num_bytes, rpn, bandwidth, 0.0, factor=1)
+    inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, 0.0, factor=1)
+    return intra + inter + half_ring_latency_s(group, collective)
+
+
+def half_ring_latency_s(group: GroupLink, collective: str = "all_gather") -> float:
+    """The fixed part of one all-gather or reduce-scatter: NCCL runs both as a ring over every rank of the group
+    (the only algorithm it has for them, NCCL 2.x before PAT; a ring crosses a node boundary nodes-1 times), so
+    one collective takes n-1 steps, nodes-1 of them over the network and the other n-nodes over NVLink
+    (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel: nsteps = nRanks-1, nInterSteps = nNodes-1, latency
+    (nsteps-nInterSteps)*intraLat + nInterSteps*interLat). The bandwidth part is unchanged by this: each channel's
+    ring crosses its own NIC, which is the hierarchical bus bandwidth above. A network step costs at least an
+    NVLink step (NCCL's hwLat table: NET above NVLINK), so the latency grows with the nodes a group spans at a fixed
+    size, what the search's placement floor (planner.cost.bounds) relies on."""
+    if group.size <= 1:
+        return 0.0
+    _, latency = group.intra(collective)
+    if not group.spans_nodes:
+        return (group.size - 1) * latency
+    nodes = group.num_nodes
+    return (group.size - nodes) * latency + (nodes - 1) * max(group.inter_latency_s, latency)
 
 
 def flat_ring_s(num_bytes: float, *, group: GroupLink) -> float:
@@ -81,12 +101,15 @@ def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
     return max(intra, inter) + (n - 1) * (group.inter_latency_s if group.spans_nodes else latency)
 
 
-def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink) -> float:
+def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink, max_nodes: int | None = None) -> float:
     """MoE dispatch (or combine) that crosses the NICs once per destination node and fans out over NVLink there
     (DeepSeek-V3 report Sec. 3.2.2 and DeepEP; Megatron-Core's flex dispatcher). `num_bytes` = tokens * top_k * h
     * 2 sent by this rank. With N nodes in the group and top_k experts picked uniformly, a token reaches
     N * (1 - (1 - 1/N)^top_k) distinct nodes, (N - 1)/N of them remote: that many copies cross the NICs instead of
-    top_k * (n - rpn)/n. The NVLink side moves the on-node share as in all_to_all_s; the slower side bounds."""
+    top_k * (n - rpn)/n. Where routing is limited to `max_nodes` nodes (DeepSeek-V3's node-limited routing,
+    report Sec. 2.1.2: group-limited top-k whose groups are whole nodes, moe_comm.routed_node_limit), the top_k
+    experts fall on those M nodes: M * (1 - (1 - 1/M)^top_k) distinct nodes, each the token's own node with chance
+    1/N. The NVLink side moves the on-node share as in all_to_all_s; the slower side bounds."""
     n, rpn, nodes = group.size, group.ranks_per_node, group.num_nodes
     if n <= 1 or num_bytes <= 0:
         return 0.0
@@ -94,7 +117,11 @@ def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink)
         return all_to_all_s(num_bytes, group=group)
     bandwidth, _ = group.intra("all_to_all")
     per_copy = num_bytes / top_k
-    remote_nodes = nodes * (1 - (1 - 1 / nodes) ** top_k) * (nodes - 1) / nodes
+    if max_nodes is not None and max_nodes < nodes:
+        reached = max_nodes * (1 - (1 - 1 / max_nodes) ** top_k)
+        remote_nodes = reached * (1 - 1 / nodes)  # a reached node is the token's own with chance 1/N
+    else:
+        remote_nodes = nodes * (1 - (1 - 1 / nodes) ** top_k) * (nodes - 1) / nodes
     intra = (rpn - 1) / n * num_bytes / _bytes_per_s(bandwidth)
     inter = remote_nodes * per_copy / _bytes_per_s(group.inter_bandwidth_GBps)
     return max(intra, inter) + (nodes - 1) * group.inter_latency_s + (rpn - 1) * group.intra_latency_s

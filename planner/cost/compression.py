@@ -164,12 +164,14 @@ def zero3_gathers(options: CostOptions, cand: Candidate) -> int:
 
 
 def zero3_microbatch_s(options: CostOptions, cand: Candidate, params: float, grads: float, weights: float,
-                       link: GroupLink) -> float:
+                       link: GroupLink, units: int = 1) -> float:
     """One micro-batch's ZeRO-3 collectives for `params` parameters (`grads`, `weights`: their bytes on the wire):
     the gathers (hpZ: only the forward one spans the dp group, the others gather the node-local secondary
     partition) and the gradient reduce-scatter (qgZ: the int4 hierarchical all-to-all above). Hierarchical, or flat
     rings per rank where the stack runs them so (options.zero3_hierarchical); a stack that gathers tensor by tensor
-    synchronously (options.zero3_sync_per_tensor, DeepSpeed 2021) pays its gathers in planner.cost.zero3_legacy."""
+    synchronously (options.zero3_sync_per_tensor, DeepSpeed 2021) pays its gathers in planner.cost.zero3_legacy.
+    `units`: the sharded modules the rank's weights are gathered in, each its own collective with its own fixed
+    latency (zero3_unit_latency_s)."""
     comp, gathers = cand.compression, zero3_gathers(options, cand)
     ring = comm.all_gather_s if options.zero3_hierarchical else comm.flat_ring_s
     local = gathers - 1 if comp.has("hpz") else 0
@@ -186,4 +188,22 @@ def zero3_microbatch_s(options: CostOptions, cand: Candidate, params: float, gra
         reduce_s = comm.reduce_scatter_s(grads, group=link)
     else:
         reduce_s = comm.flat_ring_s(grads, group=link)
-    return gather_s + reduce_s
+    return gather_s + reduce_s + (units - 1) * zero3_unit_latency_s(options, cand, link)
+
+
+def zero3_unit_latency_s(options: CostOptions, cand: Candidate, link: GroupLink) -> float:
+    """The fixed latency one more sharded module adds to a micro-batch: its own all-gathers and gradient
+    reduce-scatter (comm.half_ring_latency_s each). ZeRO-3 stacks gather module by module: FSDP2 issues one
+    all-gather and one reduce-scatter per fully_shard group and pass (torch/distributed/fsdp/_fully_shard/
+    _fsdp_param_group.py: unshard -> foreach_all_gather, post_backward -> foreach_reduce), torchtitan applies
+    fully_shard to every transformer block (models/llama3/infra/parallelize.py, apply_fsdp), llm-foundry wraps
+    every block (its fsdp_wrap_fn), DeepSpeed fetches per sub-module (PartitionedParameterCoordinator.
+    fetch_sub_module), at least one per block. So the count taken is the rank's decoder layers."""
+    comp, gathers = cand.compression, zero3_gathers(options, cand)
+    local = gathers - 1 if comp.has("hpz") else 0
+    latency = 0.0 if options.zero3_sync_per_tensor else (gathers - local) * comm.half_ring_latency_s(link)
+    if local and not options.zero3_sync_per_tensor:
+        latency += local * comm.half_ring_latency_s(node_local(link, hpz_ranks(comp, link)))
+    if not comp.has("qgz"):
+        latency += comm.half_ring_latency_s(link, "reduce_scatter")
+    return latency

@@ -113,6 +113,31 @@ class Gemm:
     attended_fraction: float = 1.0  # attention core: share of full causal work a windowed/chunked model does
     backward_factor: float = 2.0  # backward / forward FLOPs (grad of input and of weight); more where the backward
     # recomputes part of the forward (the chunked delta rule: planner.cost.mixers)
+    io_elements: tuple[float, float] = (0.0, 0.0)  # (input, output) elements of a linear layer's matmul on this GPU:
+    # what an fp8 recipe casts (fp8_cast_bytes); 0 where the stack keeps the matmul in 16 bits (router, LM head)
+
+
+def _linear(name: str, tokens: float, k: float, n: float, **kwargs) -> Gemm:
+    """A linear layer's forward matmul: `tokens` rows, `k` input and `n` output features on this GPU."""
+    return Gemm(name, 2 * tokens * k * n, io_elements=(tokens * k, tokens * n), **kwargs)
+
+
+FP8_CAST_BYTES_PER_ELEMENT = 4
+"""HBM bytes an fp8 recipe moves per element it casts: read the 16-bit tensor (2), write it in fp8 (1) and its fp8
+transpose (1), one fused kernel. Transformer Engine's Linear does this to each matmul's input in forward
+(transformer_engine/pytorch/module/linear.py, _Linear.forward: `fp8_cast_transpose_fused(inputmat, ...)`, the
+transpose kept for the weight-gradient GEMM) and to each output gradient in backward
+(TransformerEngineBaseModule.grad_output_preprocess: fp8 cast-transpose of grad_output); torchao's float8 linear
+(torchtitan) casts the same tensors with a separate amax read, so at least these bytes. The weights are cast once
+per step (is_first_microbatch), not priced."""
+
+
+def fp8_cast_bytes(gemms: list[Gemm]) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the fp8 casts of these matmuls: their inputs in forward, their output
+    gradients in backward (FP8_CAST_BYTES_PER_ELEMENT each)."""
+    inputs = sum(g.io_elements[0] for g in gemms)
+    outputs = sum(g.io_elements[1] for g in gemms)
+    return FP8_CAST_BYTES_PER_ELEMENT * inputs, FP8_CAST_BYTES_PER_ELEMENT * outputs
 
 
 def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
@@ -124,20 +149,20 @@ def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> lis
     if spec.mla is None:
         d, kv = spec.dim_per_head, spec.kv_heads
         q_out = 2 * a if spec.attention_output_gate else a  # Qwen3-Next: q_proj also emits the output gate
-        proj = [Gemm("qkv", 2 * tokens * h * (q_out + 2 * kv) * d / t), Gemm("attn_out", 2 * tokens * a * d * h / t)]
+        proj = [_linear("qkv", tokens, h, (q_out + 2 * kv) * d / t), _linear("attn_out", tokens, a * d / t, h)]
         qk_dim, v_dim = d, d
     else:
         mla = spec.mla
         qk_dim, v_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim
         proj = [
-            Gemm("kv_down", 2 * tokens * h * (mla.kv_lora_rank + mla.qk_rope_head_dim)),
-            Gemm("kv_up", 2 * tokens * mla.kv_lora_rank * a * (mla.qk_nope_head_dim + v_dim) / t),
-            Gemm("attn_out", 2 * tokens * a * v_dim * h / t),
+            _linear("kv_down", tokens, h, mla.kv_lora_rank + mla.qk_rope_head_dim),
+            _linear("kv_up", tokens, mla.kv_lora_rank, a * (mla.qk_nope_head_dim + v_dim) / t),
+            _linear("attn_out", tokens, a * v_dim / t, h),
         ]
         if mla.q_lora_rank is None:
-            proj.append(Gemm("q", 2 * tokens * h * a * qk_dim / t))
+            proj.append(_linear("q", tokens, h, a * qk_dim / t))
         else:
-            proj += [Gemm("q_down", 2 * tokens * h * mla.q_lora_rank), Gemm("q_up", 2 * tokens * mla.q_lora_rank * a * qk_dim / t)]
+            proj += [_linear("q_down", tokens, h, mla.q_lora_rank), _linear("q_up", tokens, mla.q_lora_rank, a * qk_dim / t)]
     share = spec.attention_fraction(s)
     return proj + [
         Gemm("attn_scores", 2 * core * qk_dim, attention_core=True, block_seq=s / cp, attended_fraction=share),
@@ -150,23 +175,30 @@ def ffn_flops(spec: ModelSpec, tokens: float, width: int) -> float:
     return 2 * tokens * spec.hidden_size * width * (3 if spec.gated else 2)
 
 
+def _ffn(name: str, spec: ModelSpec, tokens: float, width: float, t: int, calls: int) -> Gemm:
+    """An FFN's two linear layers as one entry: fc1 (h -> width/t, doubled when gated) and fc2 (width/t -> h)."""
+    h, up = spec.hidden_size, (2 if spec.gated else 1) * width / t
+    return Gemm(name, ffn_flops(spec, tokens, width) / t, calls=calls,
+                io_elements=(tokens * (h + width / t), tokens * (up + h)))
+
+
 def mlp_gemms(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None, full: bool = False, hardware: bool = True) -> list[Gemm]:
     """FFN matmuls, forward, per GPU. MoE: router (replicated over tp), routed experts (each GPU computes its
     share of tokens * top_k, padded to capacity_factor when `hardware`), shared experts."""
     t = 1 if full else shape.tp
     tokens = shape.microbatch_size * shape.seq_len / (1 if full else shape.cp)
     if moe is None:
-        return [Gemm("mlp", ffn_flops(spec, tokens, spec.ffn_hidden_size) / t, calls=2)]
+        return [_ffn("mlp", spec, tokens, spec.ffn_hidden_size, t, calls=2)]
     cfg = spec.moe
     assert cfg is not None
     padding = moe_comm.load_factor(cfg) if hardware else 1.0  # the slowest EP rank's load
     local_experts = max(1, cfg.num_experts // (1 if full else shape.ep))
     gemms = [
         Gemm("router", 2 * tokens * spec.hidden_size * (cfg.num_experts + int(cfg.shared_expert_gate))),
-        Gemm("experts", ffn_flops(spec, tokens * cfg.top_k * padding, cfg.expert_ffn_hidden_size) / t, calls=2 * local_experts),
+        _ffn("experts", spec, tokens * cfg.top_k * padding, cfg.expert_ffn_hidden_size, t, calls=2 * local_experts),
     ]
     if cfg.shared_ffn_hidden_size:
-        gemms.append(Gemm("shared_experts", ffn_flops(spec, tokens, cfg.shared_ffn_hidden_size) / t, calls=2))
+        gemms.append(_ffn("shared_experts", spec, tokens, cfg.shared_ffn_hidden_size, t, calls=2))
     return gemms
 
 

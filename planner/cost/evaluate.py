@@ -158,7 +158,8 @@ def dp_comm_s(model: "CostModel", cand: "Candidate", dense: float, expert: float
         elif z == 2:
             total += m * comm.reduce_scatter_s(grads, group=link) + comm.all_gather_s(weights, group=link)
         else:
-            total += m * compression.zero3_microbatch_s(model.options, cand, params, grads, weights, link)
+            units = -(-model.spec.num_layers // cand.pp) if model.options.zero3_layer_collectives else 1
+            total += m * compression.zero3_microbatch_s(model.options, cand, params, grads, weights, link, units)
         if z >= 2 and links.dp_replicate is not None and links.dp_replicate.size > 1:
             total += m * comm.ring_all_reduce_s(grads / link.size, group=links.dp_replicate)
         reductions = m if z >= 2 else 1
@@ -270,7 +271,8 @@ def _zero3_sync_gathers_s(model: "CostModel", cand: "Candidate", detail, row: di
     per_tensor = zero3_legacy.params_per_tensor(model.spec, layer)
     return max(zero3_legacy.exposed_s(params=float(p), per_tensor=per_tensor, dp=links.dp.size, gathers=gathers,
                                       num_microbatches=cand.num_microbatches, copy_s=model.cal.eager_kernel_s,
-                                      gather_s=comm.all_gather_s(float(p) * model.recipe.gather_bytes, group=links.dp))
+                                      gather_s=comm.all_gather_s(float(p) * model.recipe.gather_bytes, group=links.dp),
+                                      collective_latency_s=comm.half_ring_latency_s(links.dp))
                for p in row["dense"])
 
 

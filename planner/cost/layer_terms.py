@@ -54,6 +54,7 @@ class Env:
     moe_allgather: bool = False  # the stack's all-gather dispatcher is among its choices (moe_comm)
     moe_shared_overlap: bool = False  # shared experts compute during the dispatch (moe_comm)
     cp_flavours: tuple[str, ...] = ("p2p",)  # the stack's context-parallel flavours (context_parallel)
+    fp8_casts: bool = True  # the fp8 recipe's casts are priced (CostOptions.fp8_casts)
 
 @dataclass(frozen=True, kw_only=True)
 class ModuleCost:

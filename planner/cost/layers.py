@@ -58,6 +58,10 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     core_mem = compute.memory_bound_time_s(core_bytes, device=env.device, cal=env.cal)
     rest_mem = compute.memory_bound_time_s(rest_bytes, device=env.device, cal=env.cal)
     cast_fwd, cast_bwd = autocast_cast_s(env, layer_params_per_gpu(spec, shape, moe_layer))
+    if env.precision == "fp8" and env.fp8_casts:  # the fp8 recipe's activation and gradient casts (compute.FP8_CAST_BYTES_PER_ELEMENT)
+        fp8_fwd, fp8_bwd = compute.fp8_cast_bytes(gemms)
+        cast_fwd += compute.memory_bound_time_s(fp8_fwd, device=env.device, cal=env.cal)
+        cast_bwd += compute.memory_bound_time_s(fp8_bwd, device=env.device, cal=env.cal)
     fwd = g_fwd + core_mem + rest_mem + cast_fwd
     bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
     core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)

@@ -75,6 +75,21 @@ def batch_overlap_applies(needs: tuple[str, ...], *, pp: int, vpp: int, recomput
     return not any(refused[need] for need in needs)
 
 
+def routed_node_limit(cfg: MoESpec, group: GroupLink) -> int | None:
+    """The most nodes of the EP group one token's experts can be on under group-limited routing (num_groups,
+    group_topk: DeepSeek-V2/V3 n_group / topk_group), where every node of the group holds whole expert groups
+    (experts laid out in order over the EP ranks, Megatron-Core's and DeepSeek's placement): a token uses
+    group_topk groups, so at most that many nodes. None where routing is not group-limited or groups straddle
+    nodes."""
+    if not cfg.num_groups or not cfg.group_topk or not group.spans_nodes or group.num_nodes <= 1:
+        return None
+    per_node = cfg.num_experts / group.num_nodes
+    per_group = cfg.num_experts / cfg.num_groups
+    if per_node < per_group or per_node % per_group:
+        return None
+    return min(group.num_nodes, cfg.group_topk)
+
+
 def dispatch_options(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLink, hierarchical: bool,
                      allgather: bool, value_bytes: float = ACT_BYTES) -> dict[str, float]:
     """One dispatch (or combine) of `tokens` tokens of this rank by each dispatcher the stack runs, by its
@@ -84,7 +99,8 @@ def dispatch_options(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLi
     routed_bytes = tokens * cfg.top_k * load_factor(cfg) * hidden * value_bytes
     options = {"alltoall": comm.all_to_all_s(routed_bytes, group=group)}
     if hierarchical:
-        options["flex"] = comm.hierarchical_all_to_all_s(routed_bytes, top_k=cfg.top_k, group=group)
+        options["flex"] = comm.hierarchical_all_to_all_s(routed_bytes, top_k=cfg.top_k, group=group,
+                                                         max_nodes=routed_node_limit(cfg, group))
     if allgather:
         options["allgather"] = comm.all_gather_s(tokens * group.size * hidden * value_bytes, group=group)
     return options

@@ -56,6 +56,10 @@ class CostOptions:
     zero3_sync_per_tensor: ZeRO-3 gathers one synchronous collective per parameter tensor, copied out per rank
         (DeepSpeed before v0.5.6; planner.cost.zero3_legacy), exposed.
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
+    zero3_layer_collectives: ZeRO-3 gathers and reduces layer by layer, each collective with its own fixed latency
+        (compression.zero3_unit_latency_s); False: one collective's latency per pass (an ablation).
+    fp8_casts: under fp8 each linear's input and output gradient are cast to fp8 (compute.fp8_cast_bytes);
+        False: the casts are free (an ablation).
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
         (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and
         bf16 exists only as the gathered/cast compute copy (FSDP mixed precision: 4 + 4 + 8, memory.FP32_MASTER_PARAMS_BF16).
@@ -137,6 +141,8 @@ class CostOptions:
     adamw_impl: str = "fused"
     sdpa_gqa: str = "native"
     zero3_sync_per_tensor: bool = False
+    zero3_layer_collectives: bool = True
+    fp8_casts: bool = True
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ outputs"). So a gather is not hidden behind compute (the synchronize), and it co
 `world_size` small copies per parameter tensor.
 
 Priced here: per micro-batch, each gather pass (2, or 3 with the recompute forward where the stack re-gathers)
-over the rank's parameter tensors costs the collective (comm.all_gather_s of the weights) plus
+over the rank's parameter tensors costs the collective (comm.all_gather_s of the weights), the fixed latency of
+one ring all-gather per further tensor (each tensor is its own ncclAllGather; comm.half_ring_latency_s), plus
 tensors * dp copies of `copy_s` each. `copy_s` is the measured per-kernel device time of eager kernels
 (calibration.yaml `eager_kernel_s`, benchmarks/gpu_kernels.py: launch gap, ramp-up and tail), the nearest
 measurement of one small copy kernel; no GPU run of the 2021 code path exists here.
@@ -38,10 +39,13 @@ def params_per_tensor(spec: ModelSpec, layer_params: float) -> float:
 
 
 def exposed_s(*, params: float, per_tensor: float, dp: int, gathers: int, num_microbatches: int,
-              gather_s: float, copy_s: float) -> float:
+              gather_s: float, copy_s: float, collective_latency_s: float = 0.0) -> float:
     """Exposed seconds of a step's synchronous per-tensor gathers: per micro-batch and gather pass, the collective
-    of the rank's weights (`gather_s`) and one copy per tensor and rank (params / per_tensor tensors, dp ranks)."""
+    of the rank's weights (`gather_s`, which holds one collective's fixed latency), the fixed latency of each
+    further collective (one per tensor: `collective_latency_s`, comm.half_ring_latency_s) and one copy per tensor
+    and rank (params / per_tensor tensors, dp ranks)."""
     if dp <= 1 or params <= 0:
         return 0.0
-    copies = params / per_tensor * dp * copy_s
-    return num_microbatches * gathers * (gather_s + copies)
+    tensors = params / per_tensor
+    copies = tensors * dp * copy_s
+    return num_microbatches * gathers * (gather_s + max(tensors - 1, 0.0) * collective_latency_s + copies)

@@ -154,6 +154,43 @@ def test_all_gather_reduce_scatter_half_of_all_reduce():
     assert comm.reduce_scatter_s(1e9, group=link) + comm.all_gather_s(1e9, group=link) == pytest.approx(comm.ring_all_reduce_s(1e9, group=link))
 
 
+def test_all_gather_across_nodes_pays_one_step_per_rank():
+    """NCCL runs all-gather and reduce-scatter as one ring over every rank (src/graph/tuning.cc: nsteps = nRanks-1,
+    nInterSteps = nNodes-1): the fixed part grows with the ranks, not with the ranks of one node plus the nodes."""
+    link = GroupLink(size=2240, num_nodes=280, ranks_per_node=8, inter_bandwidth_GBps=25.0, inter_latency_s=5e-6,
+                     intra_bandwidth_GBps=230.0, intra_latency_s=3e-6)
+    latency = (2240 - 280) * 3e-6 + 279 * 5e-6
+    assert comm.half_ring_latency_s(link) == pytest.approx(latency)
+    bandwidth = 7 / 8 * 1e9 / 230e9 + 279 / 280 * (1e9 / 8) / 25e9  # the hierarchical bus bandwidth, unchanged
+    assert comm.all_gather_s(1e9, group=link) == pytest.approx(bandwidth + latency)
+    assert comm.reduce_scatter_s(0.0, group=link) == 0.0
+    one_node = _link(8, 8, 1)
+    assert comm.half_ring_latency_s(one_node) == pytest.approx(7 * 1e-6)
+    # a network step costs at least an NVLink step, so at a fixed size more nodes never cost less (search floors)
+    slow_intra = GroupLink(size=16, num_nodes=2, ranks_per_node=8, inter_bandwidth_GBps=10.0, inter_latency_s=0.0,
+                           intra_bandwidth_GBps=100.0, intra_latency_s=3e-4)
+    spread = GroupLink(size=16, num_nodes=4, ranks_per_node=4, inter_bandwidth_GBps=10.0, inter_latency_s=0.0,
+                       intra_bandwidth_GBps=100.0, intra_latency_s=3e-4)
+    assert comm.half_ring_latency_s(spread) >= comm.half_ring_latency_s(slow_intra) == pytest.approx(15 * 3e-4)
+
+
+def test_fp8_casts_every_linear_input_forward_and_output_gradient_backward():
+    """Transformer Engine's Linear casts its input (forward) and grad_output (backward) to fp8 with a fused
+    cast-transpose: 2 bytes read, 1 + 1 written per element (compute.FP8_CAST_BYTES_PER_ELEMENT)."""
+    spec = ModelSpec(name="l", num_layers=2, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                     num_kv_heads=8, vocab_size=128256, seq_len=4096, activation="swiglu")
+    shape = compute.Shape(microbatch_size=1, seq_len=4096, tp=2, flash_attention=True)
+    gemms = compute.attention_gemms(spec, shape) + compute.mlp_gemms(spec, shape, moe=None)
+    t, h, f, d = 4096, 4096, 14336, 128
+    inputs = t * (h + 32 * d / 2) + t * (h + f / 2)  # qkv, attn_out; fc1, fc2
+    outputs = t * (32 + 2 * 8) * d / 2 + t * h + t * (2 * f / 2 + h)
+    assert compute.fp8_cast_bytes(gemms) == pytest.approx((4 * inputs, 4 * outputs))
+    for g in gemms:  # the io elements are the matmul's own shape: 2 * tokens * k * n flops
+        if not g.attention_core and g.name != "mlp":
+            assert g.flops == pytest.approx(2 * g.io_elements[0] * g.io_elements[1] / t)
+    assert compute.fp8_cast_bytes(compute.head_gemms(spec, shape)) == (0.0, 0.0)  # the LM head stays in 16 bits
+
+
 def test_all_to_all_bounded_by_the_slower_link():
     link = _link(16, 8, 2, lat=0.0)
     assert comm.all_to_all_s(1.6e9, group=link) == pytest.approx(max(7 / 16 * 1.6e9 / 100e9, 8 / 16 * 1.6e9 / 10e9))

@@ -61,3 +61,25 @@ def test_stack_overlap_and_skew_move_the_step():
         update={"routing_skew": 0.5, "capacity_factor": 1.0})})})
     t_skew, t_cap = CostModel(skewed).evaluate(cand).step_time_s, CostModel(capped).evaluate(cand).step_time_s
     assert t_skew > on.step_time_s and t_cap == pytest.approx(on.step_time_s, rel=1e-6)
+
+
+def test_group_limited_routing_caps_the_nodes_a_token_reaches():
+    """DeepSeek-V3's node-limited routing (n_group 8, topk_group 4; report Sec. 2.1.2): with EP64 over 8 nodes each
+    node holds one group of 32 experts, so a token's 8 experts are on at most 4 nodes; fewer copies cross the NICs
+    than with the 8 experts spread over all 8 nodes."""
+    m, cand, link = _ep_link()
+    cfg = m.spec.moe
+    assert (cfg.num_groups, cfg.group_topk, link.num_nodes) == (8, 4, 8)
+    assert moe_comm.routed_node_limit(cfg, link) == 4
+    free = cfg.model_copy(update={"num_groups": None, "group_topk": None})
+    assert moe_comm.routed_node_limit(free, link) is None
+    limited = comm.hierarchical_all_to_all_s(1e9, top_k=8, group=link, max_nodes=4)
+    spread = comm.hierarchical_all_to_all_s(1e9, top_k=8, group=link)
+    assert limited < spread
+    # the remote copies: 4 * (1 - (3/4)^8) nodes reached, 7/8 of them remote, against 8 * (1 - (7/8)^8) * 7/8
+    reached, everywhere = 4 * (1 - 0.75 ** 8) * 7 / 8, 8 * (1 - 0.875 ** 8) * 7 / 8
+    inter = link.inter_bandwidth_GBps * 1e9
+    assert limited - spread == pytest.approx((reached - everywhere) * 1e9 / 8 / inter, rel=1e-6)
+    # groups straddling nodes (16 nodes of 16 experts, groups of 32) limit nothing
+    wide = dataclasses.replace(link, size=128, num_nodes=16)
+    assert moe_comm.routed_node_limit(cfg, wide) is None

@@ -161,3 +161,16 @@ def test_an_unnamed_cp_flavour_is_the_stacks_default():
 
     assert A.build_case(run(parallel__cp=4, parallel__dp=16, training__framework="Megatron-Core")).overrides == \
         {"cp_flavours": ("p2p",)}
+
+
+def test_moe_fields_under_their_usual_spellings():
+    """A run's MoE block: capacity factor (else dropless), MoE every n-th layer, the shared expert's own width, and
+    group-limited routing only where the source gives both the groups and how many a token may use."""
+    moe = {"num_experts": 64, "top_k": 8, "expert_ffn_hidden": 2560, "shared_expert_intermediate_size": 20480,
+           "moe_capacity_factor": 1.25, "moe_layer_freq": 2, "n_group": 8, "topk_group": 4}
+    spec = P.model_spec(run(model__moe=moe))
+    assert (spec.moe.capacity_factor, spec.moe.moe_every, spec.moe.shared_expert_ffn_hidden_size) == (1.25, 2, 20480)
+    assert spec.moe.num_shared_experts == 1 and (spec.moe.num_groups, spec.moe.group_topk) == (8, 4)
+    plain = P.model_spec(run(model__moe={"num_routed_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336,
+                                         "node_limited_routing_max_nodes": 4, "capacity_factor": 0}))
+    assert plain.moe.capacity_factor is None and plain.moe.num_groups is None and plain.moe.moe_every == 1
