@@ -81,6 +81,9 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
             candidates.append(cand)
     flavours = P.cp_flavour_of(run, stack, off)
     fixed = {"cp_flavours": flavours} if flavours else {}
+    recipe = P.recipe_bytes_of(run, request.precision, off)
+    if recipe is not None:
+        fixed["recipe_bytes"] = recipe
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
                 {**fixed, **(overrides or {}).get(stack, {})}, s.full_every, load_framework(request.framework))
 

@@ -10,7 +10,7 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800) scaled to the run's GPUs, with the
   published NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of
-  STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core -> megatron-core, Megatron-LM
+  STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core and NeMo -> megatron-core, Megatron-LM
   -> megatron-lm (2021-22, before Megatron-Core) for sources before 2023 (arXiv id or title year), else
   megatron-core, torchtitan -> torchtitan, Composer/FairScale FSDP ->
   pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
@@ -36,6 +36,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
 - context parallelism's flavour, which no source names (`cp_flavour_of`): the stack's default;
+- an fp8 run made with NeMo (its framework text names NeMo; the stack is Megatron-Core) ran NeMo's fp8
+  performance recipe: fp8 parameters gathered in fp8, 16-bit gradients (`recipe_bytes_of`);
 - torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
   selective_ac_option "2", the default of the published runs' code), its "selective op" the profile's per-op policy;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
@@ -65,6 +67,7 @@ from planner.frameworks import load_framework
 # Ordered: the first pattern found in training.framework (lower case) names the stack.
 STACK_RULES = (
     ("megatron-core", "megatron-core"),
+    ("nemo", "megatron-core"),  # NeMo 2.x trains through Megatron-Core (nemo/lightning/megatron_parallel.py)
     ("hai-llm", "hai-llm"),
     ("torchtitan", "torchtitan"),
     ("composer", "pytorch-fsdp"),
@@ -160,7 +163,27 @@ def recompute_of(run: dict) -> str | None:
 
 
 READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
-                 "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default")  # accuracy.py can switch off
+                 "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
+                 "nemo_fp8_performance_recipe")  # accuracy.py can switch off
+
+NEMO_FP8_RECIPE_BYTES = (2.0, 2.0, 12.0, 2.0, 1.0)
+"""Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's fp8
+performance recipe on Megatron-Core: fp8 parameters (fp8_param_gather=True in NVIDIA/NeMo
+nemo/collections/llm/recipes/precision/mixed_precision.py bf16_with_fp8_mixed) kept with their fp8 transpose
+(1 + 1), gathered in fp8 (1); 16-bit gradient buffers reduced in 16 bits (grad_reduce_in_fp32 = False:
+scripts/performance/helpers.py set_precision_configs, for every fp8 recipe); fp32 master weights and Adam
+moments in the distributed optimizer (12). NeMo 1.x's fp8 configs kept 16-bit gradients too (Apex
+DistributedFusedAdam grad_sync_dtype = the parameter dtype)."""
+
+
+def recipe_bytes_of(run: dict, precision: str, off: tuple[str, ...] = ()) -> tuple[float, ...] | None:
+    """The bytes-per-parameter recipe a run is priced with where its stack's launch sets one the profile does not:
+    an fp8 run whose framework text names NeMo ran NeMo's fp8 performance recipe (NEMO_FP8_RECIPE_BYTES); None
+    (the profile's recipe) otherwise or with the rule `off`."""
+    text = (run["training"].get("framework") or "").lower()
+    if precision != "fp8" or "nemo" not in text or "nemo_fp8_performance_recipe" in off:
+        return None
+    return NEMO_FP8_RECIPE_BYTES
 
 
 def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...] | None:
