@@ -197,7 +197,22 @@ class CostModel:
     # --- schedule-dependent terms -----------------------------------------------------------------------
 
     def inflight_microbatches(self, cand: Candidate, stage: int) -> float:
-        """Micro-batches whose activations pipeline rank `stage` holds at its peak (planner.schedules)."""
+        """Micro-batches whose activations pipeline rank `stage` holds at its peak: its schedule's
+        (schedule_inflight_microbatches) and one more where the stack's MoE overlap holds it
+        (pipelining_memory.ep_overlap_extra_microbatches)."""
+        return self.schedule_inflight_microbatches(cand, stage) + self.ep_overlap_extra_microbatches(cand)
+
+    def ep_overlap_extra_microbatches(self, cand: Candidate) -> float:
+        """pipelining_memory.ep_overlap_extra_microbatches, memoised per candidate."""
+        key = ("ep_overlap_extra", cand)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = pipelining_memory.ep_overlap_extra_microbatches(self, cand)
+        return found
+
+    def schedule_inflight_microbatches(self, cand: Candidate, stage: int) -> float:
+        """Micro-batches rank `stage` holds at its peak under its schedule alone (planner.schedules): what every
+        member of a search group with that schedule holds at least (the search's memory floors read this)."""
         if pipelining_memory.torch_split_backward(self, cand):  # torch's split backward holds more (its module)
             return pipelining_memory.zb_inflight(cand.pp, stage, cand.num_microbatches, cand.vpp)
         return schedule_of(cand.schedule).inflight_microbatches(pp=cand.pp, stage=stage, num_microbatches=cand.num_microbatches, vpp=cand.vpp)
@@ -229,11 +244,18 @@ class CostModel:
         return int(other)
 
     def inflight_per_rank(self, cand: Candidate) -> np.ndarray:
-        """inflight_microbatches of every pipeline rank (memoised per schedule, pp, vpp and num_microbatches)."""
+        """inflight_microbatches of every pipeline rank."""
+        extra = self.ep_overlap_extra_microbatches(cand)
+        base = self.schedule_inflight_per_rank(cand)
+        return base + extra if extra else base
+
+    def schedule_inflight_per_rank(self, cand: Candidate) -> np.ndarray:
+        """schedule_inflight_microbatches of every pipeline rank (memoised per schedule, pp, vpp and
+        num_microbatches): a floor of inflight_per_rank for every candidate with that schedule."""
         key = ("inflight", cand.schedule, cand.pp, cand.vpp, cand.num_microbatches)
         found = self.memo.get(key)
         if found is None:
-            found = np.array([float(self.inflight_microbatches(cand, r)) for r in range(cand.pp)])
+            found = np.array([float(self.schedule_inflight_microbatches(cand, r)) for r in range(cand.pp)])
             found.setflags(write=False)
             self.memo[key] = found
         return found

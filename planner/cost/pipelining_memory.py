@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import executor, moe_comm
-from planner.cost.arrays import layer_working_bytes
+from planner.cost.arrays import layer_working_bytes, moe_batch_overlap, priced_choices
 from planner.cost.memory import p2p_activation_bytes
 from planner.schedules import schedule as schedule_of
 
@@ -132,3 +132,18 @@ def loss_phase_credit(model: "CostModel", cand: "Candidate") -> np.ndarray:
     working = layer_working_bytes(model, cand, full_recompute=cand.recompute == "full")
     credit[schedule_of(cand.schedule).loss_rank(pp=cand.pp, vpp=cand.vpp)] = max(0.0, loss - working)
     return credit
+
+
+def ep_overlap_extra_microbatches(model: "CostModel", cand: "Candidate") -> float:
+    """Micro-batches a rank holds in flight beyond its schedule's because the stack's batch-level MoE overlap runs
+    (options.moe_overlap_extra_microbatch: Megatron-Core's combined 1F1B): with a pipeline, one more model chunk of
+    warm-up forwards (schedules.py get_pp_rank_microbatches, num_warmup_microbatches + 1), 1/vpp of a micro-batch of
+    the rank's layers; without one, micro-batch i+1's forward runs beside micro-batch i's backward
+    (combined_1f1b_schedule_for_no_pipelining), one micro-batch. 0 where the overlap does not run: no MoE layer
+    with ep > 1, the stack's conditions unmet (moe_batch_overlap), or a dispatcher it does not overlap."""
+    if not model.options.moe_overlap_extra_microbatch or cand.ep <= 1 or not moe_batch_overlap(model, cand):
+        return 0.0
+    dispatcher, _ = priced_choices(model, cand)
+    if dispatcher not in moe_comm.OVERLAPPED_DISPATCHERS:
+        return 0.0
+    return 1.0 if cand.pp == 1 else 1.0 / cand.vpp

@@ -56,6 +56,8 @@ class CostOptions:
     zero3_sync_per_tensor: ZeRO-3 gathers one synchronous collective per parameter tensor, copied out per rank
         (DeepSpeed before v0.5.6; planner.cost.zero3_legacy), exposed.
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
+    moe_overlap_extra_microbatch: the stack's MoE batch-level overlap holds one more micro-batch in flight
+        (behaviour.overlap.moe_all_to_all_extra_microbatch; pipelining_memory.ep_overlap_extra_microbatches).
     zero3_layer_collectives: ZeRO-3 gathers and reduces layer by layer, each collective with its own fixed latency
         (compression.zero3_unit_latency_s); False: one collective's latency per pass (an ablation).
     fp8_casts: under fp8 each linear's input and output gradient are cast to fp8 (compute.fp8_cast_bytes);
@@ -132,6 +134,7 @@ class CostOptions:
     moe_allgather: bool = False
     moe_shared_overlap: bool = False
     moe_overlap_needs: tuple[str, ...] = ()
+    moe_overlap_extra_microbatch: bool = False
     cp_flavours: tuple[str, ...] = ("p2p",)
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False

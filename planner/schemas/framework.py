@@ -199,6 +199,9 @@ class Overlap(Schema):
         "without which it runs the all-to-all exposed: interleaved_when_pp (pp > 1 needs virtual stages), "
         "no_full_recompute (no full recompute of any layer), half_precision (bf16/fp16 parameters); "
         "planner.cost.moe_comm.batch_overlap_applies")
+    moe_all_to_all_extra_microbatch: bool = Field(default=False, description="the batch-level MoE overlap holds one "
+        "more micro-batch (one model chunk with virtual stages) in flight than the schedule without it (Megatron-Core's "
+        "combined 1F1B; planner.cost.pipelining_memory.ep_overlap_extra_microbatches)")
     zero3_hierarchical: bool = Field(default=True, description="ZeRO-3 gathers/reduce-scatters cross nodes once per "
                                                                "node (NCCL hierarchical); False: a flat ring per rank")
     zero3_regather_for_recompute: bool = Field(default=False, description="with full recompute, ZeRO-3 gathers the "

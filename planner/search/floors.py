@@ -206,7 +206,7 @@ class Floors(BoundsState):
         def make():
             variants = self.variants(group)
             inflight = self._cached(("inflight_rows", f.pp, m, tuple(variants)), lambda: np.stack([np.minimum.reduce([
-                self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                self._cached(("inflight", s, f.pp, vpp, m), lambda: self.cost.schedule_inflight_per_rank(
                     self.candidate(group, schedule=s, vpp=vpp))) for s in schedules]) for vpp, schedules in variants]))
             looped = [[s for s in schedules if not schedule_of(s).stale_weights] for _, schedules in variants]
             if all(looped):  # one memory class (not 2BW) in every entry: all of them in one array operation
@@ -267,7 +267,7 @@ class Floors(BoundsState):
             times, act, act_floor = all_times[i], all_act[i], all_floor[i]
             bottleneck: dict = {}  # schedules with the same memory (1F1B, ZB-H1) share the rank times
             for schedule in schedules:  # every ZeRO stage at once: rows of per-rank numbers
-                inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.inflight_per_rank(
+                inflight = self._cached(("inflight", schedule, f.pp, vpp, m), lambda: self.cost.schedule_inflight_per_rank(
                     self.candidate(group, schedule=schedule, vpp=vpp)))
                 fixed, fits = self._cached(
                     ("fits", f, group.microbatch_size, group.sp, vpp, schedule, tuple(zeros), act_floor.tobytes()),

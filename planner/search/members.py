@@ -102,7 +102,7 @@ class Members(BoundsState):
             pruned["time_lower_bound"] += count
             return
         ranks = self.shape(f.pp, vpp, schedule).ranks
-        inflight = self.cost.inflight_per_rank(state.candidate(group, schedule=schedule, vpp=vpp))
+        inflight = self.cost.schedule_inflight_per_rank(state.candidate(group, schedule=schedule, vpp=vpp))
         act = rank_sums(arrays[0][1].activation_bytes, ranks, f.pp)  # activations read no link
         act_floor = rank_sums(arrays[0][1].floor_bytes, ranks, f.pp)
         ratios: dict[int, np.ndarray] = {}

@@ -7,6 +7,7 @@ import pytest
 
 from planner import api
 from planner.cost import comm, moe_comm
+from planner.cost.arrays import priced_choices
 from planner.cost.model import Candidate, CostModel
 from planner.schemas.model import MoESpec
 
@@ -83,3 +84,30 @@ def test_group_limited_routing_caps_the_nodes_a_token_reaches():
     # groups straddling nodes (16 nodes of 16 experts, groups of 32) limit nothing
     wide = dataclasses.replace(link, size=128, num_nodes=16)
     assert moe_comm.routed_node_limit(cfg, wide) is None
+
+
+def test_megatron_ep_overlap_holds_one_more_microbatch():
+    """Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): one more warm-up forward of a model
+    chunk with virtual stages (schedules.py get_pp_rank_microbatches, num_warmup_microbatches + 1), micro-batch
+    i+1's forward beside micro-batch i's backward without a pipeline (combined_1f1b.py); nothing where the overlap
+    does not run (full recompute, ep 1) or the stack has no such schedule."""
+    def model(framework):
+        return CostModel(api.build_request(model="mixtral-8x7b", topology="dgx-h100", gpus=16, global_batch_size=64,
+                                           seq_len=4096, framework=framework))
+
+    m = model("megatron-core")
+    flat = Candidate(dp=16, tp=1, pp=1, ep=8, microbatch_size=1, num_microbatches=4, zero_stage=1)
+    looped = Candidate(dp=8, tp=1, pp=2, ep=8, vpp=2, schedule="interleaved", microbatch_size=1, num_microbatches=8,
+                       zero_stage=1)
+    assert priced_choices(m, flat)[0] in moe_comm.OVERLAPPED_DISPATCHERS  # the overlap runs: alltoall or flex
+    for cand, extra in ((flat, 1.0), (looped, 0.5)):
+        base = m.schedule_inflight_per_rank(cand)
+        assert m.ep_overlap_extra_microbatches(cand) == extra
+        assert list(m.inflight_per_rank(cand)) == pytest.approx(list(base + extra))
+        assert m.inflight_microbatches(cand, 0) == pytest.approx(base[0] + extra)
+    assert m.ep_overlap_extra_microbatches(dataclasses.replace(flat, recompute="full")) == 0.0
+    assert m.ep_overlap_extra_microbatches(dataclasses.replace(flat, ep=1)) == 0.0
+    assert model("torchtitan").ep_overlap_extra_microbatches(flat) == 0.0
+    held = m.evaluate(flat).stage_memory[0].activations_bytes
+    off = CostModel(m.request, options=dataclasses.replace(m.options, moe_overlap_extra_microbatch=False))
+    assert held > off.evaluate(flat).stage_memory[0].activations_bytes
