@@ -28,7 +28,7 @@ def device_family(run: dict) -> str:
 # H20: the Hopper die in an H100 node, at its own stated memory and peak (device_of), refused without them.
 TOPOLOGY_RULES = (("gb200", "gb200-nvl72"), ("b200", "dgx-b200"), ("h200", "hgx-h200"), ("h800", "hgx-h800"),
                   ("h100", "dgx-h100"), ("h20", "dgx-h100"), ("a100", "dgx-a100-80g"), ("a800", "dgx-a100-80g"),
-                  ("mi300", "mi300x-8"))
+                  ("mi300", "mi300x-8"), ("v100", "dgx2-v100"))
 
 
 def topology_preset(run: dict) -> str | None:
@@ -83,8 +83,9 @@ def device_of(run: dict):
 def topology(run: dict) -> Topology:
     hw = run["hardware"]
     gpus = run["parallel"]["num_gpus"]
-    topo = load_topology(topology_preset(run), nodes=max(1, math.ceil(gpus / (hw.get("gpus_per_node") or 8))))
-    topo = topo.model_copy(update={"device": device_of(run)})
+    per_node = hw.get("gpus_per_node") or load_topology(topology_preset(run)).gpus_per_node
+    topo = load_topology(topology_preset(run), nodes=max(1, math.ceil(gpus / per_node)))
+    topo = topo.model_copy(update={"device": device_of(run), "gpus_per_node": per_node})
     inter = topo.inter_node.model_dump()
     if hw.get("inter_node_nics_per_node"):
         inter["nics_per_node"] = hw["inter_node_nics_per_node"]

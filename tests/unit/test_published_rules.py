@@ -196,3 +196,15 @@ def test_nemo_fp8_runs_are_priced_as_nemo_fp8_recipe():
     assert shipped.overrides["recipe_bytes"] == P.NEMO_FP8_RECIPE_BYTES and "recipe_bytes" not in generic.overrides
     fits = [C.choose(case)[1].fits for case in (shipped, generic)]
     assert fits == [True, False]
+
+
+def test_v100_runs_are_expressed_on_the_dgx2_node():
+    """A V100 run (Megatron-LM 2019, ZeRO and Turing-NLG trained on DGX-2 nodes) converts to the DGX-2 preset (16
+    GPUs per node, 32 GB, 125 TFLOP/s fp16) instead of being skipped; a stated 8 GPUs per node is kept."""
+    v100 = run(hardware__gpu_model="NVIDIA Tesla V100 SXM3 32GB", hardware__gpu_memory_gib=32,
+               hardware__gpus_per_node=None, parallel__num_gpus=512, parallel__dp=512)
+    assert P.topology_preset(v100) == "dgx2-v100" and P.skip_reason(v100) is None
+    topo = P.topology(v100)
+    assert (topo.gpus_per_node, topo.num_nodes, topo.device.peak_bf16_tflops) == (16, 32, 125.0)
+    dgx1 = run(hardware__gpu_model="V100 32GB", hardware__gpus_per_node=8, parallel__num_gpus=64, parallel__dp=64)
+    assert (P.topology(dgx1).gpus_per_node, P.topology(dgx1).num_nodes) == (8, 8)

@@ -11,7 +11,7 @@ from planner.topology.placement import axis_groups, axis_link, axis_stride, rank
 
 DEFAULT = ("pp", "dp", "cp", "tp")
 EXPECTED_PRESETS = {
-    "aws-p4d", "aws-p5", "cpu", "dgx-a100-40g", "dgx-a100-80g", "dgx-b200", "dgx-h100",
+    "aws-p4d", "aws-p5", "cpu", "dgx-a100-40g", "dgx-a100-80g", "dgx-b200", "dgx-h100", "dgx2-v100",
     "gb200-nvl72", "hgx-h200", "hgx-h800", "mi300x-8",
 }
 
