@@ -31,10 +31,17 @@ TOPOLOGY_RULES = (("gb200", "gb200-nvl72"), ("b200", "dgx-b200"), ("h200", "hgx-
                   ("mi300", "mi300x-8"), ("v100", "dgx2-v100"))
 
 
+# AWS instances reach other nodes over EFA (the instance pages: p4d 4 x 100 Gb/s, p5 32 x 100 Gb/s), not the DGX's
+# InfiniBand: a run whose interconnect text names EFA runs on the AWS preset of its GPU.
+EFA_PRESETS = {"dgx-a100-40g": "aws-p4d", "dgx-a100-80g": "aws-p4d", "dgx-h100": "aws-p5"}
+
+
 def topology_preset(run: dict) -> str | None:
     hw = run["hardware"]
     gpu = hw["gpu_model"].lower()
     preset = next((p for key, p in TOPOLOGY_RULES if re.search(rf"\b{key}\b", gpu) or key in gpu and key != "h20"), None)
+    if re.search(r"\befa\b|elastic fabric", (hw.get("inter_node") or "").lower()) and preset in EFA_PRESETS:
+        return EFA_PRESETS[preset]
     if preset == "dgx-a100-80g" and (hw.get("gpu_memory_gib") == 40 or "40gb" in gpu.replace(" ", "")):
         preset = "dgx-a100-40g"
     return preset

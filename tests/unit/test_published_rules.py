@@ -208,3 +208,14 @@ def test_v100_runs_are_expressed_on_the_dgx2_node():
     assert (topo.gpus_per_node, topo.num_nodes, topo.device.peak_bf16_tflops) == (16, 32, 125.0)
     dgx1 = run(hardware__gpu_model="V100 32GB", hardware__gpus_per_node=8, parallel__num_gpus=64, parallel__dp=64)
     assert (P.topology(dgx1).gpus_per_node, P.topology(dgx1).num_nodes) == (8, 8)
+
+
+def test_efa_interconnect_runs_on_the_aws_preset():
+    """A run whose interconnect is AWS EFA runs on the AWS node of its GPU (p4d: 4 x 100 Gb/s EFA per node), not
+    the DGX's 8 InfiniBand NICs; the stated memory still picks the 40 or 80 GB part (device_of)."""
+    aws = run(hardware__gpu_model="NVIDIA A100 40GB", hardware__gpu_memory_gib=40,
+              hardware__inter_node="AWS EFA, 400 Gbps per p4d instance")
+    assert P.topology_preset(aws) == "aws-p4d"
+    assert P.topology(aws).inter_node.kind == "efa" and P.topology(aws).inter_node.nics_per_node == 4
+    assert P.topology_preset(run(hardware__inter_node="InfiniBand NDR")) == "dgx-h100"
+    assert P.topology_preset(run(hardware__inter_node="EFA")) == "aws-p5"
