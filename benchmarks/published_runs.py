@@ -13,7 +13,7 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of
   STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core and NeMo -> megatron-core, Megatron-LM
   -> megatron-lm (2021-22, before Megatron-Core) for sources before 2023 (arXiv id or title year), else
-  megatron-core, torchtitan -> torchtitan, Composer/FairScale FSDP ->
+  megatron-core, torchtitan -> torchtitan, Composer/FairScale FSDP or any trainer named with FSDP ->
   pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
   hai-llm;
 - precision (`precision_of`): "fp8" in the text -> fp8 unless negated ("not trained in FP8", "no FP8", "without
@@ -73,6 +73,7 @@ STACK_RULES = (
     ("torchtitan", "torchtitan"),
     ("composer", "pytorch-fsdp"),
     ("fairscale", "pytorch-fsdp"),
+    ("fsdp", "pytorch-fsdp"),  # any trainer over PyTorch FSDP (OLMo, Lightning, Accelerate) runs its collectives
     ("deepspeed", "deepspeed"),
     ("gpt-neox", "deepspeed"),
     ("megatron-lm", "megatron-lm"),

@@ -219,3 +219,9 @@ def test_efa_interconnect_runs_on_the_aws_preset():
     assert P.topology(aws).inter_node.kind == "efa" and P.topology(aws).inter_node.nics_per_node == 4
     assert P.topology_preset(run(hardware__inter_node="InfiniBand NDR")) == "dgx-h100"
     assert P.topology_preset(run(hardware__inter_node="EFA")) == "aws-p5"
+
+
+@pytest.mark.parametrize("text, stack", [("OLMo trainer (PyTorch FSDP)", "pytorch-fsdp"), ("Lightning Fabric, FSDP", "pytorch-fsdp"),
+                                         ("NeMo 24.07", "megatron-core"), ("Megatron-DeepSpeed", "deepspeed")])
+def test_stack_named_by_the_framework_text(text, stack):
+    assert P.stack_of(run(training__framework=text)) == stack
