@@ -93,16 +93,17 @@ def _check_schedule(plan: LaunchPlan) -> None:
         raise BadInputError(f"vpp={par.vpp} with pp=1: virtual stages need pipeline parallelism; set vpp=1")
     if par.pp > 1 and par.vpp > 1 and sched.stages_per_rank == "one":
         raise BadInputError(f"vpp={par.vpp} needs schedule interleaved or zero-bubble, not {plan.schedule!r}")
-    if par.pp > 1 and sched.min_microbatches_is_pp and m < par.pp:
+    least = sched.min_microbatches(pp=par.pp, vpp=par.vpp) if par.pp > 1 else 1  # the schedule's own rule
+    if m < least and sched.min_microbatches_is_pp:
         raise BadInputError(
             f"schedule={sched.name} needs num_microbatches={m} >= pp={par.pp} (two weight versions "
             f"suffice only when m >= d, Narayanan et al. 2021 sec. 3.1): raise num_microbatches or use {DEFAULT.name}"
         )
     if par.pp > 1 and sched.v_placed and par.vpp != 2:
         raise BadInputError(f"schedule={plan.schedule} places two stages per pipeline rank in a V: set vpp=2 (got vpp={par.vpp})")
-    if par.pp > 1 and sched.min_microbatches_is_stages and m < par.pp * par.vpp:
+    if m < least:
         other = next(s.name for s in V_PLACED if not s.min_microbatches_is_stages)
-        raise BadInputError(f"schedule={sched.name} needs num_microbatches={m} >= pp*vpp={par.pp * par.vpp}: "
+        raise BadInputError(f"schedule={sched.name} needs num_microbatches={m} >= pp*vpp={least}: "
                             f"raise num_microbatches or use {other}")
     if par.pp > 1 and sched.stages_per_rank == "several" and par.vpp == 1:
         raise BadInputError(f"schedule={sched.name} needs vpp > 1: set vpp=2 or schedule={DEFAULT.name}")
