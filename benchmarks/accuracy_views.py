@@ -82,7 +82,7 @@ ABLATIONS = (
     ("torchtitan 'selective layer' as every other layer fully recomputed (reading rule)", "selective_layer_is_every_other_layer",
      None),
     ("context-parallel flavour not stated read as the stack's default (reading rule)", "cp_flavour_unstated_is_default", None),
-    ("NeMo fp8 runs as NeMo's fp8 performance recipe (reading rule)", "nemo_fp8_performance_recipe", None),
+    ("NeMo runs as NeMo's performance recipe: 16-bit gradients, fp8 parameters (reading rule)", "nemo_performance_recipe", None),
     ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
     ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
     ("MoE overlap's extra micro-batch in flight (megatron-core combined 1F1B)", "moe_overlap_extra_microbatch", None),

@@ -37,8 +37,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
 - context parallelism's flavour, which no source names (`cp_flavour_of`): the stack's default;
-- an fp8 run made with NeMo (its framework text names NeMo; the stack is Megatron-Core) ran NeMo's fp8
-  performance recipe: fp8 parameters gathered in fp8, 16-bit gradients (`recipe_bytes_of`);
+- a run made with NeMo (its framework text names NeMo; the stack is Megatron-Core) ran NeMo's performance recipe:
+  16-bit gradient buffers, and under fp8 fp8 parameters gathered in fp8 (`recipe_bytes_of`);
 - torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
   selective_ac_option "2", the default of the published runs' code), its "selective op" the profile's per-op policy;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
@@ -166,26 +166,27 @@ def recompute_of(run: dict) -> str | None:
 
 READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
-                 "nemo_fp8_performance_recipe")  # accuracy.py can switch off
+                 "nemo_performance_recipe")  # accuracy.py can switch off
 
-NEMO_FP8_RECIPE_BYTES = (2.0, 2.0, 12.0, 2.0, 1.0)
-"""Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's fp8
-performance recipe on Megatron-Core: fp8 parameters (fp8_param_gather=True in NVIDIA/NeMo
-nemo/collections/llm/recipes/precision/mixed_precision.py bf16_with_fp8_mixed) kept with their fp8 transpose
-(1 + 1), gathered in fp8 (1); 16-bit gradient buffers reduced in 16 bits (grad_reduce_in_fp32 = False:
-scripts/performance/helpers.py set_precision_configs, for every fp8 recipe); fp32 master weights and Adam
-moments in the distributed optimizer (12). NeMo 1.x's fp8 configs kept 16-bit gradients too (Apex
-DistributedFusedAdam grad_sync_dtype = the parameter dtype)."""
+NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
+"""Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance
+recipes on Megatron-Core: 16-bit gradient buffers reduced in 16 bits for every precision
+(NVIDIA/NeMo scripts/performance/helpers.py set_precision_configs: `recipe.trainer.plugins.grad_reduce_in_fp32 =
+False`, for fp8 only before the 25.07 refactor ab020f6, for every dtype since; Megatron-Core then keeps the DDP
+buffer in the parameter dtype, distributed_data_parallel.py grad_dtype; NeMo 1.x's Apex DistributedFusedAdam
+synced gradients in the parameter dtype too); fp32 master weights and Adam moments in the distributed optimizer
+(12); under fp8 the parameters themselves are fp8 with their fp8 transpose (1 + 1) and gathered in fp8 (1)
+(nemo/collections/llm/recipes/precision/mixed_precision.py bf16_with_fp8_mixed: fp8_param_gather = True)."""
 
 
 def recipe_bytes_of(run: dict, precision: str, off: tuple[str, ...] = ()) -> tuple[float, ...] | None:
     """The bytes-per-parameter recipe a run is priced with where its stack's launch sets one the profile does not:
-    an fp8 run whose framework text names NeMo ran NeMo's fp8 performance recipe (NEMO_FP8_RECIPE_BYTES); None
+    a run whose framework text names NeMo ran NeMo's performance recipe of its precision (NEMO_RECIPE_BYTES); None
     (the profile's recipe) otherwise or with the rule `off`."""
     text = (run["training"].get("framework") or "").lower()
-    if precision != "fp8" or "nemo" not in text or "nemo_fp8_performance_recipe" in off:
+    if "nemo" not in text or "nemo_performance_recipe" in off:
         return None
-    return NEMO_FP8_RECIPE_BYTES
+    return NEMO_RECIPE_BYTES.get(precision)
 
 
 def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...] | None:

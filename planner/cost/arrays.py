@@ -271,10 +271,15 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     parameters stage.py keeps (set_reshard_after_backward(False)) are not priced: the trace of the executor's step
     shows no such term (benchmarks/results/executor_memory_vs_trace.txt).
     A stack whose ZeRO-3 gradient partition is 16-bit (options.zero3_grads_fp32 False) holds 2 bytes per
-    parameter there; its optimizer step's fp32 copies are checked by evaluate (the step peak)."""
+    parameter there; its optimizer step's fp32 copies are checked by evaluate (the step peak). A 16-bit gradient
+    method whose stack keeps its gradient buffer in that dtype (options.grad16_buffer_bytes: Megatron's
+    --grad-reduce-in-bf16) holds that many bytes per parameter."""
     recipe, zero = model.recipe, cand.zero_stage
     if zero >= 3 and not model.options.zero3_grads_fp32:  # the 16-bit gradient partition (DeepSpeed stage 3)
         recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, recipe.gather_bytes))
+    buffer16 = model.options.grad16_buffer_bytes
+    if buffer16 and (cand.compression.has("bf16-grads") or cand.compression.has("fp16-grads")):
+        recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, buffer16))  # --grad-reduce-in-bf16
     d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.zero_shard)
     e = memory.static_split(expert, recipe, zero_stage=zero, dp=cand.expert_shard)
     weights, grads, optim = (d[i] + e[i] for i in range(3))

@@ -41,6 +41,8 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
         moe_hierarchical=o.moe_hierarchical_dispatch, moe_allgather=o.moe_allgather_dispatch,
         moe_shared_overlap=o.moe_shared_expert_overlap, moe_overlap_needs=tuple(o.moe_all_to_all_needs),
         moe_overlap_extra_microbatch=o.moe_all_to_all_extra_microbatch,
+        grad16_buffer_bytes=next((c.grad_buffer_bytes for c in profile.capabilities.compression
+                                  if c.method in ("bf16-grads", "fp16-grads") and c.grad_buffer_bytes), None),
         cp_flavours=tuple(profile.capabilities.context_parallel.flavours) or ("p2p",), softmax_in_place=k.softmax_backward_in_place,
         logits_live_in_backward=m.logits_live_in_backward,
         fsdp_grads_unsharded_across_microbatches=m.fsdp_grads_unsharded_across_microbatches,

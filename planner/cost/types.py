@@ -58,6 +58,9 @@ class CostOptions:
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
     moe_overlap_extra_microbatch: the stack's MoE batch-level overlap holds one more micro-batch in flight
         (behaviour.overlap.moe_all_to_all_extra_microbatch; pipelining_memory.ep_overlap_extra_microbatches).
+    grad16_buffer_bytes: the gradient buffer's bytes per parameter when a 16-bit gradient method (bf16-grads) runs
+        where the stack's method sets the buffer's dtype (the profile's compression entry grad_buffer_bytes:
+        Megatron's --grad-reduce-in-bf16); None: the recipe's gradient bytes.
     zero3_layer_collectives: ZeRO-3 gathers and reduces layer by layer, each collective with its own fixed latency
         (compression.zero3_unit_latency_s); False: one collective's latency per pass (an ablation).
     fp8_casts: under fp8 each linear's input and output gradient are cast to fp8 (compute.fp8_cast_bytes);
@@ -135,6 +138,7 @@ class CostOptions:
     moe_shared_overlap: bool = False
     moe_overlap_needs: tuple[str, ...] = ()
     moe_overlap_extra_microbatch: bool = False
+    grad16_buffer_bytes: float | None = None
     cp_flavours: tuple[str, ...] = ("p2p",)
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False

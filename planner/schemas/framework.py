@@ -106,6 +106,9 @@ class CompressionEntry(Schema):
     zero_stages: tuple[Literal[0, 1, 2, 3], ...] = Field(min_length=1, description="the ZeRO stages it runs with")
     with_pp: bool = Field(description="runs with pipeline parallelism (pp > 1)")
     native: str = Field(min_length=1, description="the stack's flag, config key or hook")
+    grad_buffer_bytes: float | None = Field(default=None, gt=0, le=4, description=(
+        "bytes per parameter of the gradient buffer under this method where the method sets the buffer's dtype "
+        "(Megatron's --grad-reduce-in-bf16: the DDP buffer in the parameter dtype); None: the buffer is unchanged"))
     source: str = Sourced
 
 

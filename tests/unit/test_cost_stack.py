@@ -253,3 +253,20 @@ def test_zero3_legacy_tensor_count_follows_the_layer():
                                   gather_s=0.5, copy_s=1e-5) == pytest.approx(2 * 3 * (0.5 + 12 * 100 * 1e-5))
     assert zero3_legacy.exposed_s(params=1e9, per_tensor=1e8, dp=1, gathers=3, num_microbatches=2, gather_s=0.5,
                                   copy_s=1e-5) == 0.0
+
+
+def test_megatron_grad_reduce_in_bf16_keeps_a_bf16_gradient_buffer():
+    """Megatron's --grad-reduce-in-bf16 (compression bf16-grads) sets DistributedDataParallelConfig.grad_reduce_in_fp32
+    False, and the DDP buffer takes the parameter dtype (megatron/core/distributed/distributed_data_parallel.py:
+    grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype): 2 bytes per parameter instead of 4. DeepSpeed's
+    communication_data_type only changes the wire dtype: its buffer stays."""
+    from planner.schemas.compression import Compression
+
+    def grads(framework, methods):
+        m = _model(framework, model="llama3-8b", topology="dgx-h100", gpus=8, global_batch_size=64, seq_len=4096)
+        cand = Candidate(dp=8, tp=1, pp=1, zero_stage=1, microbatch_size=1, num_microbatches=8,
+                         compression=Compression(methods=methods))
+        return m.evaluate(cand).stage_memory[0].grads_bytes
+
+    assert grads("megatron-core", ("bf16-grads",)) == pytest.approx(grads("megatron-core", ()) / 2)
+    assert grads("deepspeed", ("bf16-grads",)) == pytest.approx(grads("deepspeed", ()))

@@ -176,26 +176,26 @@ def test_moe_fields_under_their_usual_spellings():
     assert plain.moe.capacity_factor is None and plain.moe.num_groups is None and plain.moe.moe_every == 1
 
 
-def test_nemo_fp8_runs_are_priced_as_nemo_fp8_recipe():
-    """NeMo's fp8 performance recipe (fp8 parameters gathered in fp8, 16-bit gradients: NeMo
-    scripts/performance/helpers.py, recipes/precision/mixed_precision.py) for an fp8 run whose framework names NeMo;
-    the profile's own recipe for bf16, for other stacks, and with the rule switched off. Priced so, NeMo's own
-    recommended Llama 3 8B fp8 layout on 8 H100 (TP1 PP1 CP2, seq 8192) fits, which the generic fp8 recipe (bf16
-    weights plus an fp8 copy, fp32 gradients) does not."""
+def test_nemo_runs_are_priced_as_nemo_performance_recipe():
+    """NeMo's performance recipe (16-bit gradient buffers for every precision, fp8 parameters gathered in fp8 under
+    fp8: NeMo scripts/performance/helpers.py, recipes/precision/mixed_precision.py) for a run whose framework names
+    NeMo; the profile's own recipe for other stacks and with the rule switched off. Priced so, NeMo's own
+    recommended Llama 3 8B layout on 8 H100 (TP1 PP1 CP2, seq 8192) fits in bf16 and in fp8; the generic recipes
+    (fp32 gradient buffers; under fp8 bf16 weights plus an fp8 copy) do not."""
     import accuracy_cases as C
 
-    nemo = run(training__framework="NeMo 25.04 (Megatron-Core)", training__precision="FP8 (delayed scaling)",
-               parallel__dp=4, parallel__cp=2, parallel__num_gpus=8, training__global_batch_seqs=128,
-               training__recompute="none", training__zero_stage=1)
-    assert P.stack_of(nemo) == "megatron-core" and P.precision_of(nemo) == "fp8"
-    assert P.recipe_bytes_of(nemo, "fp8") == P.NEMO_FP8_RECIPE_BYTES
-    assert P.recipe_bytes_of(nemo, "fp8", off=("nemo_fp8_performance_recipe",)) is None
-    assert P.recipe_bytes_of(run(training__framework="NeMo"), "bf16") is None
+    for text, precision in (("FP8 (delayed scaling)", "fp8"), ("BF16", "bf16")):
+        nemo = run(training__framework="NeMo 25.04 (Megatron-Core)", training__precision=text,
+                   parallel__dp=4, parallel__cp=2, parallel__num_gpus=8, training__global_batch_seqs=128,
+                   training__recompute="none", training__zero_stage=1)
+        assert P.stack_of(nemo) == "megatron-core" and P.precision_of(nemo) == precision
+        assert P.recipe_bytes_of(nemo, precision) == P.NEMO_RECIPE_BYTES[precision]
+        assert P.recipe_bytes_of(nemo, precision, off=("nemo_performance_recipe",)) is None
+        shipped, generic = C.build_case(nemo), C.build_case(nemo, off=("nemo_performance_recipe",))
+        assert shipped.overrides["recipe_bytes"] == P.NEMO_RECIPE_BYTES[precision]
+        assert "recipe_bytes" not in generic.overrides
+        assert [C.choose(case)[1].fits for case in (shipped, generic)] == [True, False], precision
     assert P.recipe_bytes_of(run(training__framework="Megatron-Core"), "fp8") is None
-    shipped, generic = C.build_case(nemo), C.build_case(nemo, off=("nemo_fp8_performance_recipe",))
-    assert shipped.overrides["recipe_bytes"] == P.NEMO_FP8_RECIPE_BYTES and "recipe_bytes" not in generic.overrides
-    fits = [C.choose(case)[1].fits for case in (shipped, generic)]
-    assert fits == [True, False]
 
 
 def test_v100_runs_are_expressed_on_the_dgx2_node():
