@@ -21,7 +21,7 @@ max_memory_reserved over the steps (and per step), the allocator's retries and i
 the snapshot shows expandable segments (the setting took effect).
 
     python benchmarks/gpu_memory_allocator.py --dry-run                 # no GPU: the cases and settings, nothing measured
-    # on the lent GPU (torch only; run tool, timeout_s 300; about 2 minutes on an H100):
+    # on the lent GPU (torch only; run tool, timeout_s 480; 8 processes of ~15-30 s each, about 3-4 minutes):
     PYTHONUNBUFFERED=1 python3 benchmarks/gpu_memory_allocator.py -o $OUT/memory-allocator-h100.json
     # then here: copy it to profiles/memory-allocator-h100.json and derive the calibration.yaml entries (CPU):
     python benchmarks/gpu_memory_allocator.py --derive profiles/memory-allocator-h100.json           # print them
