@@ -41,10 +41,18 @@ class DeviceCalibration:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryCalibration:
-    """Allocator allowance: fixed bytes plus a fraction of the allocated bytes (see calibration.yaml)."""
+    """Allocator allowance of one caching-allocator setting: fixed bytes plus a fraction of the allocated bytes
+    (calibration.yaml `memory`; `source` says what measured it, or "not measured: ..." where nothing has)."""
 
     fragmentation_fixed_bytes: int
     fragmentation_fraction: float
+    allocator: str = "default"
+    source: str = ""
+
+    @property
+    def measured(self) -> bool:
+        """Whether a run measured this setting's allowance (else it is the default allocator's, carried over)."""
+        return not self.source.startswith("not measured")
 
 
 def _entry(raw: dict) -> DeviceCalibration:
@@ -96,11 +104,14 @@ def reload() -> None:
 
 
 @lru_cache(maxsize=1)
-def _load() -> tuple[tuple, DeviceCalibration, MemoryCalibration]:
+def _load() -> tuple[tuple, DeviceCalibration, tuple[tuple[str, MemoryCalibration], ...]]:
     raw = _raw()
     devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item)), _measured(item))
                     for item in raw["devices"])
-    memory = MemoryCalibration(**raw["memory"])
+    memory = tuple((name, MemoryCalibration(allocator=name, fragmentation_fixed_bytes=int(entry["fragmentation_fixed_bytes"]),
+                                            fragmentation_fraction=float(entry["fragmentation_fraction"]),
+                                            source=str(entry.get("source", ""))))
+                   for name, entry in raw["memory"].items())
     return devices, _entry(raw["default"]), memory
 
 
@@ -155,6 +166,10 @@ def step_overhead_s(framework: str | None) -> float:
     return float(measured[framework]) if framework in measured else float(loop["step_overhead_s"])
 
 
-def memory_calibration() -> MemoryCalibration:
-    """The global allocator allowance (derived from the tinyllama H100 measurements)."""
-    return _load()[2]
+def memory_calibration(allocator: str = "default") -> MemoryCalibration:
+    """The allocator allowance of a caching-allocator setting (frameworks/*.yaml behaviour.memory.allocator):
+    calibration.yaml's `memory` entry of that name; "default" is derived from the tinyllama H100 measurements."""
+    entries = dict(_load()[2])
+    if allocator not in entries:
+        raise ValueError(f"allocator={allocator!r}: calibration.yaml memory has no entry for it; one of {sorted(entries)}")
+    return entries[allocator]

@@ -83,7 +83,7 @@ class CostModel:
                                         gather_bytes=gather)
         # the training loop's per-step work outside the micro-batches (calibration.yaml `loop`)
         self.step_overhead_s = step_overhead_s(request.framework) if step_overhead is None else step_overhead
-        self.mem_cal = memory_calibration()
+        self.mem_cal = memory_calibration(options.allocator)  # the stack's allocator setting (behaviour.memory.allocator)
         if options.allocator_fraction is not None:
             self.mem_cal = dataclasses.replace(self.mem_cal, fragmentation_fraction=options.allocator_fraction)
         flash = self.options.flash_attention
@@ -136,7 +136,7 @@ class CostModel:
     def capacity_bytes(self) -> int:
         """Usable bytes for allocations per GPU: (memory - CUDA context - fixed allowance) / (1 + fragmentation
         fraction), so that allocated <= capacity_bytes() exactly when allocated * (1 + f) + fixed fits the
-        device (allowance derived from the tinyllama H100 measurements, calibration.yaml)."""
+        device (the allowance of the stack's allocator setting, calibration.yaml `memory`)."""
         cal = self.mem_cal
         return int((self.device_usable_bytes() - cal.fragmentation_fixed_bytes) / (1 + cal.fragmentation_fraction))
 

@@ -35,7 +35,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
         recipe_bytes=_recipe_bytes(m.recipes.get(precision)), fp8_saves_fp8_inputs=m.fp8_saves_fp8_inputs,
         zero3_hierarchical=o.zero3_hierarchical, zero3_regather_for_recompute=o.zero3_regather_for_recompute,
         zero3_sync_per_tensor=o.zero3_sync_per_tensor,
-        allocator_fraction=b.memory.allocator_allowance_fraction,
+        allocator=m.allocator, allocator_fraction=m.allocator_allowance_fraction,
         grad_reduce_fp32=m.grad_reduce_fp32,
         selective_mode=m.selective_recompute, attention_kernel=k.attention_kernel,
         moe_hierarchical=o.moe_hierarchical_dispatch, moe_allgather=o.moe_allgather_dispatch,

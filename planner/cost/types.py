@@ -87,8 +87,10 @@ class CostOptions:
         priced (planner.cost.context_parallel).
     attention_kernel: the stack's fused-attention kernel ("flash-attention-1", "flash-attention-2", "cudnn"),
         priced at the device family's measured rate for the model's head dim (calibration.attention_rate_for).
+    allocator: the caching-allocator setting the stack runs under (behaviour.memory.allocator): its allowance is
+        calibration.yaml's `memory` entry of that name.
     allocator_fraction: device memory the stack's allocator keeps beyond the allocated bytes, as a fraction of them
-        (behaviour.memory.allocator_allowance_fraction); None = calibration.yaml's memory.fragmentation_fraction.
+        (behaviour.memory.allocator_allowance_fraction); None = the `allocator` entry's fragmentation_fraction.
     softmax_in_place: the unfused softmax's backward overwrites its output gradient (kernels.softmax_backward_in_place).
     logits_live_in_backward: the fp32 logits stay allocated through the layers' backward (else the loss's phase and
         a layer's backward phase do not overlap: CostModel.stage_other_bytes).
@@ -118,6 +120,7 @@ class CostOptions:
     main_grads_fp32: bool = True
     recipe_bytes: tuple[float, float, float, float, float] | None = None
     fp8_saves_fp8_inputs: bool = True
+    allocator: str = "default"
     allocator_fraction: float | None = None
     logits_live_in_backward: bool = False
     fsdp_grads_unsharded_across_microbatches: bool = False

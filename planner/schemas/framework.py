@@ -246,7 +246,15 @@ class MemoryHabits(Schema):
                                           "precision not listed takes the cost model's default")
     main_grads_fp32: bool = Field(description="gradients accumulated in an fp32 buffer (4 bytes/param) under bf16")
     distributed_optimizer: bool = Field(description="ZeRO-1 is the stack's distributed optimizer")
-    allocator_allowance_fraction: float = Field(ge=0, lt=0.5, description="device memory kept back for fragmentation")
+    allocator: Literal["default", "expandable_segments"] = Field(
+        default="default", description="the CUDA caching allocator setting the stack's launch runs under "
+        "(PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF expandable_segments:True, else PyTorch's default); the cost "
+        "model's allocator allowance is calibration.yaml's `memory` entry of this setting")
+    allocator_source: str = Field(default="not set by the stack's launch: PyTorch's default caching allocator",
+                                  min_length=1, description="where the stack's launch sets `allocator`")
+    allocator_allowance_fraction: float | None = Field(
+        default=None, ge=0, lt=0.5, description="an allowance of one's own (device memory kept beyond the allocated "
+        "bytes, a fraction of them) in place of calibration.yaml's for `allocator`; None: calibration.yaml's")
     selective_recompute: Literal["attention_core", "half_forward", "norm_and_up_proj", "op_sac"] = Field(
         default="attention_core", description="what `selective` recompute reruns: the attention core (Megatron, "
                                               "Korthikanti et al. 2022), half of each layer's forward (torchtitan's "

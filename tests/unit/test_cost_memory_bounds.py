@@ -51,13 +51,39 @@ def test_fsdp_stacks_hold_fp32_master_parameters():
 
 
 def test_allocator_allowance_is_the_stack_s():
+    """Each stack's allowance is calibration.yaml's entry of the allocator setting its launch runs under
+    (behaviour.memory.allocator, cited in the profile); a profile's own allocator_allowance_fraction overrides it."""
     req = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=8, global_batch_size=8, seq_len=2048)
     from planner.cost.calibration import memory_calibration
-    from planner.frameworks import list_frameworks
+    from planner.frameworks import list_frameworks, load_framework
 
-    measured = memory_calibration().fragmentation_fraction  # the TinyLlama envelope, the one measurement
-    for name in list_frameworks():  # the same PyTorch caching allocator under every stack: the same allowance
-        assert CostModel(req.model_copy(update={"framework": name})).mem_cal.fragmentation_fraction == pytest.approx(measured)
+    settings = set()
+    for name in list_frameworks():
+        profile = load_framework(name).behaviour.memory
+        assert profile.allocator_allowance_fraction is None and len(profile.allocator_source) > 20, name  # cited
+        expected = memory_calibration(profile.allocator)
+        got = CostModel(req.model_copy(update={"framework": name})).mem_cal
+        assert (got.fragmentation_fraction, got.fragmentation_fixed_bytes, got.allocator) == (
+            expected.fragmentation_fraction, expected.fragmentation_fixed_bytes, profile.allocator), name
+        settings.add(profile.allocator)
+    assert settings == {"default", "expandable_segments"}  # torchtitan's run_train.sh, NeMo's executors.py
+    everything = str(Path(__file__).resolve().parents[1] / "data" / "frameworks" / "everything.yaml")
+    assert CostModel(req.model_copy(update={"framework": everything})).mem_cal.fragmentation_fraction == 0.05
+
+
+def test_unmeasured_allocator_setting_carries_the_measured_default():
+    """No invented number: until benchmarks/gpu_memory_allocator.py has run on a GPU, expandable_segments' entry is
+    the measured default's, and says so."""
+    from planner.cost.calibration import memory_calibration
+
+    default, expandable = memory_calibration("default"), memory_calibration("expandable_segments")
+    assert default.measured and default.fragmentation_fraction == pytest.approx(0.094)
+    if not expandable.measured:
+        assert expandable.source.startswith("not measured: benchmarks/gpu_memory_allocator.py")
+        assert (expandable.fragmentation_fraction, expandable.fragmentation_fixed_bytes) == (
+            default.fragmentation_fraction, default.fragmentation_fixed_bytes)
+    with pytest.raises(ValueError, match="allocator='cudaMallocAsync'"):
+        memory_calibration("cudaMallocAsync")
 
 
 @pytest.mark.skipif(not VALIDATION.is_file(), reason="validation data not present")

@@ -28,7 +28,9 @@ def test_profiles_map_to_options():
     assert not lm.flash_attention and not lm.dp_overlap and not lm.pp_overlap and lm.pp_scatter_gather
     assert ds.zero3_hierarchical and ds.zero3_regather_for_recompute and core.zero3_hierarchical
     assert options_for("megatron-core", "fp32").flash_attention is False
-    assert options_for("pytorch-fsdp", "bf16").allocator_fraction == pytest.approx(0.094)  # the measured envelope
+    fsdp, titan = options_for("pytorch-fsdp", "bf16"), options_for("torchtitan", "bf16")
+    assert fsdp.allocator == "default" and fsdp.allocator_fraction is None  # calibration.yaml memory.default
+    assert titan.allocator == "expandable_segments" and core.allocator == "expandable_segments"  # their launch scripts
 
 
 def test_overlapped_p2p_leaves_only_the_fill_exposed():
