@@ -36,8 +36,8 @@ COUNT_BYTES = 8  # int64 tokens-per-expert counts (routing_map.sum(dim=0).long()
 
 
 def expert_tp_link(env: Env) -> GroupLink:
-    """The expert-TP group: etp consecutive ranks of the TP group (Megatron-Core's expert mesh tp-ep-dp-pp puts
-    expert TP innermost, parallel_state.py)."""
+    """The expert-TP group: etp consecutive ranks of the TP group (Megatron-Core's expert RankGenerator, with the
+    default order 'tp-cp-ep-dp-pp' and cp 1, puts expert TP innermost: parallel_state.py initialize_model_parallel)."""
     tp, etp = env.links.tp, env.shape.etp
     if etp >= tp.size:
         return tp
