@@ -96,6 +96,8 @@ ABLATIONS = (
      "moe_expert_sort", None),
     ("MoE tokens-per-expert exchange before each dispatch (megatron-core all-gather, torchtitan all_to_all_single)",
      "moe_count_exchange", None),
+    ("MoE routing scores applied by an eager fp32 multiply of the combined rows (torchtitan token_dispatcher.py "
+     "combine)", "moe_combine_scores", None),
 )
 
 

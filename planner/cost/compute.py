@@ -54,6 +54,7 @@ class Shape:
     moe_sp_dispatch: bool = False  # each TP rank dispatches its sequence shard (behaviour.moe.sequence_parallel_dispatch)
     moe_expert_launches: str = "per_expert"  # behaviour.moe.expert_gemm_launches
     moe_expert_sort: str = "never"  # behaviour.moe.expert_sort
+    moe_combine_scores: str = "in_activation"  # behaviour.moe.combine_scores
 
     @property
     def kernels(self) -> "KernelBytes":
@@ -313,11 +314,22 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
         routed = tokens * cfg.top_k * moe_comm.load_factor(cfg)
         rest += act_io * (routed * cfg.expert_ffn_hidden_size + tokens * cfg.shared_ffn_hidden_size) * ACT_BYTES / t
         rest += 2 * moe_permutation_rows(spec, shape) * h * ACT_BYTES  # each permutation reads and writes its rows
+        if shape.moe_combine_scores == "fp32_multiply":
+            rest += FP32_SCORE_MULTIPLY_BYTES * moe_rows(spec, shape)[0] * h
     core = 0.0
     if not shape.flash_attention:
         scores = shape.microbatch_size * spec.num_attention_heads * (shape.seq_len / shape.cp) * shape.seq_len / t
         core = scores * ACT_BYTES * (2 + (2.5 if shape.dropout else 0))
     return core, rest
+
+
+FP32_SCORE_MULTIPLY_BYTES = 20
+"""HBM bytes per element of the combined rows where the stack weights them by the routing scores eagerly in fp32
+(torchtitan, torchtitan/models/common/token_dispatcher.py LocalTokenDispatcher.combine and
+AllToAllTokenDispatcher.combine: `(routed_output.to(torch.float32) * scores).to(routed_output.dtype)`, three
+kernels when not compiled, CompileConfig.enable defaulting to False): cast to fp32 (read 2, write 4), multiply
+(read 4, write 4), cast back (read 4, write 2). The multiply keeps the fp32 copy for the scores' gradient
+(memory.decoder_activation_bytes)."""
 
 
 def moe_permutation_rows(spec: ModelSpec, shape: Shape) -> float:

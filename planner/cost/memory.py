@@ -95,7 +95,9 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     at the expert input and intermediates; the expert input is what the experts' fc1 (column-parallel over the
     expert-TP ranks) saves, whole rows of h for every token the GPU's experts take in (compute.moe_rows: Megatron-Core
     TEGroupedMLP's linear_fc1 saves the all-gathered dispatch output, experts.py; torchtitan's experts run on the
-    TP-replicated tokens), so it is not divided by tp; the intermediates are (f split by etp). Replicated regions (norms, FFN/QKV inputs, dropout masks) are
+    TP-replicated tokens), so it is not divided by tp; the intermediates are (f split by etp). Where the stack weights
+    the combined rows by their scores in an eager fp32 multiply (torchtitan: compute.FP32_SCORE_MULTIPLY_BYTES), the
+    fp32 copy it keeps, 4 bytes per element of the dispatch-side rows. Replicated regions (norms, FFN/QKV inputs, dropout masks) are
     divided by tp only with SP. CP splits the sequence. Eager kernels (Shape.fused_kernels False) save more per
     norm and FFN element (compute.KernelBytes: HuggingFace's fp32 RMSNorm keeps 10 bytes per element, not 2).
     Under the fp8 recipe (Shape.fp8_inputs) the inputs saved for the backward of the linear layers (QKV, out-proj,
@@ -118,6 +120,8 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
         sharded += routed * saved_ffn * cfg.expert_ffn_hidden_size + s * b * saved_ffn * cfg.shared_ffn_hidden_size
         replicated += 4 * s * b * cfg.num_experts
         expert_input = g * h * moe_rows(spec, shape)[1]  # fc1's saved input: whole rows of h, not split by tp
+        if shape.moe_combine_scores == "fp32_multiply":  # the fp32 copy the scores' multiply keeps (compute.FP32_SCORE_MULTIPLY_BYTES)
+            expert_input += 4 * h * moe_rows(spec, shape)[0]
     else:
         sharded += s * b * saved_ffn * spec.ffn_hidden_size
     if shape.flash_attention:

@@ -196,7 +196,7 @@ class CostModel:
                      fp8_inputs=self.request.precision == "fp8" and o.fp8_saves_fp8_inputs,
                      softmax_in_place=o.softmax_in_place, expert_tp=max(1, cand.tp * ep // cand.ep),
                      moe_sp_dispatch=o.moe_sp_dispatch, moe_expert_launches=o.moe_expert_launches,
-                     moe_expert_sort=o.moe_expert_sort)
+                     moe_expert_sort=o.moe_expert_sort, moe_combine_scores=o.moe_combine_scores)
 
     # --- schedule-dependent terms -----------------------------------------------------------------------
 

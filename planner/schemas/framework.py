@@ -330,6 +330,9 @@ class MoeExecution(Schema):
         "than one local expert, or with ep > 1")
     token_count_exchange: Literal["none", "all_gather", "all_to_all"] = Field(default="none", description="the "
         "collective that exchanges tokens-per-expert counts before each dispatch (forward only)")
+    combine_scores: Literal["in_activation", "fp32_multiply"] = Field(default="in_activation", description="where "
+        "the routing scores weight the expert outputs: inside the fused activation (nothing extra), or by an eager "
+        "fp32 multiply of the combined rows that keeps their fp32 copy for backward")
     source: str = Field(default="not stated: the cost model's defaults", min_length=1)
 
 

@@ -40,6 +40,8 @@ def test_profiles_state_how_each_stack_runs_its_moe_layer():
         False, "per_matmul", "expert_parallel", "all_to_all")
     assert (ds.moe_sp_dispatch, ds.moe_expert_launches, ds.moe_expert_sort, ds.moe_count_exchange) == (
         False, "per_expert", "never", "none")
+    assert (mc.moe_combine_scores, tt.moe_combine_scores, ds.moe_combine_scores) == (
+        "in_activation", "fp32_multiply", "in_activation")
 
 
 def test_sequence_parallel_dispatch_sends_each_tp_ranks_shard():
@@ -196,3 +198,36 @@ def test_without_ep_the_expert_tp_collectives_still_run():
     assert layer.moe_dispatcher is None
     assert (layer.ep_fwd_s, layer.ep_bwd_s) == pytest.approx((moe_layer.expert_tp_s(env),) * 2)
     assert layer.ep_fwd_s > 0
+
+
+def test_fp32_score_multiply_moves_and_keeps_the_combined_rows():
+    """torchtitan weights the combined rows by their scores as (x.to(fp32) * scores).to(bf16): 20 bytes moved and
+    4 kept per element of the dispatch-side rows."""
+    m = _model(framework="torchtitan")
+    shape = m.shape(TP4)
+    assert shape.moe_combine_scores == "fp32_multiply"
+    plain = dataclasses.replace(shape, moe_combine_scores="in_activation")
+    rows_h = compute.moe_rows(m.spec, shape)[0] * m.spec.hidden_size
+    moved = compute.layer_elementwise_bytes(m.spec, shape, moe=counting.moe_params(m.spec))[1]
+    assert moved - compute.layer_elementwise_bytes(m.spec, plain, moe=counting.moe_params(m.spec))[1] == pytest.approx(20 * rows_h)
+    kept = memory.decoder_activation_bytes(m.spec, shape, moe_layer=True).none
+    assert kept - memory.decoder_activation_bytes(m.spec, plain, moe_layer=True).none == pytest.approx(4 * rows_h)
+
+
+def test_torchtitan_combine_keeps_an_fp32_copy_of_the_rows():
+    """Run torchtitan's own combine on CPU and record what autograd saves: the fp32 rows x h copy."""
+    torch = pytest.importorskip("torch")
+    dispatcher = pytest.importorskip("torchtitan.models.common.token_dispatcher")
+    tokens, top_k, experts, dim = 64, 2, 4, 32
+    local = dispatcher.LocalTokenDispatcher.Config(num_experts=experts, top_k=top_k).build()
+    x = torch.randn(tokens, dim, dtype=torch.bfloat16, requires_grad=True)
+    scores = torch.rand(tokens, top_k, requires_grad=True)
+    ids = torch.randint(0, experts, (tokens, top_k))
+    routed, _, meta = local.dispatch(x, scores, ids, torch.bincount(ids.view(-1), minlength=experts))
+    expert_out = routed.detach().clone().requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        local.combine(expert_out, meta, x)
+    fp32_rows = [t for t in saved if t.dtype == torch.float32 and t.dim() == 2 and t.shape[1] == dim]
+    assert [tuple(t.shape) for t in fp32_rows] == [(tokens * top_k, dim)]
+    assert fp32_rows[0].untyped_storage().nbytes() == tokens * top_k * dim * 4
