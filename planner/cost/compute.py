@@ -232,10 +232,13 @@ def expert_launches(spec: ModelSpec, launches: str, local_experts: int) -> int:
     """GEMM kernels the routed experts of one GPU launch in a forward (the backward twice as many):
     - "per_expert" (Megatron-Core TEGroupedMLP: Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local
       expert, round-robin on 4 streams: transformer_engine/common/gemm/cublaslt_gemm.cpp
-      nvte_multi_stream_cublas_gemm, num_streams = 4 in transformer_engine/gemm.h; DeepSpeed-MoE loops over its
-      local experts, deepspeed/moe/experts.py Experts.forward): fc1 (gate and up fused) and fc2 per expert;
+      nvte_multi_stream_cublas_gemm, num_streams = 4 in transformer_engine/gemm.h; Megatron-Core's legacy
+      GroupedMLP calls grouped_gemm's gmm, whose default build "launches one GEMM kernel per batch element"
+      (tgale96/grouped_gemm README, unless built with GROUPED_GEMM_CUTLASS=1); DeepSpeed-MoE loops over its local
+      experts, deepspeed/moe/experts.py Experts.forward): fc1 (gate and up fused) and fc2 per expert;
     - "per_matmul" (torchtitan GroupedExperts.forward, torchtitan/models/common/moe.py: one torch._grouped_mm
-      for all local experts per weight, w1, w3 and w2 separately): 3 gated, 2 plain."""
+      for all local experts per weight, w1, w3 and w2 separately; one CUTLASS grouped kernel on sm90,
+      aten/src/ATen/native/cuda/GroupMM.cu): 3 gated, 2 plain."""
     if launches == "per_matmul":
         return 3 if spec.gated else 2
     return 2 * local_experts
