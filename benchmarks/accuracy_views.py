@@ -90,6 +90,16 @@ ABLATIONS = (
      "zero3_layer_collectives", False),
     ("fp8 casts of linear inputs and output gradients (Transformer Engine cast-transpose)", "fp8_casts", False),
     ("all-gather / reduce-scatter latency per rank of the ring (NCCL tuning.cc), not per node", RING_LATENCY, None),
+    ("MoE tokens dispatched per sequence-parallel shard, expert-TP all-gather/reduce-scatter (megatron-core "
+     "token_dispatcher.py MoEAlltoAllTokenDispatcher)", "moe_sp_dispatch", None),
+    ("MoE expert GEMM launches per stack (torchtitan one torch._grouped_mm per weight; TE GroupedLinear one per "
+     "expert)", "moe_expert_launches", None),
+    ("MoE tokens sorted again by local expert (megatron-core sort_chunks_by_idxs, torchtitan _permute)",
+     "moe_expert_sort", None),
+    ("MoE tokens-per-expert exchange before each dispatch (megatron-core all-gather, torchtitan all_to_all_single)",
+     "moe_count_exchange", None),
+    ("MoE routing scores applied by an eager fp32 multiply of the combined rows (torchtitan token_dispatcher.py "
+     "combine)", "moe_combine_scores", None),
 )
 
 

@@ -75,6 +75,7 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bo
               moe_loop=model.options.moe_expert_impl == "loop",
               moe_dispatch_fp8=cand.compression.has("fp8-dispatch"),
               moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
+              moe_count_exchange=model.options.moe_count_exchange,
               cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     for name, (mixer, moe_layer, _) in layer_kinds(model).items():

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.cost import autocast, comm, compute, mixers, p2p
+from planner.cost import moe_layer as moe_layer_terms
 from planner.cost import layer_terms as T
 from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table, rows_of, static_parts
 from planner.cost.evaluate import dp_exposed, dp_exposed_rows, dp_fits
@@ -90,6 +91,7 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
                  moe_hierarchical=model.options.moe_hierarchical,
                  moe_dispatch_fp8=cand.compression.has("fp8-dispatch"),
                  moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
+                 moe_count_exchange=model.options.moe_count_exchange,
                  cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts)
 
 
@@ -316,7 +318,8 @@ def _per_sample(model: "CostModel", cand: "Candidate") -> tuple[float, float]:
             (sum(T.cp_times(_env(model, cand, tp, cp=link.without_latency()), core)) for link in _footprints(model, cand, cand.cp)),
             default=0.0)) if cand.cp > 1 else 0.0  # cp_times reads no expert degree: shared by the families of every ep
         total += count * (fwd + bwd + cp_s + (ep_s if moe_layer else 0.0))
-        tp_total += count * sum(T.tp_times(env, fwd, bwd, collectives=2))
+        pairs = 1 + moe_layer_terms.ffn_tp_collectives(spec, shape, moe_layer=moe_layer)  # as layers.decoder_cost
+        tp_total += count * sum(T.tp_times(env, fwd, bwd, collectives=pairs))
     fwd, bwd, _ = T.gemm_times(env, compute.head_gemms(spec, shape))
     tp_fwd, tp_bwd = T.tp_times(env, fwd, bwd, collectives=1)
     return total + fwd + bwd, tp_total + tp_bwd + (tp_fwd if shape.sp else 0.0)

@@ -101,7 +101,8 @@ def all_to_all_s(num_bytes: float, *, group: GroupLink) -> float:
     return max(intra, inter) + (n - 1) * (group.inter_latency_s if group.spans_nodes else latency)
 
 
-def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink, max_nodes: int | None = None) -> float:
+def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink, max_nodes: int | None = None,
+                              fanout: int = 1) -> float:
     """MoE dispatch (or combine) that crosses the NICs once per destination node and fans out over NVLink there
     (DeepSeek-V3 report Sec. 3.2.2 and DeepEP; Megatron-Core's flex dispatcher). `num_bytes` = tokens * top_k * h
     * 2 sent by this rank. With N nodes in the group and top_k experts picked uniformly, a token reaches
@@ -109,12 +110,15 @@ def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink,
     top_k * (n - rpn)/n. Where routing is limited to `max_nodes` nodes (DeepSeek-V3's node-limited routing,
     report Sec. 2.1.2: group-limited top-k whose groups are whole nodes, moe_comm.routed_node_limit), the top_k
     experts fall on those M nodes: M * (1 - (1 - 1/M)^top_k) distinct nodes, each the token's own node with chance
-    1/N. The NVLink side moves the on-node share as in all_to_all_s; the slower side bounds."""
+    1/N. The NVLink side moves the on-node share as in all_to_all_s; the slower side bounds. `fanout`: each copy
+    goes on to that many ranks of its destination node (the expert-TP ranks of an expert, Megatron-Core's flex
+    dispatcher over the tp x ep group: MoEFlexTokenDispatcher, token_dispatcher.py, router_topk = tp_size * topk),
+    which multiplies the NVLink bytes, not the NIC bytes."""
     n, rpn, nodes = group.size, group.ranks_per_node, group.num_nodes
     if n <= 1 or num_bytes <= 0:
         return 0.0
     if not group.spans_nodes or nodes <= 1:
-        return all_to_all_s(num_bytes, group=group)
+        return all_to_all_s(num_bytes * fanout, group=group)
     bandwidth, _ = group.intra("all_to_all")
     per_copy = num_bytes / top_k
     if max_nodes is not None and max_nodes < nodes:
@@ -122,7 +126,7 @@ def hierarchical_all_to_all_s(num_bytes: float, *, top_k: int, group: GroupLink,
         remote_nodes = reached * (1 - 1 / nodes)  # a reached node is the token's own with chance 1/N
     else:
         remote_nodes = nodes * (1 - (1 - 1 / nodes) ** top_k) * (nodes - 1) / nodes
-    intra = (rpn - 1) / n * num_bytes / _bytes_per_s(bandwidth)
+    intra = (rpn - 1) / n * num_bytes * fanout / _bytes_per_s(bandwidth)
     inter = remote_nodes * per_copy / _bytes_per_s(group.inter_bandwidth_GBps)
     return max(intra, inter) + (nodes - 1) * group.inter_latency_s + (rpn - 1) * group.intra_latency_s
 

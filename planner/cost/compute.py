@@ -49,10 +49,33 @@ class Shape:
     fused_kernels: bool = True
     fp8_inputs: bool = False  # fp8 recipe: GEMMs save their fp8-cast inputs for backward (1 byte per element)
     softmax_in_place: bool = False  # unfused attention: the softmax backward overwrites its output gradient
+    expert_tp: int = 0  # routed experts' tensor parallelism (Megatron-Core expert_tensor_parallel_size): tp over the
+    # MoE fold (ParallelDims.expert_fold); 0 = tp
+    moe_sp_dispatch: bool = False  # each TP rank dispatches its sequence shard (behaviour.moe.sequence_parallel_dispatch)
+    moe_expert_launches: str = "per_expert"  # behaviour.moe.expert_gemm_launches
+    moe_expert_sort: str = "never"  # behaviour.moe.expert_sort
+    moe_combine_scores: str = "in_activation"  # behaviour.moe.combine_scores
 
     @property
     def kernels(self) -> "KernelBytes":
         return FUSED if self.fused_kernels else EAGER
+
+    @property
+    def etp(self) -> int:
+        """The routed experts' tensor-parallel degree (tp unless the MoE fold takes tp ranks for EP)."""
+        return self.expert_tp or self.tp
+
+    @property
+    def moe_tokens(self) -> float:
+        """Tokens this GPU routes: its sequence shard (tokens / tp with sp) where the stack dispatches per shard
+        (Megatron-Core: the MoE layer's input is the sequence-parallel region, moe_layer.py MoELayer.forward), else
+        all b * s / cp tokens (replicated over tp)."""
+        return self.tokens / self.sp_div if self.moe_sp_dispatch else self.tokens
+
+    @property
+    def expert_parallel(self) -> int:
+        """The EP degree the routed experts are spread over: the expert shard ep times the MoE fold (tp / etp)."""
+        return self.ep * self.tp // self.etp
 
     @property
     def tokens(self) -> float:
@@ -183,8 +206,9 @@ def _ffn(name: str, spec: ModelSpec, tokens: float, width: float, t: int, calls:
 
 
 def mlp_gemms(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None, full: bool = False, hardware: bool = True) -> list[Gemm]:
-    """FFN matmuls, forward, per GPU. MoE: router (replicated over tp), routed experts (each GPU computes its
-    share of tokens * top_k, padded to capacity_factor when `hardware`), shared experts."""
+    """FFN matmuls, forward, per GPU. MoE: router (over the tokens this GPU routes: Shape.moe_tokens), routed
+    experts (each GPU computes its share of tokens * top_k, padded to capacity_factor when `hardware`; kernel
+    launches by expert_launches), shared experts."""
     t = 1 if full else shape.tp
     tokens = shape.microbatch_size * shape.seq_len / (1 if full else shape.cp)
     if moe is None:
@@ -192,14 +216,42 @@ def mlp_gemms(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None, full: boo
     cfg = spec.moe
     assert cfg is not None
     padding = moe_comm.load_factor(cfg) if hardware else 1.0  # the slowest EP rank's load
-    local_experts = max(1, cfg.num_experts // (1 if full else shape.ep))
+    local_experts = max(1, cfg.num_experts // (1 if full else shape.expert_parallel))
+    routed = tokens if full else shape.moe_tokens
     gemms = [
-        Gemm("router", 2 * tokens * spec.hidden_size * (cfg.num_experts + int(cfg.shared_expert_gate))),
-        _ffn("experts", spec, tokens * cfg.top_k * padding, cfg.expert_ffn_hidden_size, t, calls=2 * local_experts),
+        Gemm("router", 2 * routed * spec.hidden_size * (cfg.num_experts + int(cfg.shared_expert_gate))),
+        _ffn("experts", spec, tokens * cfg.top_k * padding, cfg.expert_ffn_hidden_size, t,
+             calls=expert_launches(spec, shape.moe_expert_launches, local_experts)),
     ]
     if cfg.shared_ffn_hidden_size:
         gemms.append(_ffn("shared_experts", spec, tokens, cfg.shared_ffn_hidden_size, t, calls=2))
     return gemms
+
+
+def expert_launches(spec: ModelSpec, launches: str, local_experts: int) -> int:
+    """GEMM kernels the routed experts of one GPU launch in a forward (the backward twice as many):
+    - "per_expert" (Megatron-Core TEGroupedMLP: Transformer Engine's GroupedLinear runs one cuBLAS GEMM per local
+      expert, round-robin on 4 streams: transformer_engine/common/gemm/cublaslt_gemm.cpp
+      nvte_multi_stream_cublas_gemm, num_streams = 4 in transformer_engine/gemm.h; Megatron-Core's legacy
+      GroupedMLP calls grouped_gemm's gmm, whose default build "launches one GEMM kernel per batch element"
+      (tgale96/grouped_gemm README, unless built with GROUPED_GEMM_CUTLASS=1); DeepSpeed-MoE loops over its local
+      experts, deepspeed/moe/experts.py Experts.forward): fc1 (gate and up fused) and fc2 per expert;
+    - "per_matmul" (torchtitan GroupedExperts.forward, torchtitan/models/common/moe.py: one torch._grouped_mm
+      for all local experts per weight, w1, w3 and w2 separately; one CUTLASS grouped kernel on sm90,
+      aten/src/ATen/native/cuda/GroupMM.cu): 3 gated, 2 plain."""
+    if launches == "per_matmul":
+        return 3 if spec.gated else 2
+    return 2 * local_experts
+
+
+def moe_rows(spec: ModelSpec, shape: Shape) -> tuple[float, float]:
+    """(dispatch-side, expert-side) routed rows of h on this GPU, at the slowest EP rank's load: the tokens it
+    routes (Shape.moe_tokens) x top_k, and what its experts take in: tokens x top_k over the MoE fold (tp /
+    etp; the expert-TP all-gather of Megatron-Core's dispatcher brings etp shards together,
+    token_dispatcher.py MoEAlltoAllTokenDispatcher.dispatch_postprocess)."""
+    cfg = spec.moe
+    load = cfg.top_k * moe_comm.load_factor(cfg)
+    return shape.moe_tokens * load, shape.tokens * load * shape.etp / shape.tp
 
 
 def head_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
@@ -244,8 +296,8 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
     Per GPU, bf16 (2 bytes), bytes per element from KernelBytes (fused: one read and one write per operator;
     eager: HuggingFace's unfused fp32 norms, SwiGLU and RoPE): spec.norms_per_layer norms, two residual adds (2 reads + 1 write),
     RoPE on q and k, the FFN activation (fused plain: read f, write f; fused gated: read 2f, write f) on
-    tokens * top_k * capacity for MoE experts (plus the permutation and un-permutation of the routed tokens, read +
-    write each), dropout when enabled (read, write, 1-byte mask) after attention
+    tokens * top_k * capacity for MoE experts (plus the permutations of the routed tokens: moe_permutation_rows),
+    dropout when enabled (read, write, 1-byte mask) after attention
     and FFN. Without flash attention: scale-mask-softmax reads and writes the b*a*s^2/t scores (plus the
     dropout of the probabilities when enabled); that part is the attention core (recomputed by selective).
     With sequence parallelism the norm/residual/dropout regions are split by tp (Korthikanti et al. 2022).
@@ -264,12 +316,38 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
         cfg = spec.moe
         routed = tokens * cfg.top_k * moe_comm.load_factor(cfg)
         rest += act_io * (routed * cfg.expert_ffn_hidden_size + tokens * cfg.shared_ffn_hidden_size) * ACT_BYTES / t
-        rest += 2 * 2 * routed * h * ACT_BYTES  # token permutation before the experts and un-permutation after
+        rest += 2 * moe_permutation_rows(spec, shape) * h * ACT_BYTES  # each permutation reads and writes its rows
+        if shape.moe_combine_scores == "fp32_multiply":
+            rest += FP32_SCORE_MULTIPLY_BYTES * moe_rows(spec, shape)[0] * h
     core = 0.0
     if not shape.flash_attention:
         scores = shape.microbatch_size * spec.num_attention_heads * (shape.seq_len / shape.cp) * shape.seq_len / t
         core = scores * ACT_BYTES * (2 + (2.5 if shape.dropout else 0))
     return core, rest
+
+
+FP32_SCORE_MULTIPLY_BYTES = 20
+"""HBM bytes per element of the combined rows where the stack weights them by the routing scores eagerly in fp32
+(torchtitan, torchtitan/models/common/token_dispatcher.py LocalTokenDispatcher.combine and
+AllToAllTokenDispatcher.combine: `(routed_output.to(torch.float32) * scores).to(routed_output.dtype)`, three
+kernels when not compiled, CompileConfig.enable defaulting to False): cast to fp32 (read 2, write 4), multiply
+(read 4, write 4), cast back (read 4, write 2). The multiply keeps the fp32 copy for the scores' gradient
+(memory.decoder_activation_bytes)."""
+
+
+def moe_permutation_rows(spec: ModelSpec, shape: Shape) -> float:
+    """Rows of h one MoE layer's forward permutes (each read and written once): the routed tokens into expert
+    order before the dispatch and back after it (Megatron-Core moe_utils.permute / unpermute, torchtitan
+    _local_reorder and its scatter_add), over the dispatch-side rows; where the stack sorts the received tokens
+    again by local expert (behaviour.moe.expert_sort), that sort and its inverse over the expert-side rows
+    (Megatron-Core MoEAlltoAllTokenDispatcher sort_chunks_by_idxs in dispatch_postprocess and combine_preprocess
+    when num_local_experts > 1, token_dispatcher.py; torchtitan AllToAllTokenDispatcher._permute / _unpermute with
+    ep > 1, torchtitan/models/common/token_dispatcher.py)."""
+    local, expert = moe_rows(spec, shape)
+    local_experts = spec.moe.num_experts // max(1, shape.expert_parallel)
+    sorts = ((shape.moe_expert_sort == "several_local_experts" and local_experts > 1)
+             or (shape.moe_expert_sort == "expert_parallel" and shape.expert_parallel > 1))
+    return 2 * local + (2 * expert if sorts else 0.0)
 
 
 def head_elementwise_bytes(spec: ModelSpec, shape: Shape) -> float:

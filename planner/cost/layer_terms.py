@@ -53,6 +53,7 @@ class Env:
     moe_dispatch_fp8: bool = False  # dispatch-direction all-to-alls in fp8 (compression fp8-dispatch)
     moe_allgather: bool = False  # the stack's all-gather dispatcher is among its choices (moe_comm)
     moe_shared_overlap: bool = False  # shared experts compute during the dispatch (moe_comm)
+    moe_count_exchange: str = "none"  # the tokens-per-expert exchange before each dispatch (moe_layer.count_exchange_s)
     cp_flavours: tuple[str, ...] = ("p2p",)  # the stack's context-parallel flavours (context_parallel)
     fp8_casts: bool = True  # the fp8 recipe's casts are priced (CostOptions.fp8_casts)
 
@@ -143,13 +144,17 @@ def ep_times(env: Env) -> tuple[float, float]:
     return min(ep_options(env).values(), key=sum, default=(0.0, 0.0))
 
 def ep_options(env: Env) -> dict[str, tuple[float, float]]:
-    """(forward, backward) seconds of a layer's dispatch + combine by each dispatcher the stack runs (ep_times)."""
+    """(forward, backward) seconds of a layer's dispatch + combine by each dispatcher the stack runs (ep_times), for
+    the tokens this GPU routes (compute.Shape.moe_tokens); Megatron-Core's all-gather dispatcher gathers over the
+    expert-TP x EP ranks (MoEAllGatherTokenDispatcher: tp_ep_group), `gather_ranks` = etp of them per EP rank."""
     cfg = env.spec.moe
     if env.shape.ep <= 1 or cfg is None:
         return {}
-    kwargs = dict(group=env.links.ep, hierarchical=env.moe_hierarchical, allgather=env.moe_allgather)
-    bf16 = moe_comm.dispatch_options(env.shape.tokens, cfg, env.spec.hidden_size, **kwargs)
-    dispatch = (moe_comm.dispatch_options(env.shape.tokens, cfg, env.spec.hidden_size, value_bytes=FP8_DISPATCH_BYTES,
+    tokens = env.shape.moe_tokens  # this GPU's sequence shard under a sequence-parallel dispatch (moe_layer)
+    kwargs = dict(group=env.links.ep, hierarchical=env.moe_hierarchical, allgather=env.moe_allgather,
+                  gather_ranks=env.shape.etp if env.shape.moe_sp_dispatch else 1)
+    bf16 = moe_comm.dispatch_options(tokens, cfg, env.spec.hidden_size, **kwargs)
+    dispatch = (moe_comm.dispatch_options(tokens, cfg, env.spec.hidden_size, value_bytes=FP8_DISPATCH_BYTES,
                                           **kwargs) if env.moe_dispatch_fp8 else bf16)
     return {name: (bf16[name] + dispatch[name],) * 2 for name in bf16}
 

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from planner.cost import autocast, compute, eager, memory, moe_comm, sac
+from planner.cost import moe_layer as moe_layer_terms
 from planner.cost import executor as executor_cost
 from planner.cost.eager_layers import eager_decoder_cost, eager_phases, executor_decoder_cost, is_eager
 from planner.cost.layer_terms import (Env, ModuleCost, autocast_cast_s, cp_choice, cp_times, ep_options, gemm_times,
@@ -65,12 +66,14 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     fwd = g_fwd + core_mem + rest_mem + cast_fwd
     bwd = g_bwd + 2 * (core_mem + rest_mem) + cast_bwd
     core_bwd = core * (compute.FLASH_BACKWARD_FACTOR if shape.flash_attention else 2.0)
-    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=2, gemm_s=(g_fwd - core, g_bwd - core_bwd))
+    pairs = 1 + moe_layer_terms.ffn_tp_collectives(spec, shape, moe_layer=moe_layer)  # attention's pair + the FFN's
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=pairs, gemm_s=(g_fwd - core, g_bwd - core_bwd))
     dispatcher, ep_fwd, ep_bwd = None, 0.0, 0.0
     if moe_layer:  # the dispatcher least exposed under the stack's overlap (moe_comm.choose)
         shared_fwd, shared_bwd, _ = gemm_times(env, [g for g in gemms if g.name == "shared_experts"])
         dispatcher, ep_fwd, ep_bwd = moe_comm.choose(ep_options(env), layer_s=(fwd, bwd), shared_s=(shared_fwd, shared_bwd),
-                                                     batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
+                                                     batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap,
+                                                     unhidden=moe_layer_terms.unhidden_s(env, env.moe_count_exchange))
     cp_fwd, cp_bwd = cp_times(env, core)
     if env.executor is not None:
         acts = executor_cost.decoder_activation_bytes(spec, shape, env.executor, moe_layer=moe_layer, moe_loop=env.moe_loop)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from planner.cost import moe_comm
-from planner.cost.compute import ACT_BYTES, Shape
+from planner.cost.compute import ACT_BYTES, Shape, moe_rows
 from planner.schemas.model import ModelSpec
 
 
@@ -92,7 +92,12 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     SwiGLU keeps its 2f-wide input and the fc2 input), dropout masks sbh each. Flash attention keeps no
     s^2 scores, only the fp32 log-sum-exp 4*b*a*s/t. Selective recompute drops the s^2 terms; full recompute
     keeps the layer input 2sbh (/t with SP). MoE: router logits fp32, the routed tokens (x top_k x capacity)
-    at the expert input and intermediates. Replicated regions (norms, FFN/QKV inputs, dropout masks) are
+    at the expert input and intermediates; the expert input is what the experts' fc1 (column-parallel over the
+    expert-TP ranks) saves, whole rows of h for every token the GPU's experts take in (compute.moe_rows: Megatron-Core
+    TEGroupedMLP's linear_fc1 saves the all-gathered dispatch output, experts.py; torchtitan's experts run on the
+    TP-replicated tokens), so it is not divided by tp; the intermediates are (f split by etp). Where the stack weights
+    the combined rows by their scores in an eager fp32 multiply (torchtitan: compute.FP32_SCORE_MULTIPLY_BYTES), the
+    fp32 copy it keeps, 4 bytes per element of the dispatch-side rows. Replicated regions (norms, FFN/QKV inputs, dropout masks) are
     divided by tp only with SP. CP splits the sequence. Eager kernels (Shape.fused_kernels False) save more per
     norm and FFN element (compute.KernelBytes: HuggingFace's fp32 RMSNorm keeps 10 bytes per element, not 2).
     Under the fp8 recipe (Shape.fp8_inputs) the inputs saved for the backward of the linear layers (QKV, out-proj,
@@ -108,18 +113,22 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     saved_ffn = (k.saved_gated if spec.gated else k.saved_plain) - (2 - g)  # the fc2 input is a GEMM input
     replicated = (spec.norms_per_layer * saved_norm + g + g) * sbh + (2 * sbh if shape.dropout else 0)
     sharded = attention_saved_bytes(spec, shape)
+    expert_input = 0.0
     if moe_layer:
         cfg = spec.moe
         routed = s * b * cfg.top_k * moe_comm.load_factor(cfg)
-        sharded += routed * (g * h + saved_ffn * cfg.expert_ffn_hidden_size) + s * b * saved_ffn * cfg.shared_ffn_hidden_size
+        sharded += routed * saved_ffn * cfg.expert_ffn_hidden_size + s * b * saved_ffn * cfg.shared_ffn_hidden_size
         replicated += 4 * s * b * cfg.num_experts
+        expert_input = g * h * moe_rows(spec, shape)[1]  # fc1's saved input: whole rows of h, not split by tp
+        if shape.moe_combine_scores == "fp32_multiply":  # the fp32 copy the scores' multiply keeps (compute.FP32_SCORE_MULTIPLY_BYTES)
+            expert_input += 4 * h * moe_rows(spec, shape)[0]
     else:
         sharded += s * b * saved_ffn * spec.ffn_hidden_size
     if shape.flash_attention:
         core = 4 * b * a * s
     else:
         core = a * s * (s * shape.cp) * b * (5 if shape.dropout else 2)
-    base = replicated / shape.sp_div + sharded / t
+    base = replicated / shape.sp_div + sharded / t + expert_input
     full = 2 * sbh / shape.sp_div
     return LayerActivations(none=base + core / t, selective=base, full=full,
                             transient=backward_transient_bytes(spec, shape, moe_layer=moe_layer))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.cost import compute, memory, mixers, moe_comm
+from planner.cost import moe_layer as moe_layer_terms
 from planner.cost.layer_terms import Env, ModuleCost, autocast_cast_s, ep_options, gemm_times, tp_times
 from planner.models import counting
 
@@ -56,12 +57,14 @@ def decoder_cost(env: Env, *, moe_layer: bool, mixer: str) -> ModuleCost:
     mem = compute.memory_bound_time_s(rest + mixers.mixer_bytes(spec, shape, mixer), device=env.device, cal=env.cal)
     cast_fwd, cast_bwd = autocast_cast_s(env, _params_per_gpu(env, moe_layer, mixer))
     fwd, bwd = g_fwd + mem + cast_fwd, g_bwd + 2 * mem + cast_bwd
-    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=mixers.tp_collectives(spec, mixer), gemm_s=(g_fwd, g_bwd))
+    pairs = mixers.tp_collectives(spec, mixer) - 1 + moe_layer_terms.ffn_tp_collectives(spec, shape, moe_layer=moe_layer)
+    tp_fwd, tp_bwd = tp_times(env, fwd, bwd, collectives=pairs, gemm_s=(g_fwd, g_bwd))
     dispatcher, ep_fwd, ep_bwd = None, 0.0, 0.0
     if moe_layer:  # the same MoE FFN as an attention layer's: the dispatcher least exposed (layers.decoder_cost)
         shared_fwd, shared_bwd, _ = gemm_times(env, [g for g in gemms if g.name == "shared_experts"])
         dispatcher, ep_fwd, ep_bwd = moe_comm.choose(ep_options(env), layer_s=(fwd, bwd), shared_s=(shared_fwd, shared_bwd),
-                                                     batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap)
+                                                     batch_overlap=env.moe_overlap, shared_overlap=env.moe_shared_overlap,
+                                                     unhidden=moe_layer_terms.unhidden_s(env, env.moe_count_exchange))
     acts = activations(env, moe_layer=moe_layer, mixer=mixer)
     selective, act_selective = 0.0, acts.none
     if env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops

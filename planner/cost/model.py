@@ -188,11 +188,15 @@ class CostModel:
         return found
 
     def shape(self, cand: Candidate) -> Shape:
+        ep = L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp)
+        o = self.options
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
-                     ep=L.expert_shard_ep(ep=cand.ep, dp=cand.dp, cp=cand.cp), sp=cand.sp, flash_attention=self.flash_attention,
-                     dropout=self.options.dropout, fused_kernels=self.fused_kernels,
-                     fp8_inputs=self.request.precision == "fp8" and self.options.fp8_saves_fp8_inputs,
-                     softmax_in_place=self.options.softmax_in_place)
+                     ep=ep, sp=cand.sp, flash_attention=self.flash_attention,
+                     dropout=o.dropout, fused_kernels=self.fused_kernels,
+                     fp8_inputs=self.request.precision == "fp8" and o.fp8_saves_fp8_inputs,
+                     softmax_in_place=o.softmax_in_place, expert_tp=max(1, cand.tp * ep // cand.ep),
+                     moe_sp_dispatch=o.moe_sp_dispatch, moe_expert_launches=o.moe_expert_launches,
+                     moe_expert_sort=o.moe_expert_sort, moe_combine_scores=o.moe_combine_scores)
 
     # --- schedule-dependent terms -----------------------------------------------------------------------
 
@@ -263,7 +267,7 @@ class CostModel:
     def other_per_rank(self, cand: Candidate) -> np.ndarray:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
-        key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.cp, cand.sp,
+        key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.dp, cand.cp, cand.sp,
                cand.microbatch_size, cand.recompute == "full", cand.tp_overlap, schedule_of(cand.schedule).v_placed,
                cand.vpp, cand.num_microbatches)
         found = self.memo.get(key)

@@ -91,42 +91,51 @@ def routed_node_limit(cfg: MoESpec, group: GroupLink) -> int | None:
 
 
 def dispatch_options(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLink, hierarchical: bool,
-                     allgather: bool, value_bytes: float = ACT_BYTES) -> dict[str, float]:
+                     allgather: bool, value_bytes: float = ACT_BYTES, gather_ranks: int = 1) -> dict[str, float]:
     """One dispatch (or combine) of `tokens` tokens of this rank by each dispatcher the stack runs, by its
-    Megatron-Core name (`value_bytes` per element: bf16, or fp8 with its scales under fp8 dispatch); {} for ep 1."""
+    Megatron-Core name (`value_bytes` per element: bf16, or fp8 with its scales under fp8 dispatch); {} for ep 1.
+    `gather_ranks`: the expert-TP ranks behind each EP rank where each TP rank dispatches its own tokens
+    (planner.cost.moe_layer): the all-gather dispatcher gathers all of theirs (its tp x ep group), the flex one
+    sends each copy on to all of them inside the destination node (comm.hierarchical_all_to_all_s fanout)."""
     if group.size <= 1:
         return {}
     routed_bytes = tokens * cfg.top_k * load_factor(cfg) * hidden * value_bytes
     options = {"alltoall": comm.all_to_all_s(routed_bytes, group=group)}
     if hierarchical:
         options["flex"] = comm.hierarchical_all_to_all_s(routed_bytes, top_k=cfg.top_k, group=group,
-                                                         max_nodes=routed_node_limit(cfg, group))
+                                                         max_nodes=routed_node_limit(cfg, group), fanout=gather_ranks)
     if allgather:
-        options["allgather"] = comm.all_gather_s(tokens * group.size * hidden * value_bytes, group=group)
+        options["allgather"] = comm.all_gather_s(tokens * gather_ranks * group.size * hidden * value_bytes, group=group)
     return options
 
 
 def dispatch_s(tokens: float, cfg: MoESpec, hidden: int, *, group: GroupLink, hierarchical: bool,
-               allgather: bool, value_bytes: float = ACT_BYTES) -> float:
+               allgather: bool, value_bytes: float = ACT_BYTES, gather_ranks: int = 1) -> float:
     """One dispatch (or combine): the fastest dispatcher the stack runs (dispatch_options)."""
     options = dispatch_options(tokens, cfg, hidden, group=group, hierarchical=hierarchical, allgather=allgather,
-                               value_bytes=value_bytes)
+                               value_bytes=value_bytes, gather_ranks=gather_ranks)
     return min(options.values(), default=0.0)
 
 
 def choose(options: dict[str, tuple[float, float]], *, layer_s: tuple[float, float], shared_s: tuple[float, float],
-           batch_overlap: bool, shared_overlap: bool) -> tuple[str | None, float, float]:
+           batch_overlap: bool, shared_overlap: bool,
+           unhidden: dict[str, tuple[float, float]] | None = None) -> tuple[str | None, float, float]:
     """(dispatcher, exposed forward s, exposed backward s): of the dispatchers' (forward, backward) communication,
     the one least exposed once the stack's overlaps apply: the batch-level one with alltoall and flex
     (OVERLAPPED_DISPATCHERS), the shared-expert one with alltoall (SHARED_OVERLAP_DISPATCHERS), never both (Megatron-Core
     asserts 'disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm', transformer_config.py
-    line 1886); ties go to the first (alltoall). (None, 0, 0) without options."""
+    line 1886); ties go to the first (alltoall). `unhidden`: a dispatcher's (forward, backward) communication that no
+    overlap hides (planner.cost.moe_layer.unhidden_s), added exposed. Without options (ep 1): (None, and the
+    alltoall entry of `unhidden`, what the export's default dispatcher still runs: megatron_model._moe_args)."""
+    if not options:
+        return (None, *(unhidden or {}).get("alltoall", (0.0, 0.0)))
     best: tuple[str | None, float, float] = (None, 0.0, 0.0)
     for name, (fwd, bwd) in options.items():
         kw = dict(batch_overlap=batch_overlap and name in OVERLAPPED_DISPATCHERS,
                   shared_overlap=shared_overlap and name in SHARED_OVERLAP_DISPATCHERS)
-        exposed = (name, exposed_s(fwd, layer_compute_s=layer_s[0], shared_compute_s=shared_s[0], **kw),
-                   exposed_s(bwd, layer_compute_s=layer_s[1], shared_compute_s=shared_s[1], **kw))
+        extra = (unhidden or {}).get(name, (0.0, 0.0))
+        exposed = (name, extra[0] + exposed_s(fwd, layer_compute_s=layer_s[0], shared_compute_s=shared_s[0], **kw),
+                   extra[1] + exposed_s(bwd, layer_compute_s=layer_s[1], shared_compute_s=shared_s[1], **kw))
         if best[0] is None or exposed[1] + exposed[2] < best[1] + best[2]:
             best = exposed
     return best

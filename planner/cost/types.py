@@ -83,6 +83,10 @@ class CostOptions:
         the dispatch (planner.cost.moe_comm).
     moe_overlap_needs: the conditions the stack sets on `moe_overlap` (behaviour.overlap.moe_all_to_all_needs;
         planner.cost.moe_comm.batch_overlap_applies).
+    moe_sp_dispatch, moe_expert_launches, moe_expert_sort, moe_count_exchange, moe_combine_scores: how the stack runs the MoE layer
+        (behaviour.moe; planner.cost.moe_layer): tokens dispatched per sequence-parallel shard with an expert-TP
+        all-gather/reduce-scatter, GEMM launches of the routed experts, a second sort by local expert, the
+        tokens-per-expert exchange before each dispatch, the routing scores applied by an eager fp32 multiply.
     cp_flavours: the context-parallel flavours the stack runs (capabilities.context_parallel.flavours), the fastest
         priced (planner.cost.context_parallel).
     attention_kernel: the stack's fused-attention kernel ("flash-attention-1", "flash-attention-2", "cudnn"),
@@ -142,6 +146,11 @@ class CostOptions:
     moe_overlap_needs: tuple[str, ...] = ()
     moe_overlap_extra_microbatch: bool = False
     grad16_buffer_bytes: float | None = None
+    moe_sp_dispatch: bool = False
+    moe_expert_launches: str = "per_expert"
+    moe_expert_sort: str = "never"
+    moe_count_exchange: str = "none"
+    moe_combine_scores: str = "in_activation"
     cp_flavours: tuple[str, ...] = ("p2p",)
     zero3_hierarchical: bool = True
     zero3_regather_for_recompute: bool = False

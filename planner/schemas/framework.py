@@ -328,11 +328,34 @@ class ExecutorCode(Schema):
     source: str = Sourced
 
 
+class MoeExecution(Schema):
+    """How the stack runs an MoE layer besides its dispatcher and overlaps (read by the cost model:
+    planner.cost.moe_layer). Defaults: tokens replicated over TP, one GEMM launch per expert per matmul, no second
+    sort, no token-count exchange (what the cost model priced before these facts)."""
+
+    sequence_parallel_dispatch: bool = Field(default=False, description="each TP rank routes and dispatches its own "
+        "sequence-parallel shard of the tokens, all-gathers the routed tokens over the expert-TP group before the "
+        "experts and reduce-scatters them after; the MoE block has no TP all-gather/reduce-scatter of its own "
+        "(shared experts keep theirs)")
+    expert_gemm_launches: Literal["per_expert", "per_matmul"] = Field(default="per_expert", description="GEMM kernels "
+        "the routed experts launch: one per local expert per matmul, or one grouped kernel per matmul")
+    expert_sort: Literal["never", "several_local_experts", "expert_parallel"] = Field(default="never", description=
+        "when the received tokens are sorted again by local expert before the experts (and back after): with more "
+        "than one local expert, or with ep > 1")
+    token_count_exchange: Literal["none", "all_gather", "all_to_all"] = Field(default="none", description="the "
+        "collective that exchanges tokens-per-expert counts before each dispatch (forward only)")
+    combine_scores: Literal["in_activation", "fp32_multiply"] = Field(default="in_activation", description="where "
+        "the routing scores weight the expert outputs: inside the fused activation (nothing extra), or by an eager "
+        "fp32 multiply of the combined rows that keeps their fp32 copy for backward")
+    source: str = Field(default="not stated: the cost model's defaults", min_length=1)
+
+
 class Behaviour(Schema):
     overlap: Overlap
     kernels: Kernels
     memory: MemoryHabits
     defaults: TrainingDefaults = Field(default_factory=TrainingDefaults)
+    moe: MoeExecution = Field(default_factory=MoeExecution)
     executor: ExecutorCode | None = Field(default=None, description="set for the planner's own executor only")
 
 
