@@ -90,12 +90,15 @@ def device_of(run: dict):
 def topology(run: dict) -> Topology:
     hw = run["hardware"]
     gpus = run["parallel"]["num_gpus"]
-    per_node = hw.get("gpus_per_node") or load_topology(topology_preset(run)).gpus_per_node
+    preset = load_topology(topology_preset(run))
+    per_node = hw.get("gpus_per_node") or preset.gpus_per_node
     topo = load_topology(topology_preset(run), nodes=max(1, math.ceil(gpus / per_node)))
     topo = topo.model_copy(update={"device": device_of(run), "gpus_per_node": per_node})
     inter = topo.inter_node.model_dump()
     if hw.get("inter_node_nics_per_node"):
         inter["nics_per_node"] = hw["inter_node_nics_per_node"]
+    elif per_node != preset.gpus_per_node:  # unsaid NICs: the preset's NICs per GPU on the stated node size
+        inter["nics_per_node"] = max(1, round(preset.inter_node.nics_per_node * per_node / preset.gpus_per_node))
     if hw.get("inter_node_nic_Gbps"):
         inter["nic_bandwidth_GBps"] = hw["inter_node_nic_Gbps"] / 8 * ACHIEVED_NIC_FRACTION
     return topo.model_copy(update={"inter_node": type(topo.inter_node)(**inter)})

@@ -9,7 +9,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   MoE frequency every layer, group-limited routing only where both the groups and the groups per token are given;
 - cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800, H200, B200, MI300X; V100 as the DGX-2
   node; the AWS node of the GPU where the interconnect is EFA) scaled to the run's GPUs, with the published GPUs
-  per node, NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio);
+  per node, NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio); a
+  stated node size with unsaid NICs keeps the preset's NICs per GPU;
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of
   STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core and NeMo -> megatron-core, Megatron-LM
   -> megatron-lm (2021-22, before Megatron-Core) for sources before 2023 (arXiv id or title year), else

@@ -208,6 +208,9 @@ def test_v100_runs_are_expressed_on_the_dgx2_node():
     assert (topo.gpus_per_node, topo.num_nodes, topo.device.peak_bf16_tflops) == (16, 32, 125.0)
     dgx1 = run(hardware__gpu_model="V100 32GB", hardware__gpus_per_node=8, parallel__num_gpus=64, parallel__dp=64)
     assert (P.topology(dgx1).gpus_per_node, P.topology(dgx1).num_nodes) == (8, 8)
+    assert P.topology(dgx1).inter_node.nics_per_node == 4  # the DGX-2's one NIC per two GPUs, on 8 GPUs
+    gh200 = run(hardware__gpu_model="NVIDIA GH200 H100 96GB", hardware__gpu_memory_gib=96, hardware__gpus_per_node=4)
+    assert (P.topology(gh200).gpus_per_node, P.topology(gh200).inter_node.nics_per_node) == (4, 4)
 
 
 def test_efa_interconnect_runs_on_the_aws_preset():
