@@ -86,6 +86,7 @@ ABLATIONS = (
     ("MoE shared-expert overlap (megatron-core --moe-shared-expert-overlap)", "moe_shared_overlap", None),
     ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
     ("MoE overlap's extra micro-batch in flight (megatron-core combined 1F1B)", "moe_overlap_extra_microbatch", None),
+    ("eager SwiGLU and complex RoPE (torchtitan without compile: feed_forward.py, rope.py)", "eager_ops", None),
     ("ZeRO-3 collectives layer by layer, each with its latency (FSDP2 / DeepSpeed per-module fetch)",
      "zero3_layer_collectives", False),
     ("fp8 casts of linear inputs and output gradients (Transformer Engine cast-transpose)", "fp8_casts", False),

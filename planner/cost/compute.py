@@ -20,6 +20,8 @@ softmax are memory-bound: bytes moved / (HBM bandwidth * achieved fraction); the
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 from planner.cost import moe_comm
@@ -47,6 +49,7 @@ class Shape:
     flash_attention: bool = True
     dropout: bool = False
     fused_kernels: bool = True
+    eager_ops: tuple[str, ...] = ()  # components run as eager op sequences although fused_kernels (CostOptions.eager_ops)
     fp8_inputs: bool = False  # fp8 recipe: GEMMs save their fp8-cast inputs for backward (1 byte per element)
     softmax_in_place: bool = False  # unfused attention: the softmax backward overwrites its output gradient
     expert_tp: int = 0  # routed experts' tensor parallelism (Megatron-Core expert_tensor_parallel_size): tp over the
@@ -58,7 +61,9 @@ class Shape:
 
     @property
     def kernels(self) -> "KernelBytes":
-        return FUSED if self.fused_kernels else EAGER
+        if not self.fused_kernels:
+            return EAGER
+        return with_eager_ops(self.eager_ops) if self.eager_ops else FUSED
 
     @property
     def etp(self) -> int:
@@ -118,6 +123,18 @@ FUSED = KernelBytes(rmsnorm=4, layernorm=4, gated_act=6, plain_act=4, rope=4, sa
                     saved_gated=6, saved_plain=4)
 EAGER = KernelBytes(rmsnorm=36, layernorm=14, gated_act=10, plain_act=4, rope=20, saved_rmsnorm=10, saved_layernorm=4,
                     saved_gated=8, saved_plain=4)
+
+
+KERNEL_PARTS = {"norm": ("rmsnorm", "layernorm", "saved_rmsnorm", "saved_layernorm"),
+                "activation": ("gated_act", "plain_act", "saved_gated", "saved_plain"), "rope": ("rope",)}
+
+
+def with_eager_ops(parts: tuple[str, ...]) -> KernelBytes:
+    """FUSED with the components `parts` (activation, rope, norm) at EAGER's bytes: a stack whose 16-bit code runs
+    those as eager op sequences (torchtitan without compile: F.silu(w1(x)) * w3(x), torchtitan/models/common/
+    feed_forward.py; RoPE through view_as_complex(x.float()), models/common/rope.py) and the rest fused."""
+    fields = {name: getattr(EAGER, name) for part in parts for name in KERNEL_PARTS[part]}
+    return dataclasses.replace(FUSED, **fields)
 
 
 def norm_bytes(spec: ModelSpec, kernels: KernelBytes) -> float:

@@ -192,7 +192,7 @@ class CostModel:
         o = self.options
         return Shape(microbatch_size=cand.microbatch_size, seq_len=self.request.seq_len, tp=cand.tp, cp=cand.cp,
                      ep=ep, sp=cand.sp, flash_attention=self.flash_attention,
-                     dropout=o.dropout, fused_kernels=self.fused_kernels,
+                     dropout=o.dropout, fused_kernels=self.fused_kernels, eager_ops=o.eager_ops,
                      fp8_inputs=self.request.precision == "fp8" and o.fp8_saves_fp8_inputs,
                      softmax_in_place=o.softmax_in_place, expert_tp=max(1, cand.tp * ep // cand.ep),
                      moe_sp_dispatch=o.moe_sp_dispatch, moe_expert_launches=o.moe_expert_launches,

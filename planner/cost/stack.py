@@ -6,7 +6,9 @@ collectives, MoE all-to-all), how ZeRO-3 gathers (flat or per node, again for th
 pipeline sends are split over the TP ranks, the dtype gradients are reduced in, and the allocator allowance.
 `options_for` turns a profile into the CostOptions the model uses.
 
-Norm/activation kernel bytes follow the precision recipe (CostOptions.fused_kernels None), not `kernels.fused_norm`:
+Norm/activation kernel bytes follow the precision recipe (CostOptions.fused_kernels None), not `kernels.fused_norm`,
+except for the components a profile lists in `kernels.eager_ops` (the stack's code runs them as eager op sequences
+in bf16: torchtitan's SwiGLU and complex RoPE without compile), which get compute.EAGER's bytes for that component:
 the eager byte counts (compute.EAGER) are HuggingFace's kernels under torch.autocast with an fp32 residual stream,
 measured on the TinyLlama rows; stacks computing in bf16 save far less per unfused norm, and the published
 torchtitan Llama-2 13B run without recompute at micro-batch 2 (published_runs.json) fits in 80 GB only with the
@@ -40,7 +42,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
         selective_mode=m.selective_recompute, attention_kernel=k.attention_kernel,
         moe_hierarchical=o.moe_hierarchical_dispatch, moe_allgather=o.moe_allgather_dispatch,
         moe_shared_overlap=o.moe_shared_expert_overlap, moe_overlap_needs=tuple(o.moe_all_to_all_needs),
-        moe_overlap_extra_microbatch=o.moe_all_to_all_extra_microbatch,
+        moe_overlap_extra_microbatch=o.moe_all_to_all_extra_microbatch, eager_ops=tuple(k.eager_ops),
         grad16_buffer_bytes=next((c.grad_buffer_bytes for c in profile.capabilities.compression
                                   if c.method in ("bf16-grads", "fp16-grads") and c.grad_buffer_bytes), None),
         moe_sp_dispatch=b.moe.sequence_parallel_dispatch, moe_expert_launches=b.moe.expert_gemm_launches,

@@ -58,6 +58,8 @@ class CostOptions:
     zero3_prefetch_layers: ZeRO-3 modules whose weights are gathered ahead of the one computing.
     moe_overlap_extra_microbatch: the stack's MoE batch-level overlap holds one more micro-batch in flight
         (behaviour.overlap.moe_all_to_all_extra_microbatch; pipelining_memory.ep_overlap_extra_microbatches).
+    eager_ops: the components the stack runs as eager op sequences under a 16-bit recipe (behaviour.kernels.eager_ops:
+        activation, rope, norm), priced with compute.EAGER's bytes for them (compute.Shape.kernels).
     grad16_buffer_bytes: the gradient buffer's bytes per parameter when a 16-bit gradient method (bf16-grads) runs
         where the stack's method sets the buffer's dtype (the profile's compression entry grad_buffer_bytes:
         Megatron's --grad-reduce-in-bf16); None: the recipe's gradient bytes.
@@ -146,6 +148,7 @@ class CostOptions:
     moe_overlap_needs: tuple[str, ...] = ()
     moe_overlap_extra_microbatch: bool = False
     grad16_buffer_bytes: float | None = None
+    eager_ops: tuple[str, ...] = ()
     moe_sp_dispatch: bool = False
     moe_expert_launches: str = "per_expert"
     moe_expert_sort: str = "never"

@@ -279,3 +279,14 @@ def test_imported_layout_fields_reach_flops_bytes_and_params():
     saved = [memory.decoder_activation_bytes(spec, shape, moe_layer=False).none for spec in (two, four)]
     assert saved[1] > saved[0]
     assert layer_params(four, 1) - layer_params(two, 1) == 2 * norm_params(two)
+
+
+def test_eager_ops_take_eager_bytes_for_their_components_only():
+    """A 16-bit stack whose code runs SwiGLU and RoPE as eager op sequences (torchtitan without compile:
+    feed_forward.py F.silu(w1(x)) * w3(x), rope.py view_as_complex(x.float())) pays compute.EAGER's bytes for those
+    and keeps the fused norm; an fp32/eager recipe keeps EAGER for everything."""
+    mixed = _shape(fused_kernels=True, eager_ops=("activation", "rope")).kernels
+    assert (mixed.gated_act, mixed.saved_gated, mixed.rope) == (compute.EAGER.gated_act, compute.EAGER.saved_gated, compute.EAGER.rope)
+    assert (mixed.rmsnorm, mixed.saved_rmsnorm) == (compute.FUSED.rmsnorm, compute.FUSED.saved_rmsnorm)
+    assert _shape(fused_kernels=True).kernels is compute.FUSED
+    assert _shape(fused_kernels=False, eager_ops=("rope",)).kernels is compute.EAGER
