@@ -84,6 +84,9 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
     recipe = P.recipe_bytes_of(run, request.precision, off)
     if recipe is not None:
         fixed["recipe_bytes"] = recipe
+    eager = P.eager_ops_of(run, off)
+    if eager is not None:
+        fixed["eager_ops"] = eager
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
                 {**fixed, **(overrides or {}).get(stack, {})}, s.full_every, load_framework(request.framework))
 

@@ -87,6 +87,7 @@ ABLATIONS = (
     ("MoE all-gather dispatcher among the choices (megatron-core default)", "moe_allgather", None),
     ("MoE overlap's extra micro-batch in flight (megatron-core combined 1F1B)", "moe_overlap_extra_microbatch", None),
     ("eager SwiGLU and complex RoPE (torchtitan without compile: feed_forward.py, rope.py)", "eager_ops", None),
+    ("a run that says it compiled runs its pointwise ops fused (reading rule)", "compiled_runs_fuse_pointwise_ops", None),
     ("ZeRO-3 collectives layer by layer, each with its latency (FSDP2 / DeepSpeed per-module fetch)",
      "zero3_layer_collectives", False),
     ("fp8 casts of linear inputs and output gradients (Transformer Engine cast-transpose)", "fp8_casts", False),

@@ -38,6 +38,9 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
 - context parallelism's flavour, which no source names (`cp_flavour_of`): the stack's default;
+- a run whose text says it used torch.compile (not negated) ran its norms, activations and RoPE fused (inductor),
+  whatever eager ops its stack's profile lists (`eager_ops_of`); unsaid, the profile's default (torchtitan: no
+  compile);
 - a run made with NeMo (its framework text names NeMo; the stack is Megatron-Core) ran NeMo's performance recipe:
   16-bit gradient buffers, and under fp8 fp8 parameters gathered in fp8 (`recipe_bytes_of`);
 - torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
@@ -167,7 +170,7 @@ def recompute_of(run: dict) -> str | None:
 
 READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
-                 "nemo_performance_recipe")  # accuracy.py can switch off
+                 "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops")  # accuracy.py can switch off
 
 NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
 """Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance
@@ -178,6 +181,22 @@ buffer in the parameter dtype, distributed_data_parallel.py grad_dtype; NeMo 1.x
 synced gradients in the parameter dtype too); fp32 master weights and Adam moments in the distributed optimizer
 (12); under fp8 the parameters themselves are fp8 with their fp8 transpose (1 + 1) and gathered in fp8 (1)
 (nemo/collections/llm/recipes/precision/mixed_precision.py bf16_with_fp8_mixed: fp8_param_gather = True)."""
+
+
+COMPILED = re.compile(r"torch\.compile|\bcompiled?\b")
+NOT_COMPILED = re.compile(r"\b(?:no|not|without)\b[\w\s.-]{0,20}?compile|compile\s*[:=]?\s*(?:false|off|disabled)")
+
+
+def eager_ops_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The components a run ran as eager op sequences where its text says it compiled: none (torch.compile's
+    inductor fuses the pointwise ops of norms, activations and RoPE into generated kernels), overriding the
+    profile's eager_ops (torchtitan without compile); None (the profile's) where the text does not say, says it
+    did not compile, or with the rule `off`."""
+    text = " ".join(str(run["training"].get(k) or "") for k in ("framework", "precision", "recompute")).lower()
+    text += " " + (run.get("notes") or "").lower()
+    if "compiled_runs_fuse_pointwise_ops" in off or not COMPILED.search(text) or NOT_COMPILED.search(text):
+        return None
+    return ()
 
 
 def recipe_bytes_of(run: dict, precision: str, off: tuple[str, ...] = ()) -> tuple[float, ...] | None:

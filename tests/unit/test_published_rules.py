@@ -228,3 +228,17 @@ def test_efa_interconnect_runs_on_the_aws_preset():
                                          ("NeMo 24.07", "megatron-core"), ("Megatron-DeepSpeed", "deepspeed")])
 def test_stack_named_by_the_framework_text(text, stack):
     assert P.stack_of(run(training__framework=text)) == stack
+
+
+@pytest.mark.parametrize("text, compiled", [("torchtitan (torch.compile, FSDP2)", True), ("torchtitan, compiled", True),
+                                            ("torchtitan, no torch.compile", False), ("torchtitan (compile: false)", False),
+                                            ("torchtitan (early 2024)", False)])
+def test_a_run_that_compiled_runs_its_pointwise_ops_fused(text, compiled):
+    """torch.compile's inductor fuses norms, activations and RoPE: a run whose text says it compiled drops the
+    profile's eager ops (torchtitan's eager SwiGLU and complex RoPE); unsaid or negated, the profile's."""
+    import accuracy_cases as C
+
+    r = run(training__framework=text)
+    assert (P.eager_ops_of(r) == ()) is compiled and (P.eager_ops_of(r) is None) is (not compiled)
+    assert P.eager_ops_of(r, off=("compiled_runs_fuse_pointwise_ops",)) is None
+    assert ("eager_ops" in C.build_case(r).overrides) is compiled
