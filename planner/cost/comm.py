@@ -49,17 +49,16 @@ def reduce_scatter_s(num_bytes: float, *, group: GroupLink) -> float:
 
 
 def _half_ring_s(num_bytes: float, group: GroupLink, collective: str) -> float:
-    if group.size <= 1:
+    if group.size <= 1 or num_bytes <= 0:
         return 0.0
-    bandwidth, latency = group.intra(collective)
+    bandwidth, _ = group.intra(collective)
     if not group.spans_nodes:
-        return _ring_s(num_bytes, group.size, bandwidth, latency, factor=1)
-    if num_bytes <= 0:
-        return 0.0
-    rpn, nodes = group.ranks_per_node, group.num_nodes
-    intra = _ring_s(num_bytes, rpn, bandwidth, 0.0, factor=1)
-    inter = _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, 0.0, factor=1)
-    return intra + inter + half_ring_latency_s(group, collective)
+        moved = _ring_s(num_bytes, group.size, bandwidth, 0.0, factor=1)
+    else:
+        rpn, nodes = group.ranks_per_node, group.num_nodes
+        moved = (_ring_s(num_bytes, rpn, bandwidth, 0.0, factor=1)
+                 + _ring_s(num_bytes / rpn, nodes, group.inter_bandwidth_GBps, 0.0, factor=1))
+    return moved + half_ring_latency_s(group, collective)
 
 
 def half_ring_latency_s(group: GroupLink, collective: str = "all_gather") -> float:

@@ -172,12 +172,10 @@ def zero3_microbatch_s(options: CostOptions, cand: Candidate, params: float, gra
     synchronously (options.zero3_sync_per_tensor, DeepSpeed 2021) pays its gathers in planner.cost.zero3_legacy.
     `units`: the sharded modules the rank's weights are gathered in, each its own collective with its own fixed
     latency (zero3_unit_latency_s)."""
-    comp, gathers = cand.compression, zero3_gathers(options, cand)
+    comp = cand.compression
     ring = comm.all_gather_s if options.zero3_hierarchical else comm.flat_ring_s
-    local = gathers - 1 if comp.has("hpz") else 0
-    gather_s = (gathers - local) * ring(weights, group=link)
-    if local:
-        gather_s += local * comm.all_gather_s(weights, group=node_local(link, hpz_ranks(comp, link)))
+    (passes, _), *local = zero3_gather_groups(options, cand, link)
+    gather_s = passes * ring(weights, group=link) + sum(n * comm.all_gather_s(weights, group=g) for n, g in local)
     if options.zero3_sync_per_tensor:  # the gathers are exposed on their own (planner.cost.zero3_legacy)
         gather_s = 0.0
     if comp.has("qgz"):
@@ -199,11 +197,19 @@ def zero3_unit_latency_s(options: CostOptions, cand: Candidate, link: GroupLink)
     fully_shard to every transformer block (models/llama3/infra/parallelize.py, apply_fsdp), llm-foundry wraps
     every block (its fsdp_wrap_fn), DeepSpeed fetches per sub-module (PartitionedParameterCoordinator.
     fetch_sub_module), at least one per block. So the count taken is the rank's decoder layers."""
-    comp, gathers = cand.compression, zero3_gathers(options, cand)
-    local = gathers - 1 if comp.has("hpz") else 0
-    latency = 0.0 if options.zero3_sync_per_tensor else (gathers - local) * comm.half_ring_latency_s(link)
-    if local and not options.zero3_sync_per_tensor:
-        latency += local * comm.half_ring_latency_s(node_local(link, hpz_ranks(comp, link)))
-    if not comp.has("qgz"):
+    latency = 0.0 if options.zero3_sync_per_tensor else sum(
+        n * comm.half_ring_latency_s(group) for n, group in zero3_gather_groups(options, cand, link))
+    if not cand.compression.has("qgz"):
         latency += comm.half_ring_latency_s(link, "reduce_scatter")
     return latency
+
+
+def zero3_gather_groups(options: CostOptions, cand: Candidate, link: GroupLink) -> list[tuple[int, GroupLink]]:
+    """(passes, group) of one micro-batch's ZeRO-3 gathers: over the dp group, except that under hpZ only the
+    forward one does and the others gather the node-local secondary partition."""
+    comp, gathers = cand.compression, zero3_gathers(options, cand)
+    local = gathers - 1 if comp.has("hpz") else 0
+    groups = [(gathers - local, link)]
+    if local:
+        groups.append((local, node_local(link, hpz_ranks(comp, link))))
+    return groups
