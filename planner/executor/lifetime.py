@@ -17,10 +17,12 @@ Elsewhere (no prctl) the ranks fall back to torchrun's own handling. No torch im
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 AGENT_WORDS = ("torch", "planner")  # torchrun, torch.distributed.run/launch, or a planner wrapper: not init or a shell
@@ -64,6 +66,27 @@ def die_with_agent() -> None:
     if os.getppid() != ppid or ppid == 1 or (parent and not any(word in parent for word in AGENT_WORDS)):
         sys.stderr.write("rank: torchrun's agent is gone before this rank started: exiting\n")
         os._exit(1)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a rank with `code` once its results are written and its process groups destroyed, skipping the
+    interpreter's finalization (std streams and logging are flushed first; every file we write is atomic already).
+
+    Why: a rank that returns normally could die of SIGABRT after a run that succeeded. torch 2.13 keeps a gloo
+    ProcessGroup alive after destroy_process_group once DDP or a DTensor used it (measured on CPU: its two
+    pt_gloo_runloop threads survive destroy and gc.collect; a plain collective's group does not). A runloop thread
+    drops each finished Work after the caller's wait() has returned; dropping the Work's tensors takes the GIL, and
+    during finalization take_gil ends a foreign thread with pthread_exit, whose forced unwind through the Work's
+    noexcept destructor calls std::terminate (core dump: ProcessGroupGloo::runLoop -> ~AsyncAllreduceWork ->
+    TensorImpl::decref_pyobject -> PyThread_exit_thread -> std::terminate). Seen as 1 failing launch in about 10 of
+    tests/integration/test_parallelize.py's two-rank workers, and in CI."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing left to save
+            pass
+    os._exit(code)
 
 
 def kill_group(pid: int) -> None:

@@ -36,7 +36,7 @@ from torch import nn
 from planner.errors import BadInputError
 from planner.executor import checkpoint as ckpt
 from planner.executor.data import BatchSource, Batches
-from planner.executor.lifetime import die_with_agent
+from planner.executor.lifetime import die_with_agent, exit_now
 from planner.executor.mesh import build_mesh, check_world_size, ep_groups, init_distributed, rank_coords
 from planner.executor.parallelize import COMM_COUNTER_ATTR
 from planner.executor.report import RankFailure, RankResult, TpOverlapTiming
@@ -365,4 +365,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # not sys.exit: a gloo worker thread can abort the finalizing interpreter (lifetime.exit_now)

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from planner.executor.lifetime import exit_now  # noqa: E402
 from planner.schemas.model import ModelSpec, MoESpec  # noqa: E402
 
 pytestmark = pytest.mark.slow  # multi-process; CI runs it (deselect locally with -m "not slow")
@@ -217,6 +218,7 @@ def _worker(rank, world, port, out_path):
                 json.dump(results, f)
     finally:
         dist.destroy_process_group()
+    exit_now(0)  # a clean return can abort in finalization (planner.executor.lifetime.exit_now says why)
 
 
 def _domino_timing():
