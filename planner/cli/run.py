@@ -81,6 +81,9 @@ def run_report_table(result):
     if result.tp_overlap is not None:
         t = result.tp_overlap
         table.add_row("Domino block fwd+bwd (s)", f"{t.domino_s:.4g}", f"plain TP {t.none_s:.4g}", f"gain {t.gain:+.1%}")
+    if result.routing_skew is not None:
+        table.add_row("MoE routing skew (slowest EP rank / mean - 1)", f"{result.routing_skew:.3f}",
+                      f"{pred.routing_skew or 0.0:.3f}", "")
     if result.mfu is not None:
         table.add_row("MFU", f"{result.mfu:.1%}", f"{pred.mfu:.1%}", "")
     losses = ", ".join(f"{x:.4f}" for x in result.losses)

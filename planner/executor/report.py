@@ -51,6 +51,10 @@ class RankResult(Schema):
     threads: int = Field(default=0, ge=0, description="torch CPU threads of this process (torch.get_num_threads())")
     dropped_tokens: int = Field(default=0, ge=0, description="MoE assignments over expert capacity, summed over steps")
     routed_tokens: int = Field(default=0, ge=0, description="MoE (token, expert) assignments, summed over steps")
+    routing_slowest_tokens: float = Field(default=0.0, ge=0, description=(
+        "over this rank's EP group and MoE layers: the slowest EP rank's received tokens summed over dispatches "
+        "(planner.nn.moe.routing_load); 0 without EP"))
+    routing_mean_tokens: float = Field(default=0.0, ge=0, description="the same sum for the EP ranks' mean")
     checkpoints: tuple[str, ...] = Field(default=(), description="checkpoint folders committed during the run")
     tp_overlap: TpOverlapTiming | None = None
     dp_comm_bytes: tuple[float, ...] = Field(default=(), description=(
@@ -82,6 +86,7 @@ class Predicted(Schema):
     tokens_per_s: float = Field(ge=0)
     peak_bytes: int = Field(ge=0)
     mfu: float = Field(ge=0)
+    routing_skew: float | None = Field(default=None, ge=0, description="the plan's model.moe.routing_skew (MoE plans)")
 
 
 class Errors(Schema):
@@ -114,6 +119,10 @@ class RunReport(Schema):
     memory: tuple[RankMemory, ...]
     dropped_tokens: int = Field(default=0, ge=0)
     routed_tokens: int = Field(default=0, ge=0)
+    routing_skew: float | None = Field(default=None, ge=0, description=(
+        "measured: the slowest EP rank's received tokens over the mean, minus 1, summed over every dispatch: the "
+        "value of model.moe.routing_skew this run saw (dropless; with a capacity the excess was dropped); None "
+        "without EP"))
     checkpoints: tuple[str, ...] = ()
     tp_overlap: TpOverlapTiming | None = Field(default=None, description="measured Domino gain (tp_overlap=domino only)")
     threads_per_rank: int | None = Field(default=None, description="torch CPU threads per process (the same for every world size)")
@@ -128,6 +137,13 @@ class RunReport(Schema):
 
 def rel_error(predicted: float, measured: float) -> float | None:
     return None if measured <= 0 else (predicted - measured) / measured
+
+
+def measured_skew(routers: list[RankResult]) -> float | None:
+    """Slowest over mean EP load, minus 1, over every EP group (each member reports its group's sums, so the
+    ratio counts each group in proportion to its tokens); None when no rank dispatched over EP."""
+    mean = sum(r.routing_mean_tokens for r in routers)
+    return max(0.0, sum(r.routing_slowest_tokens for r in routers) / mean - 1) if mean > 0 else None
 
 
 def loss_rank(plan: LaunchPlan) -> int:
@@ -167,9 +183,10 @@ def build_report(
         memory=tuple(RankMemory(rank=r.rank, peak_bytes=r.peak_memory_bytes, kind=r.memory_kind, weights_bytes=r.weights_bytes)
                      for r in sorted(results, key=lambda r: r.rank)),
         dropped_tokens=sum(r.dropped_tokens for r in routers), routed_tokens=sum(r.routed_tokens for r in routers),
-        checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap, threads_per_rank=max(r.threads for r in results) or None,
+        routing_skew=measured_skew(routers), checkpoints=holder.checkpoints, tp_overlap=holder.tp_overlap, threads_per_rank=max(r.threads for r in results) or None,
         dp_comm_bytes_per_step=by_rank[0].dp_comm_bytes[-1] if by_rank.get(0) and by_rank[0].dp_comm_bytes else None,
-        predicted=Predicted(step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s, peak_bytes=plan.memory.peak_bytes, mfu=pred.mfu),
+        predicted=Predicted(step_time_s=pred.step_time_s, tokens_per_s=pred.tokens_per_s, peak_bytes=plan.memory.peak_bytes, mfu=pred.mfu,
+                            routing_skew=moe.routing_skew if (moe := plan.request.model.moe) is not None else None),
         errors=Errors(
             step_time_rel=rel_error(pred.step_time_s, step_time_s),
             tokens_per_s_rel=rel_error(pred.tokens_per_s, tokens_per_s),

@@ -239,6 +239,7 @@ def _maybe_fail(step: int, where: str) -> None:
 def run(job: Job) -> RankResult:
     """Resume if asked, train steps first..options.steps, checkpoint every K steps; returns this rank's result."""
     from planner.executor.parallelize import dropped_tokens
+    from planner.nn.moe import routing_load
 
     opts, batch = job.options, job.plan.batch
     first = 1
@@ -272,6 +273,7 @@ def run(job: Job) -> RankResult:
             if opts.checkpoint_every and step % opts.checkpoint_every == 0:
                 save(step)
     counts = [dropped_tokens(part) for part in job.parts]
+    loads = [routing_load(part) for part in job.parts]
     counters = [c for part in job.train_parts if (c := getattr(part, COMM_COUNTER_ATTR, None)) is not None]
     overlap = measure_tp_overlap(job)
     return RankResult(
@@ -280,6 +282,7 @@ def run(job: Job) -> RankResult:
         memory_kind="cuda_max_allocated" if job.device.type == "cuda" else "rss_peak", weights_bytes=weights_bytes(job.parts),
         threads=torch.get_num_threads(),
         dropped_tokens=sum(c[0] for c in counts), routed_tokens=sum(c[1] for c in counts), checkpoints=tuple(saved),
+        routing_slowest_tokens=sum(load[0] for load in loads), routing_mean_tokens=sum(load[1] for load in loads),
         tp_overlap=overlap, dp_comm_bytes=tuple(counters[0].per_iteration) if counters else (),
     )
 

@@ -160,6 +160,7 @@ class MoE(nn.Module):
         # plain tensor attributes, not buffers: DDP would broadcast buffers from rank 0 every forward
         self.dropped_tokens = torch.zeros((), dtype=torch.int64)
         self.routed_tokens = torch.zeros((), dtype=torch.int64)
+        self.received_tokens: list[torch.Tensor] = []  # per counted EP call: tokens this rank's experts received
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -204,13 +205,15 @@ class MoE(nn.Module):
     def _run_experts(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         if self.ep_group is None:
             return self.experts(x, counts.tolist())
-        return _ep_dispatch_run_combine(self.experts, x, counts, self.ep_group)
+        return _ep_dispatch_run_combine(self.experts, x, counts, self.ep_group,
+                                        self.received_tokens if _counting() else None)
 
     def reset_counters(self, device: torch.device | None = None) -> None:
         """Zero the dropped/routed counters (on `device` if given; they follow the tokens' device)."""
         device = device or self.dropped_tokens.device
         self.dropped_tokens = torch.zeros((), dtype=torch.int64, device=device)
         self.routed_tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self.received_tokens = []
 
 
 def _counting() -> bool:
@@ -218,8 +221,10 @@ def _counting() -> bool:
     return torch._C._current_graph_task_id() == -1
 
 
-def _ep_dispatch_run_combine(experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor, group) -> torch.Tensor:
-    """All-to-all dispatch of expert-sorted tokens, local experts, all-to-all combine (same order back)."""
+def _ep_dispatch_run_combine(experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor, group,
+                             received: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """All-to-all dispatch of expert-sorted tokens, local experts, all-to-all combine (same order back); appends
+    the tokens this rank's experts receive to `received` when given (routing_skew)."""
     ep = dist.get_world_size(group)
     local = experts.num_local_experts
     recv_counts = torch.empty_like(counts)
@@ -227,6 +232,8 @@ def _ep_dispatch_run_combine(experts: GroupedExperts, x: torch.Tensor, counts: t
     send_splits = counts.view(ep, local).sum(1).tolist()
     recv_matrix = recv_counts.view(ep, local)  # [source rank, local expert]
     recv_splits = recv_matrix.sum(1).tolist()
+    if received is not None:
+        received.append(recv_counts.sum())
     recv = _all_to_all(x, recv_splits, send_splits, group)
     labels = torch.arange(local, device=x.device).repeat(ep).repeat_interleave(recv_matrix.reshape(-1))
     perm = torch.argsort(labels, stable=True)
@@ -252,3 +259,21 @@ def shard_experts(moe: MoE, ep_group) -> None:
         if param is not None:
             setattr(moe.experts, name, nn.Parameter(param.detach()[rank * local:(rank + 1) * local].clone()))
     moe.ep_group = ep_group
+
+
+def routing_load(model: nn.Module) -> tuple[float, float]:
+    """(sum over counted EP calls of the slowest EP rank's received tokens, sum of the EP ranks' mean), over this
+    rank's MoE layers: (slowest / mean - 1) is the routing skew the run saw, the quantity MoESpec.routing_skew
+    prices (planner.cost.moe_comm: the slowest EP rank gates every dispatch). One all_gather per MoE layer of each
+    EP group, at the end of a run; (0.0, 0.0) without EP. Every member of an EP group returns the group's sums."""
+    slowest = mean = 0.0
+    for module in model.modules():
+        if not isinstance(module, MoE) or module.ep_group is None or not module.received_tokens:
+            continue
+        mine = torch.stack(module.received_tokens).to(torch.int64)
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(module.ep_group))]
+        dist.all_gather(every, mine, group=module.ep_group)
+        loads = torch.stack(every)  # [ep rank, call]
+        slowest += float(loads.max(0).values.sum())
+        mean += float(loads.sum()) / loads.shape[0]
+    return slowest, mean

@@ -82,6 +82,20 @@ def test_build_report_counts_moe_drops_once_per_tp_group():
     assert (report.dropped_tokens, report.routed_tokens) == (5, 40)
 
 
+def test_build_report_measures_routing_skew_over_every_ep_group():
+    plan = make_plan(spec=TINY_MOE, dp=4, tp=2, ep=2)
+    coords = [{"pp": 0, "dp": r // 2, "cp": 0, "tp": r % 2} for r in range(8)]
+    # EP groups {dp 0, 1} and {dp 2, 3}: sums of the slowest rank's and the mean received tokens (routing_load)
+    loads = {0: (60.0, 50.0), 1: (60.0, 50.0), 2: (130.0, 100.0), 3: (130.0, 100.0)}
+    results = [_result(r, c, (1.0,), losses=(4.0,)).model_copy(update=dict(zip(
+        ("routing_slowest_tokens", "routing_mean_tokens"), loads[c["dp"]]))) for r, c in enumerate(coords)]
+    report = build_report(plan, results, data="synthetic", warmup_steps=0)
+    assert report.routing_skew == pytest.approx((60 + 130) / (50 + 100) - 1)  # each group by its tokens
+    assert report.predicted.routing_skew == 0.0  # the plan's model.moe.routing_skew
+    assert build_report(plan, [r.model_copy(update={"routing_mean_tokens": 0.0}) for r in results],
+                        data="synthetic", warmup_steps=0).routing_skew is None  # no EP dispatch counted
+
+
 def test_shard_keys_make_per_rank_plain_tensors_distinct_and_reversible():
     keys = ShardKeys(ep_rank=1, ep=2, tp_rank=0, tp=2, manual_tp=True)
     expert = "layers.1.moe.experts.w1"

@@ -106,6 +106,8 @@ def run_layout(spec, *, dp_mesh=None, tp_mesh=None, sp=False, zero_stage=0, ep_g
     local_numel = sum(_local_numel(p) for p in {id(p): p for p in model.parameters()}.values())
     losses = train_steps(model, opt, batches, loss_group=dp_group, loss_context=lp_context if loss_parallel else None)
     dropped, routed = dropped_tokens(model)
+    if ep_group is not None:
+        check_routing_load(model, ep_group, dropped, routed)
     if dp_group is not None:
         counts = torch.tensor([dropped, routed])
         dist.all_reduce(counts, group=dp_group)
@@ -114,6 +116,17 @@ def run_layout(spec, *, dp_mesh=None, tp_mesh=None, sp=False, zero_stage=0, ep_g
     if domino:
         shard_rank = dist.get_rank(tp_mesh.get_group())
     return losses, (dropped, routed), local_numel, model, shard_rank
+
+
+def check_routing_load(model, ep_group, dropped, routed) -> None:
+    """routing_load's mean received tokens times the EP size is what the group's experts kept (routed - dropped,
+    forward calls only); the slowest EP rank receives at least the mean."""
+    from planner.nn.moe import routing_load
+
+    slowest, mean = routing_load(model)
+    kept = torch.tensor([routed - dropped])
+    dist.all_reduce(kept, group=ep_group)
+    assert mean * dist.get_world_size(ep_group) == pytest.approx(int(kept)) and slowest >= mean > 0, (slowest, mean, kept)
 
 
 def _local_numel(p) -> int:
