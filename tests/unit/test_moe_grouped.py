@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from planner.executor.lifetime import exit_now  # noqa: E402
 from planner.schemas.model import ModelSpec, MoESpec  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-6)  # fp32: the bmm and the per-expert matmuls may sum in another order
@@ -107,6 +108,7 @@ def _ep_worker(rank: int, world: int, port: int, out: str) -> None:
                 f.write(str(int(flags)))
     finally:
         dist.destroy_process_group()
+    exit_now(0)  # a clean return can abort in finalization (planner.executor.lifetime.exit_now says why)
 
 
 @pytest.mark.slow
