@@ -60,7 +60,7 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
     """The run converted; `overrides` ({stack: {CostOptions field: value}}) switches a stack's profile facts off
     for every run of that stack (accuracy_views.ABLATIONS)."""
     stack = P.stack_of(run)
-    spec, topo = P.model_spec(run), P.topology(run)
+    spec, topo = P.model_spec(run, off), P.topology(run)
     request = PlanRequest(model=spec, topology=topo, gpus=run["parallel"]["num_gpus"], global_batch_size=P.global_batch(run),
                           seq_len=spec.seq_len, precision=P.precision_of(run),
                           framework=P.profile_of(run, stack))

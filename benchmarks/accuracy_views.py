@@ -102,6 +102,8 @@ ABLATIONS = (
      "moe_count_exchange", None),
     ("MoE routing scores applied by an eager fp32 multiply of the combined rows (torchtitan token_dispatcher.py "
      "combine)", "moe_combine_scores", None),
+    ("multi-token prediction modules where the source states their depth (reading rule; DeepSeek-V3 sec. 2.2, "
+     "Megatron-Core multi_token_prediction.py)", "mtp_depth_stated", None),
 )
 
 

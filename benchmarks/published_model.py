@@ -55,7 +55,7 @@ def _moe_spec(moe: dict) -> MoESpec:
     return MoESpec(**fields)
 
 
-def model_spec(run: dict) -> ModelSpec:
+def model_spec(run: dict, off: tuple[str, ...] = ()) -> ModelSpec:
     m = run["model"]
     activation = activation_of(m.get("activation"))
     gated = activation in ("swiglu", "geglu")
@@ -78,7 +78,42 @@ def model_spec(run: dict) -> ModelSpec:
     if m.get("mla"):
         keys = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
         fields["mla"] = MLASpec(**{k: m["mla"].get(k) for k in keys})
+    fields["mtp_num_layers"] = mtp_of(run, off)
     return ModelSpec(**fields)
+
+
+MTP_FIELDS = ("mtp_num_layers", "mtp_depth", "mtp_layers", "num_nextn_predict_layers", "num_mtp_layers")
+MTP_TEXT = re.compile(r"(?:\bmtp|multi[- ]token prediction)\b[^.;,)]{0,20}?\b(?:depth|layers?|modules?)\D{0,3}(\d+)"
+                      r"|(\d+)[- ](?:layer |module |depth )?(?:mtp|multi[- ]token prediction)\b"
+                      r"|mtp[_-]num[_-]layers[\s=:]+(\d+)")
+NEGATED_MTP = re.compile(r"\b(?:not|no|without|disabled?|off)\b[\w\s-]{0,20}?(?:mtp|multi[- ]token prediction)"
+                         r"|(?:mtp|multi[- ]token prediction)[\w\s-]{0,12}?\b(?:disabled|off|not used)\b")
+
+
+def mtp_of(run: dict, off: tuple[str, ...] = ()) -> int:
+    """Multi-token prediction modules the run trained (ModelSpec.mtp_num_layers): a numeric model field under one of
+    its usual names (Megatron --mtp-num-layers, DeepSeek's "MTP depth", HF num_nextn_predict_layers), else a depth
+    stated in the model's or training's text ("MTP depth 1", "1 MTP layer"), not negated; else, for a NeMo run of
+    DeepSeek-V3, its performance recipe's one MTP layer (rule nemo_performance_recipe: Megatron-Bridge's DeepSeek-V3
+    perf recipes lay the pipeline out as "Et|(tt|)*30mL", an "m" that Megatron builds only with mtp_num_layers 1);
+    else 0. A bare mention of MTP without a depth says nothing about how many modules ran, so it reads as none.
+    With the rule mtp_depth_stated `off`, 0."""
+    if "mtp_depth_stated" in off:
+        return 0
+    m = run["model"]
+    for key in MTP_FIELDS:
+        if isinstance(m.get(key), int) and not isinstance(m.get(key), bool):
+            return int(m[key])
+    text = " ".join(str(part) for part in (m.get("family"), m.get("notes"), run["training"].get("notes"),
+                                            run["training"].get("mtp")) if part).lower()
+    if NEGATED_MTP.search(text):
+        return 0
+    found = MTP_TEXT.search(text)
+    if found:
+        return int(next(group for group in found.groups() if group))
+    nemo = "nemo" in (run["training"].get("framework") or "").lower() and "nemo_performance_recipe" not in off
+    deepseek_v3 = re.search(r"deepseek[- ]?v3", str(m.get("family") or "").lower()) and m.get("num_layers") == 61
+    return 1 if nemo and deepseek_v3 else 0
 
 
 NEGATED_FP8 = re.compile(r"\b(?:not|no|without|non)\b[\w\s-]{0,30}?fp8")

@@ -7,6 +7,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   RoPE (Llama convention), others LayerNorm and the run's `position` (else learned); an MoE block's fields under
   their usual spellings (published_model._moe_spec): an unsaid or zero capacity factor is dropless, an unsaid
   MoE frequency every layer, group-limited routing only where both the groups and the groups per token are given;
+  multi-token prediction modules where a model field or the text states their depth, not negated
+  (published_model.mtp_of; a bare mention of MTP reads as none), on the last stage of the default split;
 - cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800, H200, B200, MI300X; V100 as the DGX-2
   node; the AWS node of the GPU where the interconnect is EFA) scaled to the run's GPUs, with the published GPUs
   per node, NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio); a
@@ -65,7 +67,7 @@ from dataclasses import dataclass, field
 from published_hardware import (  # noqa: F401 - read off this module by accuracy.py and the tests
     device_family, device_of, topology, topology_preset, variant_refusal)
 from published_model import (  # noqa: F401 - idem
-    activation_of, global_batch, implied_tflops, model_spec, precision_of, seq_len_of)
+    activation_of, global_batch, implied_tflops, model_spec, mtp_of, precision_of, seq_len_of)
 
 from planner.frameworks import load_framework
 
@@ -170,7 +172,7 @@ def recompute_of(run: dict) -> str | None:
 
 READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
-                 "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops")  # accuracy.py can switch off
+                 "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated")  # accuracy.py can switch off
 
 NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
 """Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance

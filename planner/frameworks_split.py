@@ -42,10 +42,21 @@ def compact(counts: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def balanced_split(num_layers: int, stages: int) -> tuple[int, ...]:
+def balanced_split(num_layers: int, stages: int, *, last_slots: int = 0) -> tuple[int, ...]:
     """As even as possible; the remainder goes to the middle stages first (the first carries the embedding, the
     last the head and logits), then the first, then the last. With num_layers + 2 = k * stages this is exactly
-    Megatron's --account-for-embedding/loss-in-pipeline-split (ends k - 1, e.g. 0 for 126 layers on 128 chunks)."""
+    Megatron's --account-for-embedding/loss-in-pipeline-split (ends k - 1, e.g. 0 for 126 layers on 128 chunks).
+
+    `last_slots`: MTP layers the last stage runs besides its decoder layers (ModelSpec.mtp_num_layers), counted as
+    layers of the split and taken off the last stage, as Megatron-Core's MTP design places them (DeepSeek-V3 "61
+    layers plus 1 MTP layer structured as [[embedding], [dense]*3, [moe]*58, [mtp, loss]]": MR2795's flexible
+    pipeline layout, whose layout strings end "...|mL", a last stage of MTP and loss only); the plain split where the
+    last stage would get fewer slots than MTP layers."""
+    if last_slots and stages > 1:
+        counts = list(balanced_split(num_layers + last_slots, stages))
+        if counts[-1] >= last_slots:
+            counts[-1] -= last_slots
+            return tuple(counts)
     base, extra = divmod(num_layers, stages)
     order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 1 else [0]
     counts = [base] * stages
@@ -109,7 +120,7 @@ def _first_last_ranks(num_layers: int, pp: int, vpp: int, first: int | None, las
     return ranks
 
 
-def megatron_flags(num_layers: int, pp: int, vpp: int, counts: Sequence[int]) -> list[str]:
+def megatron_flags(num_layers: int, pp: int, vpp: int, counts: Sequence[int], mtp: int = 0) -> list[str]:
     """The plainest Megatron-Core spelling of `counts`: nothing for equal chunks, the embedding/loss accounting,
     first/last pipeline-rank counts, else --pipeline-model-parallel-layout (any split, empty stages allowed:
     pipeline_parallel_layer_layout.py; vpp is then the layout's length / pp, so no vpp flag goes with it)."""
@@ -117,7 +128,7 @@ def megatron_flags(num_layers: int, pp: int, vpp: int, counts: Sequence[int]) ->
     vpp_flag = ["--num-virtual-stages-per-pipeline-rank", str(vpp)] if vpp > 1 else []
     for args in _megatron_forms(num_layers, pp, vpp, counts):
         return args + vpp_flag
-    return ["--pipeline-model-parallel-layout", megatron_layout(counts)]
+    return ["--pipeline-model-parallel-layout", megatron_layout(counts, mtp)]
 
 
 def _megatron_forms(num_layers: int, pp: int, vpp: int, counts: tuple[int, ...]):
@@ -141,13 +152,16 @@ def _megatron_forms(num_layers: int, pp: int, vpp: int, counts: tuple[int, ...])
             continue
 
 
-def megatron_layout(counts: Sequence[int]) -> str:
-    """--pipeline-model-parallel-layout of `counts`: "E" embedding, "t" decoder layer, "L" loss, stages by "|"
-    in virtual-stage order (pipeline_parallel_layer_layout.py parse_str_to_list; "t*3" repeats)."""
+def megatron_layout(counts: Sequence[int], mtp: int = 0) -> str:
+    """--pipeline-model-parallel-layout of `counts`: "E" embedding, "t" decoder layer, "m" MTP layer, "L" loss,
+    stages by "|" in virtual-stage order (pipeline_parallel_layer_layout.py parse_str_to_list; "t*3" repeats). The
+    `mtp` layers go on the last stage, before the loss: with a layout Megatron builds MTP layers only where "m"
+    stands (multi_token_prediction.py get_mtp_num_layers_to_build), so a layout without them trains no MTP."""
     stages = []
     for index, count in enumerate(counts):
         body = f"t*{count}" if count > 1 else "t" * count
-        stages.append(("E" if index == 0 else "") + body + ("L" if index == len(counts) - 1 else ""))
+        last = index == len(counts) - 1
+        stages.append(("E" if index == 0 else "") + body + ("m" * mtp + "L" if last else ""))
     return "|".join(stages)
 
 

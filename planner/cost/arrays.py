@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import compute, memory, mixer_layers, mixers, moe_comm
+from planner.cost import compute, memory, mixer_layers, mixers, moe_comm, mtp
 from planner.cost.layer_terms import Env, Links, ModuleCost
 from planner.cost.layers import decoder_cost, embedding_cost, expert_shard_ep, head_cost, module_params
 from planner.cost.profiling_seam import apply_profile
@@ -82,12 +82,19 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bo
         kinds[name] = (decoder_cost(env, moe_layer=moe_layer) if mixer == "attention"
                        else mixer_layers.decoder_cost(env, moe_layer=moe_layer, mixer=mixer))
     if model.profile is not None:
-        return apply_profile(model, cand, kinds)
-    model.analytic_shapes.update(
-        f"{kind}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
-        for kind in kinds if kind.endswith("decoder")
-    )
-    return kinds
+        kinds = apply_profile(model, cand, kinds)
+    else:
+        model.analytic_shapes.update(
+            f"{kind}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
+            for kind in kinds if kind.endswith("decoder")
+        )
+    return dict(kinds, head=mtp.with_mtp(kinds["head"], kinds[mtp_kind(model)], env)) if model.spec.mtp_num_layers else kinds
+
+
+def mtp_kind(model: "CostModel") -> str:
+    """The module type each MTP layer repeats (planner.cost.mtp.last_layer_index)."""
+    index = mtp.last_layer_index(model.spec)
+    return kind_name(model.spec.mixer(index), bool(model.moe_mask[index]))
 
 
 def priced_choices(model: "CostModel", cand: "Candidate") -> tuple[str | None, str | None]:
@@ -127,13 +134,16 @@ def module_table(model: "CostModel", cand: "Candidate", links: Links | None = No
             layers[mask] = KIND_ORDER.index(name)
         index = np.concatenate([[0], layers, [3]])
         found = table[:, index]
-        found[MODULE_FIELDS.index("full_recompute_s"), [0, -1]] = 0.0  # embedding and head are never recomputed
+        found[MODULE_FIELDS.index("full_recompute_s"), 0] = 0.0  # the embedding is never recomputed, nor the head:
+        found[MODULE_FIELDS.index("full_recompute_s"), -1] = (  # its column recomputes only MTP layers
+            mtp.recompute_s(model.spec, kinds[mtp_kind(model)]) if model.spec.mtp_num_layers else 0.0)
         found.setflags(write=False)  # shared by every Detail of this shape: callers must not modify it
         model.memo[key] = found
     return found
 
 
-def _flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward FLOPs of one sequence per module (model, hardware, attention core), memoised read-only per model."""
     found = model.memo.get("flops")
     if found is None:
         found = model.memo["flops"] = _count_flops_per_sequence(model)
@@ -163,6 +173,12 @@ def _count_flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarra
         core_f[mask] = compute.gemms_flops(attn, attention_only=True)
     head = compute.gemms_flops(compute.head_gemms(spec, shape, full=True))
     model_f[-1] = hw_f[-1] = head
+    if spec.mtp_num_layers:  # each MTP module: its layer, eh_proj and the head once more (planner.cost.mtp)
+        k, last = spec.mtp_num_layers, mtp.last_layer_index(spec) + 1
+        proj = compute.gemms_flops(mtp.projection_gemms(spec, shape, full=True))
+        model_f[-1] += k * (model_f[last] + proj + head)
+        hw_f[-1] += k * (hw_f[last] + proj + head)
+        core_f[-1] = k * core_f[last]
     return model_f, hw_f, core_f
 
 
@@ -228,7 +244,7 @@ def build_detail(model: "CostModel", cand: "Candidate") -> "Detail":
     compute_fwd, compute_bwd = row["compute_fwd_s"], row["compute_bwd_s"]
     dense, expert = module_params_of(model, cand)
     weights, grads, optim = static_parts(model, cand, dense, expert)
-    model_f, hw_f, core_f = _flops_per_sequence(model)
+    model_f, hw_f, core_f = flops_per_sequence(model)
     costs = LayerCosts(
         names=model.names, forward_s=row["fwd"], backward_s=row["bwd"], recompute_s=row["rec"],
         full_recompute_s=row["full_recompute_s"], static_bytes=weights + grads + optim, activation_bytes=row["act"],

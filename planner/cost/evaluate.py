@@ -90,7 +90,8 @@ class Evaluation:
 
 def _check_split(model: "CostModel", cand: "Candidate", stage_layers, full_layers) -> tuple[tuple[int, ...], tuple[int, ...]]:
     stages, n = cand.pp * cand.vpp, model.spec.num_layers
-    split = balanced_split(n, stages) if stage_layers is None else tuple(int(x) for x in stage_layers)
+    split = (balanced_split(n, stages, last_slots=model.spec.mtp_num_layers) if stage_layers is None
+             else tuple(int(x) for x in stage_layers))
     if len(split) != stages or sum(split) != n or min(split) < 0:  # a stage may hold no decoder layer (the stack's
         raise BadInputError(                                            # rule: planner.frameworks_split.split_refusal)
             f"stage_layers={list(split)} must have pp*vpp={stages} entries, none negative, summing to num_layers={n}"

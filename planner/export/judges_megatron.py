@@ -27,7 +27,7 @@ INT_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "cont
              "kv-channels", "num-query-groups", "num-experts", "moe-router-topk", "moe-ffn-hidden-size",
              "moe-shared-expert-intermediate-size", "kv-lora-rank", "q-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
              "v-head-dim", "rotary-base", "moe-router-num-groups", "moe-router-group-topk",
-             "rotary-seq-len-interpolation-factor")
+             "rotary-seq-len-interpolation-factor", "mtp-num-layers")
 FLOAT_FLAGS = ("moe-expert-capacity-factor", "rotary-percent", "norm-epsilon", "moe-router-topk-scaling-factor",
                "rope-scaling-factor", "rotary-scaling-factor", "mscale", "mscale-all-dim")
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
@@ -79,6 +79,7 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
         window_size=tuple(int(v) for v in a.window_size.strip("()").split(",")) if a.window_size else None,
         window_attn_skip_freq=ast.literal_eval(a.window_attn_skip_freq) if a.window_attn_skip_freq else None,
         no_rope_freq=ast.literal_eval(a.no_rope_freq) if a.no_rope_freq else None,
+        mtp_num_layers=a.mtp_num_layers,
     )
     if a.num_experts:
         kw.update(num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk, moe_ffn_hidden_size=a.moe_ffn_hidden_size,

@@ -122,7 +122,8 @@ def _layout_args(plan: LaunchPlan) -> list[str]:
     par = plan.parallelism
     if par.pp == 1:
         return []
-    return megatron_flags(plan.request.model.num_layers, par.pp, par.vpp, stage_layer_counts(plan))
+    model = plan.request.model
+    return megatron_flags(model.num_layers, par.pp, par.vpp, stage_layer_counts(plan), model.mtp_num_layers)
 
 
 def _recompute_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:

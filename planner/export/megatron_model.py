@@ -141,4 +141,6 @@ def model_arguments(spec: ModelSpec, seq_len: int, warnings: list[str], moe_disp
         args.append("--untie-embeddings-and-output-weights")
     if not _all_biased(spec):
         args.append("--disable-bias-linear")
+    if spec.mtp_num_layers:  # MTP modules on the last pipeline stage (megatron/core/transformer/multi_token_prediction.py)
+        args += ["--mtp-num-layers", str(spec.mtp_num_layers)]
     return args + _moe_args(spec, moe_dispatcher) + _mla_args(spec)

@@ -58,6 +58,7 @@ MODEL_FEATURES: dict[str, tuple[str, Callable[[ModelSpec], bool]]] = {
     "activation_multipliers": ("Granite's embedding, residual and attention multipliers and logits scaling",
                                lambda s: s.multipliers is not None and _scaled(s.multipliers)),
     "no_position_encoding": ("no position encoding (Jamba)", lambda s: s.position == "none"),
+    "multi_token_prediction": ("multi-token prediction modules (DeepSeek-V3 MTP, mtp_num_layers)", lambda s: s.mtp_num_layers > 0),
 }
 
 

@@ -118,7 +118,8 @@ ModelFeature = Literal["parallel_residual", "chunked_attention", "sliding_window
                        "partial_linear_bias", "four_norms_per_layer", "projection_qk_norm", "geglu", "alibi",
                        "learned_positions", "mla", "moe", "layernorm", "plain_ffn", "shared_expert_gate",
                        "one_norm_per_layer", "embedding_norm", "linear_attention", "mamba_layers",
-                       "attention_output_gate", "qk_norm_after_rope", "activation_multipliers", "no_position_encoding"]
+                       "attention_output_gate", "qk_norm_after_rope", "activation_multipliers", "no_position_encoding",
+                       "multi_token_prediction"]
 
 
 class ModelRule(Schema):

@@ -7,6 +7,7 @@ input never meets one; a value above one is refused up front (exit 2, HTTP 422) 
 """
 
 MAX_LAYERS = 1024
+MAX_MTP_LAYERS = 16  # multi-token prediction depth (DeepSeek-V3 uses 1)
 MAX_HIDDEN_SIZE = 1 << 17  # 131072
 MAX_FFN_HIDDEN_SIZE = 1 << 20
 MAX_HEADS = 4096

@@ -212,6 +212,11 @@ class ModelSpec(InputSchema):
     mamba: MambaSpec | None = Field(default=None, description="the mixer of 'mamba' layers")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    mtp_num_layers: int = Field(default=0, ge=0, le=L.MAX_MTP_LAYERS, description=(
+        "multi-token prediction depth (DeepSeek-V3 sec. 2.2): each module normalises the hidden state and the next "
+        "token's embedding, projects their concatenation 2h -> h, runs one decoder layer of the last layer's kind and "
+        "the shared LM head with its own loss, on the last pipeline stage (Megatron-Core --mtp-num-layers, "
+        "multi_token_prediction.py); 0 = none. HF checkpoints build none (num_nextn_predict_layers is not read)"))
     source: str | None = Field(default=None, description="where the numbers come from")
 
     @model_validator(mode="after")

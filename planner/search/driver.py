@@ -293,7 +293,7 @@ class _Search:
         candidate is priced with the stack's MoE overlap, which a full recompute turns off (arrays.moe_batch_overlap)."""
         self.counters.evaluations += 1
         if self.partial_ok and cand.recompute != "full" and not moe_batch_overlap(self.cost, cand):
-            split = split_for(self.request.model.num_layers, cand)
+            split = split_for(self.request.model.num_layers, cand, self.request.model.mtp_num_layers)
             lc = self.cost.layer_costs(cand)
             excess = rank_excess_bytes(self.cost, cand, lc, split)
             if max(excess) > 0:

@@ -47,7 +47,7 @@ class Floors(BoundsState):
 
     def shape(self, pp: int, vpp: int, schedule: str = DEFAULT.name):
         v = schedule_of(schedule).v_placed  # zbv, dualpipev: stages in a V, not looped
-        return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v))
+        return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v, self.mtp_num_layers))
 
     def candidate(self, group: Group, **member):
         member.setdefault("axis_order", self.order(group.fact))

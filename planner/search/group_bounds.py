@@ -95,8 +95,8 @@ class VariantShape:
     ranks: np.ndarray
 
 
-def variant_shape(num_layers: int, pp: int, vpp: int, v_placed: bool = False) -> VariantShape:
-    split = split_for(num_layers, _Probe(pp, vpp))
+def variant_shape(num_layers: int, pp: int, vpp: int, v_placed: bool = False, last_slots: int = 0) -> VariantShape:
+    split = split_for(num_layers, _Probe(pp, vpp), last_slots)
     return VariantShape(split, rank_of_modules(split, pp, v_placed))
 
 
@@ -112,6 +112,7 @@ class BoundsState:
     def __init__(self, state):
         self.state, self.cost, self.opts = state, state.cost, state.opts
         self.num_layers = state.request.model.num_layers
+        self.mtp_num_layers = state.request.model.mtp_num_layers
         self.memo: dict[tuple, object] = {}
 
     def _cached(self, key: tuple, make):

@@ -30,7 +30,7 @@ class Members(BoundsState):
 
     def shape(self, pp: int, vpp: int, schedule: str = DEFAULT.name):
         v = schedule_of(schedule).v_placed  # zbv, dualpipev: stages in a V, not looped
-        return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v))
+        return self._cached(("shape", pp, vpp, v), lambda: variant_shape(self.num_layers, pp, vpp, v, self.mtp_num_layers))
 
     def order_arrays(self, group: Group, vpp: int = 1) -> list[tuple[tuple[str, ...], ModuleArrays]]:
         """ModuleArrays of the group's members with `vpp` virtual stages under each axis order (their own links).

@@ -130,6 +130,7 @@ def partial_recompute(cost, cand, lc, stage_layers: Sequence[int], counters: Cou
     return tuple(counts)
 
 
-def split_for(num_layers: int, cand) -> tuple[int, ...]:
-    """Balanced decoder layers per virtual stage (what the search passes when it does not partition)."""
-    return balanced_split(num_layers, cand.pp * cand.vpp)
+def split_for(num_layers: int, cand, last_slots: int = 0) -> tuple[int, ...]:
+    """Balanced decoder layers per virtual stage (what the search passes when it does not partition; `last_slots`:
+    the MTP layers, as the cost model's default split counts them)."""
+    return balanced_split(num_layers, cand.pp * cand.vpp, last_slots=last_slots)

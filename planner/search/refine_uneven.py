@@ -27,7 +27,7 @@ def candidate_splits(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp
         permissive = split.model_copy(update=dict(embedding_slot=True, loss_slot=True, uneven_first_last=True))
         profile = profile.model_copy(update=dict(
             capabilities=profile.capabilities.model_copy(update=dict(interleaved_split=permissive))))
-    balanced = balanced_split(num_layers, pp * vpp)
+    balanced = balanced_split(num_layers, pp * vpp)  # an MTP spec's default differs: then it is one form more
     out: list[tuple[int, ...]] = []
     for counts in interleaved_forms(profile, num_layers=num_layers, pp=pp, vpp=vpp).values():
         if counts != balanced and counts not in out and split_refusal(

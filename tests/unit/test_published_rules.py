@@ -242,3 +242,29 @@ def test_a_run_that_compiled_runs_its_pointwise_ops_fused(text, compiled):
     assert (P.eager_ops_of(r) == ()) is compiled and (P.eager_ops_of(r) is None) is (not compiled)
     assert P.eager_ops_of(r, off=("compiled_runs_fuse_pointwise_ops",)) is None
     assert ("eager_ops" in C.build_case(r).overrides) is compiled
+
+
+@pytest.mark.parametrize("changes, depth", [
+    ({"model__family": "DeepSeek-V3 (MLA + DeepSeekMoE, MTP depth 1)"}, 1),
+    ({"model__family": "a MoE trained with 2 MTP modules"}, 2),
+    ({"model__family": "multi-token prediction (depth 2)"}, 2),
+    ({"model__mtp_num_layers": 1}, 1),
+    ({"model__num_nextn_predict_layers": 3}, 3),
+    ({"training__notes": "--mtp-num-layers 1, fp8"}, 1),
+    ({"model__family": "DeepSeek-V3, trained without MTP"}, 0),
+    ({"model__family": "DeepSeek-V3 (MTP disabled)"}, 0),
+    ({"model__family": "DeepSeek-V3 with MTP"}, 0),  # no depth stated: none
+    ({}, 0),
+])
+def test_mtp_depth_where_the_source_states_it(changes, depth):
+    r = run(**changes)
+    assert P.mtp_of(r) == depth and P.model_spec(r).mtp_num_layers == depth
+    assert P.model_spec(r, off=("mtp_depth_stated",)).mtp_num_layers == 0
+
+
+def test_a_nemo_run_of_deepseek_v3_trains_its_recipes_mtp_layer():
+    nemo = run(model__family="DeepSeek-V3 671B", model__num_layers=61, training__framework="NeMo 25.09")
+    assert P.mtp_of(nemo) == 1 and P.mtp_of(nemo, off=("nemo_performance_recipe",)) == 0
+    assert P.mtp_of(run(model__family="DeepSeek-V3 671B", model__num_layers=61, training__framework="Megatron-Core")) == 0
+    assert P.mtp_of(run(model__family="DeepSeek-V3 671B, without MTP", model__num_layers=61,
+                        training__framework="NeMo")) == 0  # the source's word wins

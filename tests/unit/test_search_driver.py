@@ -17,6 +17,7 @@ from planner.search.space import Options, Space
 SMALL = ModelSpec(name="small", num_layers=6, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
                   num_kv_heads=4, vocab_size=8000, seq_len=1024, activation="swiglu", norm="rmsnorm")
 SMALL_MOE = SMALL.model_copy(update=dict(name="small-moe", moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=512)))
+SMALL_MTP = SMALL_MOE.model_copy(update=dict(name="small-mtp", mtp_num_layers=1))
 NARROW = SearchLimits(max_microbatch_size=2, zero_stages=(0, 1, 3), top_k=2, tp_overlap=("none",))
 
 
@@ -35,6 +36,7 @@ def _summary(result):
 @pytest.mark.parametrize("model,gpus,gbs,fixed", [
     (SMALL, 8, 16, {}), (SMALL_MOE, 4, 16, {}), (SMALL, 8, 16, {"pp": 2, "tp": 1}),
     (SMALL_MOE, 16, 32, {}), (SMALL, 16, 32, {"cp": 2}),  # two nodes: cp, ep and dp groups across them
+    (SMALL_MTP, 8, 16, {}), (SMALL_MTP, 8, 16, {"pp": 4, "tp": 1}),  # an MTP layer on the last stage (planner.cost.mtp)
 ])
 def test_pruned_search_equals_exhaustive(model, gpus, gbs, fixed):
     request = small_request(model=model, gpus=gpus, gbs=gbs, limits=NARROW.model_copy(update=dict(fixed=fixed)))
@@ -75,9 +77,10 @@ def bounded_members(request):
                     yield cost, variant_lower, cand
 
 
-def test_bounds_are_below_evaluate():
+@pytest.mark.parametrize("model", [SMALL, SMALL_MTP])
+def test_bounds_are_below_evaluate(model):
     checked = 0
-    for cost, variant_lower, cand in bounded_members(small_request()):
+    for cost, variant_lower, cand in bounded_members(small_request(model=model, gpus=8 if model is SMALL else 4)):
         lc = cost.layer_costs(cand)
         ev = cost.evaluate(cand)
         times = lc.forward_s + lc.backward_s + lc.recompute_s
