@@ -80,6 +80,8 @@ REQUESTS = [
     ("70b-80layers-6stages", "llama3-70b", 96, 384, 8192, {"tp": 8, "pp": 6}),
     ("405b-16384gpu-tp8-pp16", "llama3-405b", 16384, 2048, 8192, {"tp": 8, "pp": 16}),
     ("mixtral-ep8-tp2-64gpu", "mixtral-8x7b", 64, 512, 4096, {"ep": 8, "tp": 2}),
+    # DeepSeek-V3 with its MTP module (a spec file; the last stage carries it; Megatron builds it from --mtp-num-layers)
+    ("dsv3-mtp-ep64-pp16-2048gpu", "examples/models/deepseek-v3-mtp.yaml", 2048, 4096, 4096, {"ep": 64, "pp": 16}),
 ]
 HF_DIR = "tests/data/hf"  # "hf:<folder>" models: relative to the repository root (run from it, as the usage line says)
 

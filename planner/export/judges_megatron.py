@@ -193,7 +193,7 @@ def megatron_core_params(args: list[str]) -> int:
     import torch
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
     from megatron.core.transformer import multi_latent_attention as mla_module
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
@@ -214,8 +214,10 @@ def megatron_core_params(args: list[str]) -> int:
         have_te, mla_module.HAVE_TE = mla_module.HAVE_TE, isinstance(mla_module.TELinear, type)
         try:
             with torch.device("meta"):
-                model = GPTModel(
-                    config=config, transformer_layer_spec=get_gpt_decoder_block_spec(config, use_transformer_engine=False),
+                layer_spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+                mtp = get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=False) if a.mtp_num_layers else None
+                model = GPTModel(  # pretrain_gpt.py's model_provider, MTP block included where --mtp-num-layers says
+                    config=config, transformer_layer_spec=layer_spec, mtp_block_spec=mtp,
                     vocab_size=a.vocab_size, max_sequence_length=a.max_position_embeddings,
                     position_embedding_type=a.position_embedding_type or "learned_absolute",
                     share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,

@@ -32,7 +32,7 @@ def judge_megatron(plan: LaunchPlan, export: Export) -> Verdict:
 def _megatron_params(args: list[str], plan: LaunchPlan) -> Verdict:
     """The model the flags build (megatron-core's GPTModel on the meta device) has the plan's parameter count, which
     tests/unit/test_models_hf_parity.py ties to transformers' for HF configs."""
-    from planner.models.counting import total_params
+    from planner.models.counting import mtp_params, total_params
 
     try:
         built = megatron_core_params(args)
@@ -40,7 +40,7 @@ def _megatron_params(args: list[str], plan: LaunchPlan) -> Verdict:
         raise JudgeUnavailable(f"megatron-core is not importable: {exc}") from None
     except (AssertionError, ValueError, TypeError, RuntimeError) as exc:
         return Verdict(False, f"GPTModel did not build: {first_line(exc)}")
-    expected = total_params(plan.request.model)
+    expected = total_params(plan.request.model) + mtp_params(plan.request.model)
     if built != expected:
         return Verdict(False, f"GPTModel from the flags has {built:,} parameters, the plan's model {expected:,}")
     return Verdict(True)

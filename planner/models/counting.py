@@ -223,6 +223,16 @@ def total_params(spec: ModelSpec) -> int:
     return embedding_params(spec) + layers + head_params(spec)
 
 
+def mtp_params(spec: ModelSpec) -> int:
+    """The multi-token prediction modules (ModelSpec.mtp_num_layers), which total_params leaves out as DeepSeek's
+    671B does (+14B): per module its enorm, hnorm and final norm, the 2h x h eh_proj and one decoder layer like the
+    last; the embedding and LM head are the main model's (Megatron-Core MultiTokenPredictionLayer)."""
+    if not spec.mtp_num_layers:
+        return 0
+    h = spec.hidden_size
+    return spec.mtp_num_layers * (3 * norm_params(spec) + 2 * h * h + decoder_layer_params(spec, spec.num_layers - 1))
+
+
 def active_params(spec: ModelSpec) -> int:
     """Parameters one token uses: the total minus the (num_experts - top_k) routed experts it skips per MoE layer.
 

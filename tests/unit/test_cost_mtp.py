@@ -146,3 +146,28 @@ def test_the_search_plans_an_mtp_model_on_megatron_core():
     assert plan.request.model.mtp_num_layers == 1 and plan.prediction.step_time_s > 0
     again = api.estimate(request.model_copy(update={"model": DSV3}), configuration_of(plan))
     assert plan.prediction.step_time_s > again.prediction.step_time_s  # the same configuration without MTP is faster
+
+
+def test_mtp_parameters_equal_megatron_cores_mtp_block():
+    """counting.mtp_params against the MultiTokenPredictionBlock megatron-core builds from --mtp-num-layers (meta
+    device, one rank), for a dense and an MoE model; module_params' last column adds the same at tp = ep = 1."""
+    pytest.importorskip("megatron.core")
+    from planner.export.judges_megatron import megatron_core_params
+    from planner.schemas.model import MoESpec
+
+    dense = ModelSpec(name="s", num_layers=4, hidden_size=256, ffn_hidden_size=512, num_attention_heads=4,
+                      vocab_size=1000, seq_len=128, activation="swiglu", norm="rmsnorm")
+    moe = dense.model_copy(update={"moe": MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=128)})
+    flags = ["--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "512", "--num-attention-heads", "4",
+             "--seq-length", "128", "--max-position-embeddings", "128", "--vocab-size", "1000", "--swiglu",
+             "--normalization", "RMSNorm", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+             "--position-embedding-type", "rope", "--micro-batch-size", "1", "--global-batch-size", "8"]
+    moe_flags = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "128"]
+    for spec, extra in ((dense, []), (moe, moe_flags)):
+        for depth in (1, 2):
+            with_mtp = spec.model_copy(update={"mtp_num_layers": depth})
+            built = megatron_core_params(flags + extra + ["--mtp-num-layers", str(depth)]) - megatron_core_params(flags + extra)
+            assert built == counting.mtp_params(with_mtp) > 0
+            d0, e0 = module_params(spec, tp=1, ep=1, tied_copy=False)
+            d1, e1 = module_params(with_mtp, tp=1, ep=1, tied_copy=False)
+            assert (d1 + e1).sum() - (d0 + e0).sum() == pytest.approx(built)
