@@ -15,7 +15,8 @@ Ablations: a mechanism is a CostOptions field a stack's profile sets (planner.co
 off replaces the profile's value by the generic reading (CostOptions' default) for every run of every stack that
 sets it, through accuracy.build_case(overrides=...), the same code path as the shipped model. A mechanism every
 stack shares (an NCCL collective's cost) has no profile value: its row sets the field for every stack, or, for the
-collective formula itself, swaps it for the earlier one while the runs are evaluated (ring_latency_per_node).
+collective formula itself, swaps it for the earlier one while the runs are evaluated (ring_latency_per_node). The
+default split's MTP slot is swapped for the plain split the same way (mtp_on_top).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import json
 import statistics
 from collections import defaultdict
 
-from planner.cost import comm
+from planner.cost import comm, evaluate
 from planner.cost.stack import options_for
 from planner.cost.types import CostOptions
 
 RING_LATENCY = "ring_latency_per_node"  # not a CostOptions field: the collective formula itself (ring_latency_per_node)
+MTP_SLOT = "mtp_layers_on_top_of_the_last_stage"  # not a CostOptions field: the default split's MTP slot (mtp_on_top)
 
 
 @contextlib.contextmanager
@@ -51,6 +53,23 @@ def ring_latency_per_node():
         yield
     finally:
         comm.half_ring_latency_s = original
+
+
+@contextlib.contextmanager
+def mtp_on_top():
+    """The ablation of the default split's MTP slot (frameworks_split.balanced_split last_slots, as the cost model
+    prices a split nobody gave): the plain balanced split, the MTP layers on top of the last stage's share; restored
+    on exit."""
+    original = evaluate.balanced_split
+
+    def plain(num_layers: int, stages: int, *, last_slots: int = 0) -> tuple[int, ...]:
+        return original(num_layers, stages)
+
+    evaluate.balanced_split = plain
+    try:
+        yield
+    finally:
+        evaluate.balanced_split = original
 
 
 STACKS = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "pytorch-fsdp", "hai-llm")
@@ -104,6 +123,8 @@ ABLATIONS = (
      "combine)", "moe_combine_scores", None),
     ("multi-token prediction modules where the source states their depth (reading rule; DeepSeek-V3 sec. 2.2, "
      "Megatron-Core multi_token_prediction.py)", "mtp_depth_stated", None),
+    ("MTP layer counted as a last-stage slot of the default split (Megatron MR2795; off: on top of the last stage)",
+     MTP_SLOT, None),
 )
 
 
