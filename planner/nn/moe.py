@@ -160,7 +160,7 @@ class MoE(nn.Module):
         # plain tensor attributes, not buffers: DDP would broadcast buffers from rank 0 every forward
         self.dropped_tokens = torch.zeros((), dtype=torch.int64)
         self.routed_tokens = torch.zeros((), dtype=torch.int64)
-        self.received_tokens: list[torch.Tensor] = []  # per counted EP call: tokens this rank's experts received
+        self.received_tokens = TokenLog()  # per counted EP call: tokens this rank's experts received
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -213,7 +213,31 @@ class MoE(nn.Module):
         device = device or self.dropped_tokens.device
         self.dropped_tokens = torch.zeros((), dtype=torch.int64, device=device)
         self.routed_tokens = torch.zeros((), dtype=torch.int64, device=device)
-        self.received_tokens = []
+        self.received_tokens = TokenLog()
+
+
+class TokenLog:
+    """Tokens received per counted EP dispatch, held on the tokens' device as int64 chunks: 8 bytes a dispatch (a
+    long GPU run makes ~10^6 of them; one tensor object each would hold ~0.5 GB), no host sync while training."""
+
+    CHUNK = 1024
+
+    def __init__(self) -> None:
+        self.chunks: list[torch.Tensor] = []
+        self.pending: list[torch.Tensor] = []
+
+    def append(self, count: torch.Tensor) -> None:
+        self.pending.append(count.to(torch.int64))
+        if len(self.pending) >= self.CHUNK:
+            self.chunks.append(torch.stack(self.pending))
+            self.pending = []
+
+    def __len__(self) -> int:
+        return sum(len(chunk) for chunk in self.chunks) + len(self.pending)
+
+    def values(self) -> torch.Tensor:
+        """Every count in dispatch order, one int64 tensor."""
+        return torch.cat(self.chunks + ([torch.stack(self.pending)] if self.pending else []))
 
 
 def _counting() -> bool:
@@ -222,7 +246,7 @@ def _counting() -> bool:
 
 
 def _ep_dispatch_run_combine(experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor, group,
-                             received: list[torch.Tensor] | None = None) -> torch.Tensor:
+                             received: "TokenLog | None" = None) -> torch.Tensor:
     """All-to-all dispatch of expert-sorted tokens, local experts, all-to-all combine (same order back); appends
     the tokens this rank's experts receive to `received` when given (routing_skew)."""
     ep = dist.get_world_size(group)
@@ -268,9 +292,9 @@ def routing_load(model: nn.Module) -> tuple[float, float]:
     EP group, at the end of a run; (0.0, 0.0) without EP. Every member of an EP group returns the group's sums."""
     slowest = mean = 0.0
     for module in model.modules():
-        if not isinstance(module, MoE) or module.ep_group is None or not module.received_tokens:
+        if not isinstance(module, MoE) or module.ep_group is None or not len(module.received_tokens):
             continue
-        mine = torch.stack(module.received_tokens).to(torch.int64)
+        mine = module.received_tokens.values()
         every = [torch.empty_like(mine) for _ in range(dist.get_world_size(module.ep_group))]
         dist.all_gather(every, mine, group=module.ep_group)
         loads = torch.stack(every)  # [ep rank, call]

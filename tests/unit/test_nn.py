@@ -218,3 +218,14 @@ def test_optimizer_and_precision_choices_are_checked():
     assert mp_policy("amp-bf16") is None  # fp32 parameters gathered as they are, autocast computes in bf16
     with pytest.raises(BadInputError, match="precision='fp16'"):
         mp_policy("fp16")
+
+
+def test_token_log_keeps_dispatch_order_across_chunks():
+    from planner.nn.moe import TokenLog
+
+    log = TokenLog()
+    log.CHUNK = 4  # instance attribute: the class keeps 1024
+    for count in range(10):
+        log.append(torch.tensor(count, dtype=torch.int32))
+    assert len(log) == 10 and len(log.chunks) == 2 and log.values().tolist() == list(range(10))
+    assert log.values().dtype == torch.int64 and TokenLog.CHUNK == 1024
