@@ -253,8 +253,8 @@ def with_extras(result: dict, path: Path) -> dict:
         if field in P.READING_RULES:  # a conversion rule switched off
             table.append((label, {"reading rule": {}}, V.headline(run_all(path, off=(field,), baselines=False)["rows"])))
             continue
-        if field in (V.RING_LATENCY, V.MTP_SLOT):  # the NCCL formula every stack shares; the default split's MTP slot
-            with V.ring_latency_per_node() if field == V.RING_LATENCY else V.mtp_on_top():
+        if field in V.SWAPS:  # shared code every stack runs: the NCCL formula, the default split's MTP slot
+            with V.SWAPS[field]():
                 table.append((label, {"every stack": {}}, V.headline(run_all(path, baselines=False)["rows"])))
             continue
         overrides = V.ablation_overrides(field, value)

@@ -72,6 +72,9 @@ def mtp_on_top():
         evaluate.balanced_split = original
 
 
+SWAPS = {RING_LATENCY: ring_latency_per_node, MTP_SLOT: mtp_on_top}  # ablations that swap shared code, not a field
+
+
 STACKS = ("megatron-core", "megatron-lm", "deepspeed", "torchtitan", "pytorch-fsdp", "hai-llm")
 LEGACY = {"deepspeed": ("legacy/deepspeed-2021",)}  # profiles a stack's older sources run (published_runs.profile_of)
 # (label, CostOptions field, the value it is switched to; None: CostOptions' default, applied to every stack whose

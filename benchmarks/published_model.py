@@ -111,9 +111,14 @@ def mtp_of(run: dict, off: tuple[str, ...] = ()) -> int:
     found = MTP_TEXT.search(text)
     if found:
         return int(next(group for group in found.groups() if group))
-    nemo = "nemo" in (run["training"].get("framework") or "").lower() and "nemo_performance_recipe" not in off
     deepseek_v3 = re.search(r"deepseek[- ]?v3", str(m.get("family") or "").lower()) and m.get("num_layers") == 61
-    return 1 if nemo and deepseek_v3 else 0
+    return 1 if runs_nemo_recipe(run, off) and deepseek_v3 else 0
+
+
+def runs_nemo_recipe(run: dict, off: tuple[str, ...] = ()) -> bool:
+    """Rule nemo_performance_recipe: a run whose framework text names NeMo ran NeMo's performance recipe (its
+    bytes per parameter, published_runs.recipe_bytes_of; DeepSeek-V3's MTP layer, mtp_of); False with the rule off."""
+    return "nemo" in (run["training"].get("framework") or "").lower() and "nemo_performance_recipe" not in off
 
 
 NEGATED_FP8 = re.compile(r"\b(?:not|no|without|non)\b[\w\s-]{0,30}?fp8")

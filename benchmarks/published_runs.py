@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from published_hardware import (  # noqa: F401 - read off this module by accuracy.py and the tests
     device_family, device_of, topology, topology_preset, variant_refusal)
 from published_model import (  # noqa: F401 - idem
-    activation_of, global_batch, implied_tflops, model_spec, mtp_of, precision_of, seq_len_of)
+    activation_of, global_batch, implied_tflops, model_spec, mtp_of, precision_of, runs_nemo_recipe, seq_len_of)
 
 from planner.frameworks import load_framework
 
@@ -205,10 +205,7 @@ def recipe_bytes_of(run: dict, precision: str, off: tuple[str, ...] = ()) -> tup
     """The bytes-per-parameter recipe a run is priced with where its stack's launch sets one the profile does not:
     a run whose framework text names NeMo ran NeMo's performance recipe of its precision (NEMO_RECIPE_BYTES); None
     (the profile's recipe) otherwise or with the rule `off`."""
-    text = (run["training"].get("framework") or "").lower()
-    if "nemo" not in text or "nemo_performance_recipe" in off:
-        return None
-    return NEMO_RECIPE_BYTES.get(precision)
+    return NEMO_RECIPE_BYTES.get(precision) if runs_nemo_recipe(run, off) else None
 
 
 def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...] | None:

@@ -88,12 +88,12 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bo
             f"{kind}(tp={cand.tp}, ep={cand.ep}, microbatch_size={cand.microbatch_size}, seq_len={model.request.seq_len})"
             for kind in kinds if kind.endswith("decoder")
         )
-    return dict(kinds, head=mtp.with_mtp(kinds["head"], kinds[mtp_kind(model)], env)) if model.spec.mtp_num_layers else kinds
+    return dict(kinds, head=mtp.with_mtp(kinds["head"], kinds[mtp_kind(model)], env))
 
 
 def mtp_kind(model: "CostModel") -> str:
-    """The module type each MTP layer repeats (planner.cost.mtp.last_layer_index)."""
-    index = mtp.last_layer_index(model.spec)
+    """The module type each MTP layer repeats (planner.models.counting.mtp_layer_index)."""
+    index = counting.mtp_layer_index(model.spec)
     return kind_name(model.spec.mixer(index), bool(model.moe_mask[index]))
 
 
@@ -135,8 +135,8 @@ def module_table(model: "CostModel", cand: "Candidate", links: Links | None = No
         index = np.concatenate([[0], layers, [3]])
         found = table[:, index]
         found[MODULE_FIELDS.index("full_recompute_s"), 0] = 0.0  # the embedding is never recomputed, nor the head:
-        found[MODULE_FIELDS.index("full_recompute_s"), -1] = (  # its column recomputes only MTP layers
-            mtp.recompute_s(model.spec, kinds[mtp_kind(model)]) if model.spec.mtp_num_layers else 0.0)
+        found[MODULE_FIELDS.index("full_recompute_s"), -1] = mtp.recompute_s(  # its column recomputes only MTP layers
+            model.spec, kinds[mtp_kind(model)])
         found.setflags(write=False)  # shared by every Detail of this shape: callers must not modify it
         model.memo[key] = found
     return found
@@ -174,7 +174,7 @@ def _count_flops_per_sequence(model: "CostModel") -> tuple[np.ndarray, np.ndarra
     head = compute.gemms_flops(compute.head_gemms(spec, shape, full=True))
     model_f[-1] = hw_f[-1] = head
     if spec.mtp_num_layers:  # each MTP module: its layer, eh_proj and the head once more (planner.cost.mtp)
-        k, last = spec.mtp_num_layers, mtp.last_layer_index(spec) + 1
+        k, last = spec.mtp_num_layers, counting.mtp_layer_index(spec) + 1
         proj = compute.gemms_flops(mtp.projection_gemms(spec, shape, full=True))
         model_f[-1] += k * (model_f[last] + proj + head)
         hw_f[-1] += k * (hw_f[last] + proj + head)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from planner.cost import autocast, compute, eager, memory, moe_comm, mtp, sac
+from planner.cost import autocast, compute, eager, memory, moe_comm, sac
 from planner.cost import moe_layer as moe_layer_terms
 from planner.cost import executor as executor_cost
 from planner.cost.eager_layers import eager_decoder_cost, eager_phases, executor_decoder_cost, is_eager
@@ -170,8 +170,8 @@ def module_params(spec: ModelSpec, *, tp: int, ep: int, tied_copy: bool) -> tupl
         else:
             dense[index + 1] = layer_norms + attn + counting.mlp_params(spec, spec.ffn_hidden_size) / tp
     if spec.mtp_num_layers:  # each MTP module on the last stage (planner.cost.mtp): norms, eh_proj, one layer
-        k, last, h = spec.mtp_num_layers, mtp.last_layer_index(spec) + 1, spec.hidden_size  # the layer it repeats
-        dense[n + 1] += k * (mtp.NORMS_PER_MODULE * counting.norm_params(spec) + 2 * h * h / tp + dense[last])
+        k, last, h = spec.mtp_num_layers, counting.mtp_layer_index(spec) + 1, spec.hidden_size  # the layer it repeats
+        dense[n + 1] += k * (counting.MTP_NORMS * counting.norm_params(spec) + 2 * h * h / tp + dense[last])
         expert[n + 1] += k * expert[last]
         if tied_copy and not spec.tied_embeddings:  # the last stage's own embedding table, tied to the first's
             dense[n + 1] += counting.embedding_params(spec) / tp

@@ -9,9 +9,9 @@ with its own cross-entropy loss. Without a custom pipeline layout every MTP laye
 (get_mtp_num_layers_to_build), and a last stage that is not the first builds its own embedding table, tied to the
 first stage's (gpt_model.py: `if self.pre_process or self.mtp_process: self.embedding = ...`).
 
-Priced as the head's column of the module table carrying those costs: the decoder ModuleCost of the last layer's
-kind (what the MTP layer is), the head's ModuleCost once more, and the projection GEMM; its parameters in
-planner.cost.layers.module_params. The MTP logits are transient like the main head's (the logits buffer is not
+Priced as the head's column of the module table carrying those costs: the decoder ModuleCost of the kind of
+planner.models.counting.mtp_layer_index (what the MTP layer is), the head's ModuleCost once more, and the projection
+GEMM; its parameters in planner.cost.layers.module_params, the module's structure in counting (MTP_NORMS). The MTP logits are transient like the main head's (the logits buffer is not
 doubled: left out).
 """
 
@@ -25,13 +25,6 @@ from planner.schemas.model import ModelSpec
 
 SUMMED = ("compute_fwd_s", "compute_bwd_s", "tp_fwd_s", "tp_bwd_s", "ep_fwd_s", "ep_bwd_s", "cp_fwd_s", "cp_bwd_s",
           "selective_s", "act_none", "act_selective", "act_full")
-NORMS_PER_MODULE = 3  # enorm, hnorm and the module's final layernorm (MultiTokenPredictionLayer)
-
-
-def last_layer_index(spec: ModelSpec) -> int:
-    """The decoder layer whose kind each MTP layer repeats: DeepSeek-V3's MTP layer is an MoE layer like the main
-    model's last (Megatron builds it from the decoder's layer spec)."""
-    return spec.num_layers - 1
 
 
 def projection_gemms(spec: ModelSpec, shape: compute.Shape, *, full: bool = False) -> list[compute.Gemm]:
@@ -48,8 +41,9 @@ def with_mtp(head: ModuleCost, layer: ModuleCost, env: Env) -> ModuleCost:
     n = env.spec.mtp_num_layers
     if not n:
         return head
-    proj_fwd, proj_bwd, _ = gemm_times(env, projection_gemms(env.spec, env.shape))
-    proj_act = 2 * env.shape.microbatch_size * env.shape.seq_len / env.shape.cp * 2 * env.spec.hidden_size
+    proj = projection_gemms(env.spec, env.shape)
+    proj_fwd, proj_bwd, _ = gemm_times(env, proj)
+    proj_act = 2 * proj[0].io_elements[0]  # the bf16 [norm(h); norm(emb)] input eh_proj saves
     summed = {f: getattr(head, f) * (1 + n) + n * getattr(layer, f) for f in SUMMED}
     summed["compute_fwd_s"] += n * proj_fwd
     summed["compute_bwd_s"] += n * proj_bwd

@@ -106,6 +106,24 @@ def dropped_tokens(model: nn.Module) -> tuple[int, int]:
     return sum(int(m.dropped_tokens) for m in mods), sum(int(m.routed_tokens) for m in mods)
 
 
+def routing_load(model: nn.Module) -> tuple[float, float]:
+    """(sum over counted EP calls of the slowest EP rank's received tokens, sum of the EP ranks' mean), over this
+    rank's MoE layers: (slowest / mean - 1) is the routing skew the run saw, the quantity MoESpec.routing_skew
+    prices (planner.cost.moe_comm: the slowest EP rank gates every dispatch). One all_gather per MoE layer of each
+    EP group, at the end of a run; (0.0, 0.0) without EP. Every member of an EP group returns the group's sums."""
+    slowest = mean = 0.0
+    for module in moe_modules(model):
+        if module.ep_group is None or not len(module.received_tokens):
+            continue
+        mine = module.received_tokens.values()
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(module.ep_group))]
+        dist.all_gather(every, mine, group=module.ep_group)
+        loads = torch.stack(every)  # [ep rank, call]
+        slowest += float(loads.max(0).values.sum())
+        mean += float(loads.sum()) / loads.shape[0]
+    return slowest, mean
+
+
 # ------------------------------------------------------------------------------------------------- AC
 def apply_ac(model: nn.Module, mode: str, full_layers: int = 0) -> None:
     """Activation checkpointing per block (Chen et al. 2016; Korthikanti et al. 2022 sec. 5 for selective):

@@ -53,7 +53,7 @@ class RankResult(Schema):
     routed_tokens: int = Field(default=0, ge=0, description="MoE (token, expert) assignments, summed over steps")
     routing_slowest_tokens: float = Field(default=0.0, ge=0, description=(
         "over this rank's EP group and MoE layers: the slowest EP rank's received tokens summed over dispatches "
-        "(planner.nn.moe.routing_load); 0 without EP"))
+        "(planner.executor.parallelize.routing_load); 0 without EP"))
     routing_mean_tokens: float = Field(default=0.0, ge=0, description="the same sum for the EP ranks' mean")
     checkpoints: tuple[str, ...] = Field(default=(), description="checkpoint folders committed during the run")
     tp_overlap: TpOverlapTiming | None = None

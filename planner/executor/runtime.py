@@ -238,8 +238,7 @@ def _maybe_fail(step: int, where: str) -> None:
 
 def run(job: Job) -> RankResult:
     """Resume if asked, train steps first..options.steps, checkpoint every K steps; returns this rank's result."""
-    from planner.executor.parallelize import dropped_tokens
-    from planner.nn.moe import routing_load
+    from planner.executor.parallelize import dropped_tokens, routing_load
 
     opts, batch = job.options, job.plan.batch
     first = 1

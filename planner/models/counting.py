@@ -223,14 +223,22 @@ def total_params(spec: ModelSpec) -> int:
     return embedding_params(spec) + layers + head_params(spec)
 
 
+MTP_NORMS = 3  # enorm, hnorm and the module's final layernorm (Megatron-Core MultiTokenPredictionLayer)
+
+
+def mtp_layer_index(spec: ModelSpec) -> int:
+    """The decoder layer whose kind each MTP layer repeats: DeepSeek-V3's MTP layer is an MoE layer like the main
+    model's last (Megatron builds it from the decoder's layer spec)."""
+    return spec.num_layers - 1
+
+
 def mtp_params(spec: ModelSpec) -> int:
     """The multi-token prediction modules (ModelSpec.mtp_num_layers), which total_params leaves out as DeepSeek's
-    671B does (+14B): per module its enorm, hnorm and final norm, the 2h x h eh_proj and one decoder layer like the
-    last; the embedding and LM head are the main model's (Megatron-Core MultiTokenPredictionLayer)."""
-    if not spec.mtp_num_layers:
-        return 0
+    671B does (+14B): per module its MTP_NORMS norms, the 2h x h eh_proj and one decoder layer like the last; the
+    embedding and LM head are the main model's (Megatron-Core MultiTokenPredictionLayer)."""
     h = spec.hidden_size
-    return spec.mtp_num_layers * (3 * norm_params(spec) + 2 * h * h + decoder_layer_params(spec, spec.num_layers - 1))
+    module = MTP_NORMS * norm_params(spec) + 2 * h * h + decoder_layer_params(spec, mtp_layer_index(spec))
+    return spec.mtp_num_layers * module
 
 
 def active_params(spec: ModelSpec) -> int:

@@ -283,21 +283,3 @@ def shard_experts(moe: MoE, ep_group) -> None:
         if param is not None:
             setattr(moe.experts, name, nn.Parameter(param.detach()[rank * local:(rank + 1) * local].clone()))
     moe.ep_group = ep_group
-
-
-def routing_load(model: nn.Module) -> tuple[float, float]:
-    """(sum over counted EP calls of the slowest EP rank's received tokens, sum of the EP ranks' mean), over this
-    rank's MoE layers: (slowest / mean - 1) is the routing skew the run saw, the quantity MoESpec.routing_skew
-    prices (planner.cost.moe_comm: the slowest EP rank gates every dispatch). One all_gather per MoE layer of each
-    EP group, at the end of a run; (0.0, 0.0) without EP. Every member of an EP group returns the group's sums."""
-    slowest = mean = 0.0
-    for module in model.modules():
-        if not isinstance(module, MoE) or module.ep_group is None or not len(module.received_tokens):
-            continue
-        mine = module.received_tokens.values()
-        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(module.ep_group))]
-        dist.all_gather(every, mine, group=module.ep_group)
-        loads = torch.stack(every)  # [ep rank, call]
-        slowest += float(loads.max(0).values.sum())
-        mean += float(loads.sum()) / loads.shape[0]
-    return slowest, mean

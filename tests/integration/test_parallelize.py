@@ -121,7 +121,7 @@ def run_layout(spec, *, dp_mesh=None, tp_mesh=None, sp=False, zero_stage=0, ep_g
 def check_routing_load(model, ep_group, dropped, routed) -> None:
     """routing_load's mean received tokens times the EP size is what the group's experts kept (routed - dropped,
     forward calls only); the slowest EP rank receives at least the mean."""
-    from planner.nn.moe import routing_load
+    from planner.executor.parallelize import routing_load
 
     slowest, mean = routing_load(model)
     kept = torch.tensor([routed - dropped])

@@ -17,7 +17,7 @@ import published_runs as P  # noqa: E402
 def test_every_ablation_row_switches_something_real():
     fields = V.field_names()
     for label, field, _ in V.ABLATIONS:
-        assert field in fields or field in P.READING_RULES or field in (V.RING_LATENCY, V.MTP_SLOT), label
+        assert field in fields or field in P.READING_RULES or field in V.SWAPS, label
 
 
 def test_the_new_mechanisms_switch_off_for_every_stack():
