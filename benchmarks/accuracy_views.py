@@ -101,6 +101,7 @@ ABLATIONS = (
     ("DeepSpeed 2021 per-tensor synchronous ZeRO-3 gathers (v0.4 code)", "zero3_sync_per_tensor", None),
     ("'interleaving not stated' read as the stack default 1F1B (reading rule)", "interleaving_unstated_is_1f1b", None),
     ("'recompute not stated' read as the stack's recipe for that size (reading rule)", "recompute_unstated_is_recipe", None),
+    ("Megatron-Core recompute modules named in the text run as those modules (reading rule)", "recompute_modules_named", None),
     ("torchtitan 'selective layer' as every other layer fully recomputed (reading rule)", "selective_layer_is_every_other_layer",
      None),
     ("context-parallel flavour not stated read as the stack's default (reading rule)", "cp_flavour_unstated_is_default", None),

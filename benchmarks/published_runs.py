@@ -45,6 +45,10 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   compile);
 - a run made with NeMo (its framework text names NeMo; the stack is Megatron-Core) ran NeMo's performance recipe:
   16-bit gradient buffers, and under fp8 fp8 parameters gathered in fp8 (`recipe_bytes_of`);
+- a recompute text naming Megatron-Core recompute modules (`recompute_modules_of`: one of core_attn, mla_up_proj,
+  moe_act or shared_experts, or the words recompute_modules / recompute-modules, then every module name it
+  holds) on a stack whose selective recompute takes those names is selective recompute of exactly those modules
+  (transformer_config.py recompute_modules; NeMo's recommended_model_configs CSV column of that name);
 - torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
   selective_ac_option "2", the default of the published runs' code), its "selective op" the profile's per-op policy;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
@@ -161,6 +165,23 @@ def layer_checkpoint_every(run: dict, stack: str) -> int | None:
     return TORCHTITAN_LAYER_AC_EVERY if stack == "torchtitan" and "selective layer" in text else None
 
 
+MODULE_MARKERS = ("core_attn", "mla_up_proj", "moe_act", "shared_experts", "recompute_modules", "recompute-modules")
+
+
+def recompute_modules_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The Megatron-Core recompute modules a run's recompute text names, in Megatron's order (planner.cost.selective
+    MODULES), where the stack's selective takes them; () otherwise or with the rule `off`."""
+    from planner.cost.selective import MODULES
+
+    text = (run["training"].get("recompute") or "").lower()
+    if "recompute_modules_named" in off or not any(marker in text for marker in MODULE_MARKERS):
+        return ()
+    if not set(MODULES) <= set(load_framework(stack).capabilities.recompute.selective_modules):
+        return ()
+    words = set(re.findall(r"[a-z_]+", text))
+    return tuple(m for m in MODULES if m in words)
+
+
 def recompute_of(run: dict) -> str | None:
     text = (run["training"].get("recompute") or "").lower()
     if not text:
@@ -170,7 +191,7 @@ def recompute_of(run: dict) -> str | None:
     return "selective" if ("selective" in text or "recompute rmsnorm" in text) else "full"
 
 
-READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe",
+READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe", "recompute_modules_named",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
                  "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated")  # accuracy.py can switch off
 
@@ -264,6 +285,9 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
     fixed = dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=par.get("ep") or 1,
                  sp=par.get("sp"), microbatch_size=train.get("micro_batch"), recompute=recompute_of(run),
                  zero_stage=zero_of(run), schedule=schedule, vpp=vpp)
+    modules = recompute_modules_of(run, stack, off)
+    if modules:  # selective recompute of the named modules (recompute_modules_of)
+        fixed.update(recompute="selective", recompute_modules=modules)
     every = layer_checkpoint_every(run, stack) if "selective_layer_is_every_other_layer" not in off else None
     if every:  # full recompute of every n-th layer on a base of none (Settings.full_every)
         fixed["recompute"] = "none"

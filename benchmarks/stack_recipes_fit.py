@@ -54,7 +54,8 @@ def configuration(recipe: dict, request):
                               moe_dispatcher=recipe.get("moe_dispatcher"),
                               compression=api.compression(recipe.get("compression", "none"), request.topology))
     return Configuration(parallelism=parallelism, microbatch_size=recipe["microbatch_size"], schedule=recipe["schedule"],
-                         recompute=recipe["recompute"], stage_layers=split)
+                         recompute=recipe["recompute"], recompute_modules=tuple(recipe.get("recompute_modules", ())),
+                         stage_layers=split)
 
 
 def request_of(recipe: dict):
@@ -88,7 +89,7 @@ def evaluate(recipe: dict) -> dict:
 def layout(recipe: dict) -> str:
     text = (f"tp{recipe['tp']} pp{recipe['pp']} cp{recipe['cp']} ep{recipe['ep']} vpp{recipe['vpp']} "
             f"zero{recipe['zero']} mbs{recipe['microbatch_size']} gbs{recipe['global_batch_size']} seq{recipe['seq_len']} "
-            f"rc:{recipe['recompute']}")
+            f"rc:{recipe['recompute']}" + (f"({'/'.join(recipe['recompute_modules'])})" if recipe.get("recompute_modules") else ""))
     text += f" split {recipe['stage_layers']}" if recipe.get("stage_layers") else ""
     text += f" dispatcher {recipe['moe_dispatcher']}" if recipe.get("moe_dispatcher") else ""
     return text + (f" compression {recipe['compression']}" if recipe.get("compression") else "")

@@ -76,7 +76,8 @@ def configuration_of(plan: LaunchPlan) -> Configuration:
         parallelism=plan.parallelism,
         microbatch_size=plan.batch.microbatch_size,
         schedule=plan.schedule,
-        recompute=modes.pop() if len(modes) == 1 else "selective",
+        recompute=(mode := modes.pop() if len(modes) == 1 else "selective"),
+        recompute_modules=ordered[0].recompute.modules if mode == "selective" else (),
         stage_layers=tuple(len(decoder_layers(stage.layers)) for stage in ordered),
     )
 

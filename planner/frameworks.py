@@ -67,6 +67,7 @@ class Config(ParallelDims):
     zero_stage: int = 0
     schedule: str = DEFAULT.name
     recompute: str = "none"
+    recompute_modules: tuple[str, ...] = ()  # Megatron-Core --recompute-modules names; () = the stack's selective
     tp_overlap: str = "none"
     is_moe: bool = False
     precision: str = "bf16"
@@ -79,7 +80,8 @@ class Config(ParallelDims):
 def config_of(cand, *, model: ModelSpec, precision: str) -> Config:
     """The Config of a cost-model Candidate (its degrees and the choices the rules read)."""
     return Config(**cand.as_dict(), vpp=cand.vpp, sp=cand.sp,
-                  zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute, tp_overlap=cand.tp_overlap,
+                  zero_stage=cand.zero_stage, schedule=cand.schedule, recompute=cand.recompute,
+                  recompute_modules=getattr(cand, "recompute_modules", ()), tp_overlap=cand.tp_overlap,
                   is_moe=model.moe is not None, precision=precision, microbatch_size=cand.microbatch_size,
                   tied_embeddings=model.tied_embeddings,
                   num_microbatches=cand.num_microbatches, compression=getattr(cand, "compression", NONE).methods)
@@ -89,7 +91,8 @@ def plan_configs(plan: LaunchPlan) -> list[Config]:
     """A LaunchPlan as Configs, one per recompute mode its stages use (each must be runnable)."""
     par, spec = plan.parallelism, plan.request.model
     return [Config(**par.dims.as_dict(), vpp=par.vpp, sp=par.sp, zero_stage=par.zero_stage,
-                   schedule=plan.schedule, recompute=mode, tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
+                   schedule=plan.schedule, recompute=mode, recompute_modules=plan.stages[0].recompute.modules if plan.stages else (),
+                   tp_overlap=par.tp_overlap, is_moe=spec.moe is not None,
                    precision=plan.request.precision, microbatch_size=plan.batch.microbatch_size,
                    tied_embeddings=spec.tied_embeddings,
                    num_microbatches=plan.batch.num_microbatches, compression=par.compression.methods)
@@ -152,6 +155,10 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
             return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives {fix}"
     if c.recompute not in caps.recompute.modes:
         return "recompute_not_in_framework", f"recompute={c.recompute!r} is not run by framework {name!r}: choose one of {list(caps.recompute.modes)}"
+    unknown = [m for m in c.recompute_modules if m not in caps.recompute.selective_modules]
+    if unknown:
+        return "recompute_modules_not_in_framework", (f"recompute_modules={unknown} is not run by framework {name!r}: its selective "
+                                                      f"recompute takes {list(caps.recompute.selective_modules)}, or no modules")
     zero_ok = caps.zero.stages_with_pp if c.pp > 1 else caps.zero.stages
     if c.zero_stage not in zero_ok:
         with_pp = " with pp > 1" if c.pp > 1 else ""

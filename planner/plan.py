@@ -99,7 +99,8 @@ def build_launch_plan(
     modules = stage_modules(request.model.num_layers, evaluation.stage_layers)
     memories = evaluation.stage_memory
     stages = tuple(
-        Stage(stage=v, layers=names, recompute=Recompute(mode=cand.recompute, full_layers=evaluation.full_recompute_layers[v]),
+        Stage(stage=v, layers=names, recompute=Recompute(mode=cand.recompute, full_layers=evaluation.full_recompute_layers[v],
+                                                     modules=cand.recompute_modules),
               memory=memories[schedule_of(cand.schedule).stage_rank(v, pp=cand.pp)], time=evaluation.stage_times[v])
         for v, names in enumerate(modules)
     )

@@ -26,8 +26,10 @@ def plan_problems(plan: LaunchPlan) -> list[str]:
         problems.append(f"dp*tp*pp*cp={par.dp}*{par.tp}*{par.pp}*{par.cp}={par.world_size} != request.gpus={req.gpus}")
     if req.gpus > req.topology.num_gpus:
         problems.append(f"request.gpus={req.gpus} exceeds the topology's {req.topology.num_gpus} GPUs")
-    if par.dims.dp_cp % par.ep:
-        problems.append(f"ep={par.ep} does not divide dp*cp={par.dims.dp_cp}")
+    try:
+        par.dims.expert_fold  # noqa: B018 - ep divides dp*cp, or folds over tp (MoE parallel folding)
+    except BadInputError as exc:
+        problems.append(str(exc))
     if batch.global_batch_size != req.global_batch_size or batch.seq_len != req.seq_len:
         problems.append(f"batch ({batch.global_batch_size} x {batch.seq_len}) differs from the request "
                         f"({req.global_batch_size} x {req.seq_len})")

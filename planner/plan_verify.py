@@ -49,10 +49,12 @@ def rederived(plan: LaunchPlan) -> LaunchPlan:
 
     ordered = sorted(plan.stages, key=lambda stage: stage.stage)
     modes = {stage.recompute.mode for stage in ordered}
+    if len({stage.recompute.modules for stage in ordered}) > 1:
+        raise BadInputError("stages[*].recompute.modules: the stages name different modules, one set per plan is what the search writes")
     if len(modes) > 1:
         raise BadInputError(f"stages[*].recompute.mode: the stages state {sorted(modes)}, one mode per plan is what the search writes")
     config = Configuration(parallelism=plan.parallelism, microbatch_size=plan.batch.microbatch_size, schedule=plan.schedule,
-                           recompute=modes.pop(), stage_layers=tuple(_decoder_count(stage.layers) for stage in ordered))
+                           recompute=modes.pop(), recompute_modules=ordered[0].recompute.modules, stage_layers=tuple(_decoder_count(stage.layers) for stage in ordered))
     request = plan.request
     cand = candidate_of(request, config)
     profile = load_framework(request.framework)  # read once: the judge and the cost model share it

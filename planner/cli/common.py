@@ -108,3 +108,18 @@ def emit_text(text: str, output: Path | None) -> None:
     from planner.io import atomic_write_text
 
     atomic_write_text(output, text)
+
+
+def recompute_modules_of(text: str | None) -> tuple[str, ...]:
+    """--recompute-modules as a tuple of Megatron-Core module names (comma-separated; none given: ())."""
+    from typing import get_args
+
+    from planner.errors import BadInputError
+    from planner.schemas.plan import RecomputeModule
+
+    modules = tuple(m.strip() for m in (text or "").split(",") if m.strip())
+    unknown = [m for m in modules if m not in get_args(RecomputeModule)]
+    if unknown:
+        raise BadInputError(f"--recompute-modules={text}: {', '.join(unknown)} is not a module; choose from "
+                            f"{', '.join(get_args(RecomputeModule))} (Megatron-Core --recompute-modules names)")
+    return modules

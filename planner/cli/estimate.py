@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich import box
 from rich.table import Table
 
-from planner.cli.common import emit_text, guarded, path_text
+from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
 from planner.errors import BadInputError
 from planner.io import format_validation_error
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
@@ -35,7 +35,9 @@ def _summary_table(plan: LaunchPlan) -> Table:
     degrees += f" dp_replicate={par.dp_replicate} (HSDP)" if par.dp_replicate > 1 else ""
     table.add_row("parallelism", degrees + f" tp_overlap={par.tp_overlap} order={'/'.join(par.axis_order)}")
     table.add_row("batch", f"global {batch.global_batch_size} x seq {batch.seq_len}; micro-batch {batch.microbatch_size} x {batch.num_microbatches}")
-    table.add_row("schedule / recompute / precision", f"{plan.schedule} / {plan.stages[0].recompute.mode} / {plan.request.precision}")
+    rec = plan.stages[0].recompute
+    mode = f"{rec.mode} ({', '.join(rec.modules)})" if rec.modules else rec.mode
+    table.add_row("schedule / recompute / precision", f"{plan.schedule} / {mode} / {plan.request.precision}")
     table.add_row("framework", plan.request.framework)
     table.add_row("step time", f"{pred.step_time_s:.4g} s" + (f" +/-{pred.error_band:.0%}" if pred.error_band else ""))
     table.add_row("tokens/s", f"{pred.tokens_per_s:,.0f}")
@@ -149,7 +151,7 @@ def stage_layers_of(text: str | None, first: int | None, last: int | None, *, nu
 def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep: int, cp: int, sp: bool, vpp: int,
                   zero: int, tp_overlap: str, microbatch_size: int, schedule: str, recompute: str,
                   compression: Compression = NONE, stage_layers: tuple[int, ...] | None = None,
-                  dp_replicate: int = 1) -> Configuration:
+                  dp_replicate: int = 1, recompute_modules: str | None = None) -> Configuration:
     """The Configuration of the flags; dp defaults to gpus / (tp*pp*cp), which must divide."""
     for name, value in (("recompute", recompute), ("schedule", schedule), ("tp_overlap", tp_overlap), ("zero", zero)):
         if value not in CHOICES[name]:
@@ -158,11 +160,12 @@ def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep:
                         ("dp-replicate", dp_replicate)):
         if value < 1:
             raise BadInputError(f"--{name}={value} must be at least 1")
+    modules = recompute_modules_of(recompute_modules)
     dims = ParallelDims.resolve(request.gpus, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_replicate)
     try:
         parallelism = Parallelism(**dims.as_dict(), sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap, compression=compression)
         return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
-                             stage_layers=stage_layers)
+                             recompute_modules=modules, stage_layers=stage_layers)
     except ValidationError as exc:
         raise BadInputError(format_validation_error(exc, "configuration")) from None
 
@@ -197,6 +200,9 @@ def estimate(
     global_batch_size: int | None = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step (default ~4M tokens)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Sequence length (default: the model's)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full."),
+    recompute_modules: str | None = typer.Option(None, "--recompute-modules", help=(
+        "With --recompute selective: what it reruns, Megatron-Core's names, comma-separated: core_attn, layernorm, "
+        "mla_up_proj, mlp, moe, moe_act, shared_experts (default: the framework's own selective).")),
     zero: int = typer.Option(0, "--zero", help="ZeRO stage 0 | 1 | 2 | 3."),
     dp_replicate: int = typer.Option(1, "--dp-replicate", help="HSDP: dp as dp_replicate x dp_shard, ZeRO-2/3 state "
                                      "sharded within a replica and replicated across them (needs --zero 2|3; 1 = plain)."),
@@ -234,7 +240,7 @@ def estimate(
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
                            microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                            compression=api.compression(compression, request.topology), stage_layers=split,
-                           dp_replicate=dp_replicate)
+                           dp_replicate=dp_replicate, recompute_modules=recompute_modules)
     plan = api.estimate(request, config, trace_memory=trace_memory)
     _emit(plan, json_output=json_output, output=output)
     if not plan.feasible:

@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from planner.cli.common import emit_text, guarded, path_text
+from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import schedule as schedule_of
 
@@ -63,6 +63,9 @@ def plan_command(
     vpp: Optional[int] = typer.Option(None, "--vpp", min=1, help="Fix the virtual stages per pipeline rank."),
     microbatch_size: Optional[int] = typer.Option(None, "--microbatch-size", min=1, help="Fix the micro-batch size."),
     recompute: Optional[str] = typer.Option(None, "--recompute", help="Fix recomputation: none | selective | full."),
+    recompute_modules: Optional[str] = typer.Option(None, "--recompute-modules", help=(
+        "What selective reruns, Megatron-Core's names, comma-separated: core_attn, layernorm, mla_up_proj, mlp, moe, "
+        "moe_act, shared_experts (default: the framework's own selective).")),
     tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="Fix HSDP replicas (dp = dp_replicate x dp_shard, "
@@ -85,7 +88,7 @@ def plan_command(
     limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule, fastest=fastest,
                      degrees=dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep),
                      fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap,
-                                dp_replicate=dp_replicate))
+                                dp_replicate=dp_replicate, recompute_modules=recompute_modules_of(recompute_modules) or None))
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
@@ -136,7 +139,8 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
             if fixed[name] not in allowed:
                 raise BadInputError(f"--{name.replace('_', '-')}={fixed[name]!r}: choose one of {', '.join(allowed)}")
             fields[key] = (fixed[name],)
-    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate") if fixed.get(k) is not None})
+    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate", "recompute_modules")
+                   if fixed.get(k) is not None})
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:
@@ -201,7 +205,8 @@ def _render(plan, output: Optional[Path]) -> None:
     for stage in plan.stages:
         first, last = stage.layers[0], stage.layers[-1]
         peak = f"{stage.memory.peak_bytes / GiB:.1f}" if stage.memory else "-"
-        rec = f"{stage.recompute.mode}+{stage.recompute.full_layers} full" if stage.recompute.full_layers else stage.recompute.mode
+        rec = stage.recompute.mode + (f" ({', '.join(stage.recompute.modules)})" if stage.recompute.modules else "")
+        rec = f"{rec}+{stage.recompute.full_layers} full" if stage.recompute.full_layers else rec
         table.add_row(str(stage.stage), f"{first} .. {last} ({len(stage.layers)})", rec, peak)
     print_table(out, table)
     for alt in plan.alternatives:

@@ -70,11 +70,12 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bo
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=precision,
               shape=model.shape(cand), links=links, tp_overlap=cand.tp_overlap,
               stack_tp_overlap=model.options.tp_overlap, moe_overlap=overlap,
-              selective_mode=model.options.selective_mode,
+              selective_mode=model.options.selective_mode, selective_modules=cand.recompute_modules,
               moe_hierarchical=model.options.moe_hierarchical, executor=recipe,
               moe_loop=model.options.moe_expert_impl == "loop",
-              moe_dispatch_fp8=cand.compression.has("fp8-dispatch"),
-              moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
+              moe_dispatch_fp8=cand.compression.has("fp8-dispatch"), moe_allgather=model.options.moe_allgather,
+              # Megatron-Core refuses shared-expert recompute with the shared-expert overlap (transformer_config.py)
+              moe_shared_overlap=model.options.moe_shared_overlap and "shared_experts" not in cand.recompute_modules,
               moe_count_exchange=model.options.moe_count_exchange,
               cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
@@ -123,7 +124,7 @@ def module_table(model: "CostModel", cand: "Candidate", links: Links | None = No
     links = model.links(cand) if links is None else links
     overlap = moe_batch_overlap(model, cand) if overlap is None else overlap
     key = ("modules", cand.tp, cand.ep, cand.cp, cand.sp, cand.microbatch_size, cand.tp_overlap, links.tp, links.cp,
-           links.ep, model.executor_recipe_for(cand), cand.compression.has("fp8-dispatch"), overlap)
+           links.ep, model.executor_recipe_for(cand), cand.compression.has("fp8-dispatch"), overlap, cand.recompute_modules)
     found = model.memo.get(key)
     if found is None:
         kinds = _kind_costs(model, cand, links, overlap)
@@ -229,12 +230,15 @@ def zero3_working_bytes(model: "CostModel", cand: "Candidate") -> float:
     return found
 
 
-def layer_working_bytes(model: "CostModel", cand: "Candidate", *, full_recompute: bool) -> float:
+def layer_working_bytes(model: "CostModel", cand: "Candidate", *, recompute: str) -> float:
     """Transient bytes of the layer running its backward (the largest over modules): the gradients in flight
-    (memory.backward_transient_bytes) and, under full recompute, the activations of the layer being recomputed
-    (memory.recompute_working_set_bytes). One layer of one micro-batch at a time on a pipeline rank."""
+    (memory.backward_transient_bytes) and what the recompute `recompute` rebuilt for it, alive until its backward
+    ends: under full the layer's activations (memory.recompute_working_set_bytes), under selective the dropped
+    parts (a checkpointed module reruns its forward inside the backward: Megatron-Core CheckpointFunction,
+    torch.utils.checkpoint). One layer of one micro-batch at a time on a pipeline rank."""
     col = dict(zip(MODULE_FIELDS, module_table(model, cand)))
-    extra = col["act_transient"] + (np.maximum(0.0, col["act_none"] - col["act_full"]) if full_recompute else 0.0)
+    kept = {"full": col["act_full"], "selective": col["act_selective"]}.get(recompute, col["act_none"])
+    extra = col["act_transient"] + np.maximum(0.0, col["act_none"] - kept)
     return float(np.max(extra))
 
 

@@ -326,21 +326,29 @@ def layer_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | N
         rest += 2 * 2.5 * ACT_BYTES * region
     if spec.position == "rope" or spec.mla is not None:
         rest += k.rope * tokens * (spec.num_attention_heads + spec.kv_heads) * spec.dim_per_head / t
-    act_io = (k.gated_act if spec.gated else k.plain_act) / ACT_BYTES
-    if moe is None:
-        rest += act_io * tokens * spec.ffn_hidden_size * ACT_BYTES / t
-    else:
-        cfg = spec.moe
-        routed = tokens * cfg.top_k * moe_comm.load_factor(cfg)
-        rest += act_io * (routed * cfg.expert_ffn_hidden_size + tokens * cfg.shared_ffn_hidden_size) * ACT_BYTES / t
-        rest += 2 * moe_permutation_rows(spec, shape) * h * ACT_BYTES  # each permutation reads and writes its rows
-        if shape.moe_combine_scores == "fp32_multiply":
-            rest += FP32_SCORE_MULTIPLY_BYTES * moe_rows(spec, shape)[0] * h
+    rest += sum(ffn_elementwise_bytes(spec, shape, moe=moe).values())
     core = 0.0
     if not shape.flash_attention:
         scores = shape.microbatch_size * spec.num_attention_heads * (shape.seq_len / shape.cp) * shape.seq_len / t
         core = scores * ACT_BYTES * (2 + (2.5 if shape.dropout else 0))
     return core, rest
+
+
+def ffn_elementwise_bytes(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None) -> dict[str, float]:
+    """The FFN's share of layer_elementwise_bytes, by part: the activation function of the dense MLP ("mlp"), of
+    the routed experts ("routed") and of the shared experts ("shared"), and the MoE layer's permutations and
+    fp32 score multiply ("dispatch"). A selective recompute of one module reruns its part (planner.cost.selective)."""
+    k, t, tokens = shape.kernels, shape.tp, shape.tokens
+    act_io = (k.gated_act if spec.gated else k.plain_act) / ACT_BYTES
+    if moe is None:
+        return {"mlp": act_io * tokens * spec.ffn_hidden_size * ACT_BYTES / t}
+    cfg = spec.moe
+    routed = tokens * cfg.top_k * moe_comm.load_factor(cfg)
+    dispatch = 2 * moe_permutation_rows(spec, shape) * spec.hidden_size * ACT_BYTES  # each permutation reads and writes its rows
+    if shape.moe_combine_scores == "fp32_multiply":
+        dispatch += FP32_SCORE_MULTIPLY_BYTES * moe_rows(spec, shape)[0] * spec.hidden_size
+    return {"routed": act_io * routed * cfg.expert_ffn_hidden_size * ACT_BYTES / t,
+            "shared": act_io * tokens * cfg.shared_ffn_hidden_size * ACT_BYTES / t, "dispatch": dispatch}
 
 
 FP32_SCORE_MULTIPLY_BYTES = 20

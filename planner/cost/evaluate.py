@@ -325,7 +325,7 @@ def _partial_full_working_bytes(model: "CostModel", cand: "Candidate", full: tup
     recomputed layer's activations too (arrays.layer_working_bytes); stage_other_bytes counts it for "full"."""
     if cand.recompute == "full" or not any(full):
         return 0.0
-    return layer_working_bytes(model, cand, full_recompute=True) - layer_working_bytes(model, cand, full_recompute=False)
+    return layer_working_bytes(model, cand, recompute="full") - layer_working_bytes(model, cand, recompute=cand.recompute)
 
 
 def _memory(model: "CostModel", fixed: _Fixed, row: dict, cand: "Candidate",

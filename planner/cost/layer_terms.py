@@ -47,6 +47,7 @@ class Env:
     stack_tp_overlap: bool = False  # the stack overlaps TP collectives with GEMMs (behaviour.overlap.tp_comm)
     moe_overlap: bool = False  # the stack overlaps MoE all-to-all with compute (behaviour.overlap.moe_all_to_all)
     selective_mode: str = "attention_core"  # what the stack's selective recompute reruns (behaviour.memory)
+    selective_modules: tuple[str, ...] = ()  # the candidate's own --recompute-modules (planner.cost.selective); () = the mode's
     moe_hierarchical: bool = False  # MoE dispatch sends a token once per destination node (behaviour.overlap)
     executor: executor_cost.Dtypes | None = None  # the planner's executor, priced from its code (planner.cost.executor)
     moe_loop: bool = False  # routed experts as a per-expert Python loop (behaviour.executor.moe_expert_impl)

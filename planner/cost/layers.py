@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from planner.cost import autocast, compute, eager, memory, moe_comm, sac
+from planner.cost import autocast, compute, eager, memory, moe_comm, sac, selective
 from planner.cost import moe_layer as moe_layer_terms
 from planner.cost import executor as executor_cost
 from planner.cost.eager_layers import eager_decoder_cost, eager_phases, executor_decoder_cost, is_eager
@@ -21,28 +21,6 @@ from planner.cost.layer_terms import (Env, ModuleCost, autocast_cast_s, cp_choic
                                       layer_params_per_gpu, tp_times)
 from planner.models import counting
 from planner.schemas.model import ModelSpec
-
-
-def _norm_up_selective(env: Env, gemms: list[compute.Gemm], base_bytes: float) -> tuple[float, float]:
-    """(recompute seconds, saved bytes) of a selective recompute of the norms and the MLA up-projections (DeepSeek-V3
-    report Sec. 3.3.3; Megatron-Core --recompute-modules layernorm mla_up_proj): the norms' saved inputs and the
-    up-projected Q, K, V are dropped for the compressed latents (q_lora + kv_lora + rope per token), and the
-    backward reruns both norms (memory-bound) and the up-projection GEMMs."""
-    spec, shape = env.spec, env.shape
-    b, s, t, h = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp, spec.hidden_size
-    k = shape.kernels
-    saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
-    dropped = 2 * saved_norm * s * b * h / shape.sp_div
-    rerun = compute.memory_bound_time_s(2 * compute.norm_bytes(spec, k) * shape.tokens * h / shape.sp_div,
-                                        device=env.device, cal=env.cal)
-    if spec.mla is not None:
-        mla, a, kv = spec.mla, spec.num_attention_heads, spec.kv_heads
-        qk_d = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-        dropped += 2 * s * b * (a * qk_d + kv * qk_d + kv * mla.v_head_dim) / t
-        dropped -= 2 * s * b * ((mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim)
-        up = [g for g in gemms if g.name in ("q_up", "kv_up")]
-        rerun += gemm_times(env, up)[0]
-    return rerun, max(base_bytes - dropped, 0.0)
 
 
 def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
@@ -81,20 +59,26 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
         acts = autocast.decoder_activation_bytes(spec, shape)
     else:
         acts = memory.decoder_activation_bytes(spec, shape, moe_layer=moe_layer)
-    selective, act_selective = (0.0 if shape.flash_attention else core + core_mem), acts.selective
-    if env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
-        selective = (fwd + tp_fwd + ep_fwd + cp_fwd) / 2
+    modules = selective.modules_of(env)
+    if modules is not None:  # Megatron-Core's --recompute-modules (planner.cost.selective)
+        parts = selective.LayerParts(gemms=tuple(gemms), moe_layer=moe_layer, core_s=core + core_mem,
+                                     core_bytes=acts.none - acts.selective, cp_fwd_s=cp_fwd, ep_fwd_s=ep_fwd,
+                                     tp_ffn_s=tp_fwd * (pairs - 1) / pairs, ffn=memory.ffn_saved_bytes(spec, shape, moe_layer=moe_layer),
+                                     ffn_mem=compute.ffn_elementwise_bytes(spec, shape, moe=moe))
+        rerun, act_selective = selective.recompute(env, parts, modules, act_none=acts.none, act_full=acts.full)
+    elif env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
+        rerun = (fwd + tp_fwd + ep_fwd + cp_fwd) / 2
         act_selective = (acts.none + acts.full) / 2
-    elif env.selective_mode == "norm_and_up_proj":
-        selective, act_selective = _norm_up_selective(env, gemms, acts.selective)
     elif env.selective_mode == "op_sac":  # torchtitan's per-op policy as it runs (planner.cost.sac)
         per_gemm = {g.name: gemm_times(env, [g])[0] for g in gemms}
-        selective = sac.recompute_s(spec, shape, moe_layer=moe_layer, gemm_fwd_s=per_gemm, elementwise_s=rest_mem,
-                                    tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd)
+        rerun = sac.recompute_s(spec, shape, moe_layer=moe_layer, gemm_fwd_s=per_gemm, elementwise_s=rest_mem,
+                                tp_fwd_s=tp_fwd, cp_fwd_s=cp_fwd)
         act_selective = min(acts.none, sac.saved_bytes(spec, shape, moe_layer=moe_layer))
+    else:
+        raise ValueError(f"selective_mode={env.selective_mode!r} is not priced")
     return ModuleCost(
         compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
-        cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=selective,
+        cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, selective_s=rerun,
         act_none=acts.none, act_selective=act_selective, act_full=acts.full, act_transient=acts.transient,
         moe_dispatcher=dispatcher, cp_flavour=cp_choice(env, core)[0],
     )

@@ -110,28 +110,61 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     k = shape.kernels
     g = 1 if shape.fp8_inputs else 2  # bytes of a saved GEMM input (Transformer Engine keeps the fp8 cast)
     saved_norm = k.saved_rmsnorm if spec.norm == "rmsnorm" else k.saved_layernorm
-    saved_ffn = (k.saved_gated if spec.gated else k.saved_plain) - (2 - g)  # the fc2 input is a GEMM input
     replicated = (spec.norms_per_layer * saved_norm + g + g) * sbh + (2 * sbh if shape.dropout else 0)
-    sharded = attention_saved_bytes(spec, shape)
-    expert_input = 0.0
-    if moe_layer:
-        cfg = spec.moe
-        routed = s * b * cfg.top_k * moe_comm.load_factor(cfg)
-        sharded += routed * saved_ffn * cfg.expert_ffn_hidden_size + s * b * saved_ffn * cfg.shared_ffn_hidden_size
-        replicated += 4 * s * b * cfg.num_experts
-        expert_input = g * h * moe_rows(spec, shape)[1]  # fc1's saved input: whole rows of h, not split by tp
-        if shape.moe_combine_scores == "fp32_multiply":  # the fp32 copy the scores' multiply keeps (compute.FP32_SCORE_MULTIPLY_BYTES)
-            expert_input += 4 * h * moe_rows(spec, shape)[0]
-    else:
-        sharded += s * b * saved_ffn * spec.ffn_hidden_size
+    ffn = ffn_saved_bytes(spec, shape, moe_layer=moe_layer)
     if shape.flash_attention:
         core = 4 * b * a * s
     else:
         core = a * s * (s * shape.cp) * b * (5 if shape.dropout else 2)
-    base = replicated / shape.sp_div + sharded / t + expert_input
+    base = replicated / shape.sp_div + attention_saved_bytes(spec, shape) / t + ffn.total
     full = 2 * sbh / shape.sp_div
     return LayerActivations(none=base + core / t, selective=base, full=full,
                             transient=backward_transient_bytes(spec, shape, moe_layer=moe_layer))
+
+
+@dataclass(frozen=True)
+class FfnSaved:
+    """What one decoder layer's FFN (dense MLP or MoE) saves for backward on one GPU, by the part a selective
+    recompute of one module drops (planner.cost.selective): the dense MLP's intermediates; the routed experts'
+    intermediates (`routed`: fc1 output and fc2 input; `routed_act_out`: the fc2 input alone); the shared experts'
+    intermediates; the router's fp32 logits; the experts' fc1 input rows (and the fp32 score copy)."""
+
+    mlp: float = 0.0
+    routed: float = 0.0
+    routed_act_out: float = 0.0
+    shared: float = 0.0
+    router: float = 0.0
+    expert_input: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.mlp + self.routed + self.shared + self.router + self.expert_input
+
+    @property
+    def moe(self) -> float:
+        """Everything inside the MoE layer (its input, the pre-MLP norm's output, is kept by the layer)."""
+        return self.routed + self.shared + self.router + self.expert_input
+
+
+def ffn_saved_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) -> FfnSaved:
+    """The FFN's terms of decoder_activation_bytes: intermediates of plain 4 and gated 6 bytes per element of f
+    (KernelBytes.saved_*: the activation input and the fc2 input, the latter g bytes under fp8), split by tp; for
+    MoE layers over the routed tokens (x top_k x capacity) and the shared experts, plus the router's fp32 logits
+    (replicated, /tp with SP) and the experts' fc1 input rows (whole rows of h, compute.moe_rows)."""
+    b, s, t = shape.microbatch_size, shape.seq_len / shape.cp, shape.tp
+    k, h = shape.kernels, spec.hidden_size
+    g = 1 if shape.fp8_inputs else 2
+    saved_ffn = (k.saved_gated if spec.gated else k.saved_plain) - (2 - g)  # the fc2 input is a GEMM input
+    if not moe_layer:
+        return FfnSaved(mlp=s * b * saved_ffn * spec.ffn_hidden_size / t)
+    cfg = spec.moe
+    routed = s * b * cfg.top_k * moe_comm.load_factor(cfg) * cfg.expert_ffn_hidden_size / t
+    expert_input = g * h * moe_rows(spec, shape)[1]  # fc1's saved input: whole rows of h, not split by tp
+    if shape.moe_combine_scores == "fp32_multiply":  # the fp32 copy the scores' multiply keeps (compute.FP32_SCORE_MULTIPLY_BYTES)
+        expert_input += 4 * h * moe_rows(spec, shape)[0]
+    return FfnSaved(routed=routed * saved_ffn, routed_act_out=routed * g,
+                    shared=s * b * saved_ffn * cfg.shared_ffn_hidden_size / t,
+                    router=4 * s * b * cfg.num_experts / shape.sp_div, expert_input=expert_input)
 
 
 def attention_saved_bytes(spec: ModelSpec, shape: Shape) -> float:

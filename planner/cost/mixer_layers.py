@@ -3,9 +3,10 @@ one micro-batch on one GPU: planner.cost.layers.decoder_cost with the attention 
 (planner.cost.mixers, with the formulas and sources). The FFN or MoE half, the norms and residuals, the TP and EP
 collectives are those of any decoder layer. What differs from attention:
 
-- no RoPE and no attention core: selective recompute (which reruns the attention core) has nothing to drop in these
-  layers, so its recompute time is 0 and its saved bytes are the no-recompute bytes; a stack whose selective mode
-  reruns half the forward (torchtitan) keeps its rule;
+- no RoPE and no attention core: selective recompute of the attention core has nothing to drop in these layers, so
+  its recompute time is 0 and its saved bytes are the no-recompute bytes; the FFN's and the norms' modules
+  (planner.cost.selective) drop and rerun as in any layer; a stack whose selective mode reruns half the forward
+  (torchtitan) keeps its rule;
 - activations and HBM traffic linear in the sequence length (no s x s scores, no KV growing with s);
 - the chunked delta rule recomputes its chunk states in backward: those Hv*dk*dv per chunk are held while the
   layer's backward runs (the transient term, beside the FFN's gradients in flight);
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from planner.cost import compute, memory, mixers, moe_comm
+from planner.cost import selective as selective_modules
 from planner.cost import moe_layer as moe_layer_terms
 from planner.cost.layer_terms import Env, ModuleCost, autocast_cast_s, ep_options, gemm_times, tp_times
 from planner.models import counting
@@ -67,8 +69,16 @@ def decoder_cost(env: Env, *, moe_layer: bool, mixer: str) -> ModuleCost:
                                                      unhidden=moe_layer_terms.unhidden_s(env, env.moe_count_exchange))
     acts = activations(env, moe_layer=moe_layer, mixer=mixer)
     selective, act_selective = 0.0, acts.none
-    if env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
+    modules = selective_modules.modules_of(env)
+    if env.selective_mode == "half_forward" and not env.selective_modules:  # torchtitan: every other layer
         selective, act_selective = (fwd + tp_fwd + ep_fwd) / 2, (acts.none + acts.full) / 2
+    elif modules is not None:  # the FFN's and the norms' modules; no attention core, no MLA here
+        ffn_pairs = moe_layer_terms.ffn_tp_collectives(spec, shape, moe_layer=moe_layer)
+        parts = selective_modules.LayerParts(gemms=tuple(gemms), moe_layer=moe_layer, ep_fwd_s=ep_fwd,
+                                             tp_ffn_s=tp_fwd * ffn_pairs / max(pairs, 1),
+                                             ffn=memory.ffn_saved_bytes(spec, shape, moe_layer=moe_layer),
+                                             ffn_mem=compute.ffn_elementwise_bytes(spec, shape, moe=moe))
+        selective, act_selective = selective_modules.recompute(env, parts, modules, act_none=acts.none, act_full=acts.full)
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd,
                       ep_bwd_s=ep_bwd, selective_s=selective, act_none=acts.none, act_selective=act_selective,
                       act_full=acts.full, act_transient=acts.transient, moe_dispatcher=dispatcher)

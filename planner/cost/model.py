@@ -157,7 +157,7 @@ class CostModel:
         the stack's MoE overlap runs (arrays.moe_batch_overlap)."""
         sched = schedule_of(cand.schedule)
         return (cand.dp, cand.tp, cand.pp, cand.ep, cand.cp, cand.sp, cand.zero_stage, cand.num_microbatches > 1, cand.dp_replicate, cand.tp_overlap,
-                cand.microbatch_size, cand.recompute, moe_batch_overlap(self, cand), cand.compression.has("fp8-dispatch"),
+                cand.microbatch_size, cand.recompute, cand.recompute_modules, moe_batch_overlap(self, cand), cand.compression.has("fp8-dispatch"),
                 cand.axis_order,
                 (sched.weight_versions, sched.v_placed))
 
@@ -231,7 +231,7 @@ class CostModel:
         bytes of a layer running its backward (its gradients in flight and, under full recompute, its recomputed
         activations: arrays.layer_working_bytes); plus, with ZeRO-3, what the stack holds gathered
         (arrays.zero3_working_bytes). The allocator allowance is in capacity_bytes()."""
-        other = layer_working_bytes(self, cand, full_recompute=cand.recompute == "full")
+        other = layer_working_bytes(self, cand, recompute=cand.recompute)
         last = schedule_of(cand.schedule).loss_rank(pp=cand.pp, vpp=cand.vpp)  # pp - 1, or rank 0 in a V
         if self.executor_recipe is not None:  # planner.cost.executor: logits held, the loss phase, cuBLAS workspaces
             if stage == last:

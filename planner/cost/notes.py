@@ -32,7 +32,7 @@ def candidate_of(request: PlanRequest, config: Configuration) -> Candidate:
     return Candidate(
         **par.dims.as_dict(), sp=par.sp, vpp=par.vpp, zero_stage=par.zero_stage, tp_overlap=par.tp_overlap,
         microbatch_size=config.microbatch_size, num_microbatches=request.global_batch_size // per_step,
-        schedule=config.schedule, recompute=config.recompute, axis_order=tuple(par.axis_order), compression=par.compression,
+        schedule=config.schedule, recompute=config.recompute, recompute_modules=config.recompute_modules, axis_order=tuple(par.axis_order), compression=par.compression,
     )
 
 

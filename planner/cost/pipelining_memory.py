@@ -129,7 +129,7 @@ def loss_phase_credit(model: "CostModel", cand: "Candidate") -> np.ndarray:
     if recipe is None or not torch_split_backward(model, cand):
         return credit
     loss = executor.loss_transient_bytes(model.spec, model.shape(cand), recipe)
-    working = layer_working_bytes(model, cand, full_recompute=cand.recompute == "full")
+    working = layer_working_bytes(model, cand, recompute=cand.recompute)
     credit[schedule_of(cand.schedule).loss_rank(pp=cand.pp, vpp=cand.vpp)] = max(0.0, loss - working)
     return credit
 

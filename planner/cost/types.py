@@ -30,6 +30,7 @@ class Candidate(ParallelDims):
     num_microbatches: int
     schedule: str = DEFAULT.name  # one of planner.schedules.NAMES
     recompute: str = "none"  # "none" | "selective" | "full" (stage-wide base mode)
+    recompute_modules: tuple[str, ...] = ()  # what selective reruns (planner.cost.selective); () = the stack's mode
     axis_order: tuple[str, ...] = LAYOUT_AXES  # outermost -> innermost
     compression: Compression = NONE  # communication compression (planner.cost.compression)
 

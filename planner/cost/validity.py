@@ -30,6 +30,23 @@ def _divisors(n: int) -> str:
     return "{" + ", ".join(str(d) for d in range(1, n + 1) if n % d == 0) + "}"
 
 
+def module_reasons(spec, modules: tuple[str, ...]) -> list[str]:
+    """Recompute modules the model lacks, as Megatron-Core refuses them (transformer_config.py __post_init__:
+    mla_up_proj only with multi-latent attention) or where they would drop nothing (an MoE module in a dense model,
+    mlp in a model whose every layer is MoE)."""
+    out = []
+    if "mla_up_proj" in modules and spec.mla is None:
+        out.append(f"recompute_modules mla_up_proj needs multi-latent attention: {spec.name} has none, drop it")
+    moe = [m for m in modules if m in ("moe", "moe_act", "shared_experts")]
+    if moe and spec.moe is None:
+        out.append(f"recompute_modules {moe} need a mixture-of-experts model: {spec.name} is dense, drop them")
+    elif "shared_experts" in modules and not spec.moe.shared_ffn_hidden_size:
+        out.append(f"recompute_modules shared_experts: {spec.name} has no shared experts, drop it")
+    if "mlp" in modules and spec.moe is not None and all(spec.is_moe_layer(i) for i in range(spec.num_layers)):
+        out.append(f"recompute_modules mlp recomputes dense MLPs: every layer of {spec.name} is MoE, use moe")
+    return out
+
+
 def _model_reasons(request: PlanRequest, c: "Candidate", stack: Stack | None) -> list[str]:
     """`stack`: the request's profile, asked for by the interleaving rules only (None: those rules are skipped,
     as input_reasons drops them)."""
@@ -52,6 +69,7 @@ def _model_reasons(request: PlanRequest, c: "Candidate", stack: Stack | None) ->
         out.append(str(exc))
     if request.seq_len % c.cp:
         out.append(f"cp={c.cp} must divide seq_len={request.seq_len}")
+    out.extend(module_reasons(spec, c.recompute_modules))
     stages = c.pp * c.vpp
     if stack is None:
         return out

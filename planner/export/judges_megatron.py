@@ -33,7 +33,8 @@ FLOAT_FLAGS = ("moe-expert-capacity-factor", "rotary-percent", "norm-epsilon", "
 STR_FLAGS = ("pipeline-model-parallel-layout", "recompute-granularity", "recompute-method", "normalization",
              "position-embedding-type", "data-parallel-sharding-strategy", "ckpt-format", "fp8-format", "moe-layer-freq",
              "moe-token-dispatcher-type", "softmax-type", "window-size", "window-attn-skip-freq", "moe-router-score-function",
-             "no-rope-freq", "rope-type", "moe-flex-dispatcher-backend", "cp-comm-type")
+             "no-rope-freq", "rope-type", "moe-flex-dispatcher-backend", "cp-comm-type", "fp8-recipe")
+LIST_FLAGS = ("recompute-modules",)
 BOOL_FLAGS = ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split", "sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16", "swiglu",
               "group-query-attention", "untie-embeddings-and-output-weights", "disable-bias-linear", "moe-grouped-gemm",
               "add-qkv-bias", "qk-layernorm", "multi-latent-attention", "moe-shared-expert-gate", "moe-router-pre-softmax",
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         parser.add_argument("--" + flag, default=None)
     for flag in BOOL_FLAGS:
         parser.add_argument("--" + flag, action="store_true")
+    for flag in LIST_FLAGS:
+        parser.add_argument("--" + flag, nargs="+", default=None)
     return parser
 
 
@@ -71,7 +74,7 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
         num_layers_in_first_pipeline_stage=a.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=a.decoder_last_pipeline_num_layers,
         recompute_granularity=a.recompute_granularity, recompute_method=a.recompute_method,
-        recompute_num_layers=a.recompute_num_layers, gated_linear_unit=a.swiglu, add_bias_linear=not a.disable_bias_linear,
+        recompute_num_layers=a.recompute_num_layers, recompute_modules=a.recompute_modules, gated_linear_unit=a.swiglu, add_bias_linear=not a.disable_bias_linear,
         add_qkv_bias=a.add_qkv_bias, qk_layernorm=a.qk_layernorm, normalization=a.normalization or "LayerNorm",
         bf16=a.bf16, params_dtype=torch.bfloat16 if a.bf16 else torch.float32, fp8=a.fp8_format,
         pipeline_dtype=torch.bfloat16 if a.bf16 else torch.float32,  # arguments.py: args.pipeline_dtype = args.params_dtype
@@ -79,7 +82,7 @@ def _config_kwargs(a: argparse.Namespace) -> dict:
         window_size=tuple(int(v) for v in a.window_size.strip("()").split(",")) if a.window_size else None,
         window_attn_skip_freq=ast.literal_eval(a.window_attn_skip_freq) if a.window_attn_skip_freq else None,
         no_rope_freq=ast.literal_eval(a.no_rope_freq) if a.no_rope_freq else None,
-        mtp_num_layers=a.mtp_num_layers,
+        mtp_num_layers=a.mtp_num_layers, fp8_recipe=a.fp8_recipe,
     )
     if a.num_experts:
         kw.update(num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk, moe_ffn_hidden_size=a.moe_ffn_hidden_size,
@@ -154,12 +157,37 @@ def megatron_core_verdict(args: list[str], world: int, stage_layers: list[int] |
     if unknown:
         return Verdict(False, f"{config_class.__name__} has no fields {unknown}")
     try:
-        with quiet():
+        with quiet(), _assumed_transformer_engine():
             config = config_class(**kwargs)
             ConstantNumMicroBatchesCalculator(a.global_batch_size, a.micro_batch_size, world // (tp * pp * cp), None, 0)
     except (AssertionError, ValueError, TypeError) as exc:
         return Verdict(False, f"{config_class.__name__}: {first_line(exc)}")
     return split_verdict(config, pp, config.virtual_pipeline_model_parallel_size or 1, stage_layers)
+
+
+ASSUMED_TE_VERSION = "2.6.0"
+"""The Transformer Engine the judge assumes where it is not installed (a CPU machine): TransformerConfig asks
+is_te_min_version for fp8 features (layernorm / moe_act recompute under fp8 need >= 2.6.0dev0), which is None
+without TE; the stack's own containers ship it (NGC PyTorch 25.x)."""
+
+
+@contextlib.contextmanager
+def _assumed_transformer_engine():
+    """TransformerConfig's Transformer Engine version checks answered for ASSUMED_TE_VERSION when TE is absent."""
+    from megatron.core.transformer import transformer_config
+
+    if transformer_config.get_te_version() is not None:
+        yield
+        return
+    from packaging.version import Version
+
+    original = transformer_config.is_te_min_version
+    transformer_config.is_te_min_version = lambda version, check_equality=True: (
+        Version(ASSUMED_TE_VERSION) >= Version(version) if check_equality else Version(ASSUMED_TE_VERSION) > Version(version))
+    try:
+        yield
+    finally:
+        transformer_config.is_te_min_version = original
 
 
 @contextlib.contextmanager

@@ -20,7 +20,8 @@ its reason; the acceptance judges run validate_args itself, planner.export.judge
   stage, which is our stage index: stage = vpp_rank * pp + pp_rank). planner.frameworks_split.megatron_flags
   picks the plainest of these that builds exactly the plan's split.
 - Context parallelism splits the sequence into 2 * cp chunks for causal load balance: seq_len % (2*cp) == 0.
-- Recompute: one granularity for all layers: selective (core attention) or full with --recompute-method
+- Recompute: one granularity for all layers: selective (--recompute-modules where the plan names them, else
+  Megatron's default core attention) or full with --recompute-method
   uniform|block and --recompute-num-layers (block: the first N layers of each virtual stage). What one
   granularity cannot say (selective plus some full layers, different counts per stage) is exported as more
   recompute (full everywhere, or the largest count), with a warning: never more memory than the plan.
@@ -134,7 +135,9 @@ def _recompute_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
     if mode == "full" or (any(full) and all(f >= c for f, c in zip(full, counts))):
         return everything
     if not any(full):
-        return ["--recompute-granularity", "selective"] if mode == "selective" else []
+        modules = plan.stages[0].recompute.modules
+        return (["--recompute-granularity", "selective"] + (["--recompute-modules", *modules] if modules else [])
+                if mode == "selective" else [])
     if mode == "selective":
         warnings.append(
             f"selective recompute plus full recompute of {sum(full)} of {sum(counts)} layers exported as full recompute of "
@@ -198,7 +201,9 @@ def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
                         "does not run with this layout (transformer_config.py __post_init__: pp > 1 needs virtual stages, "
                         "no full recompute, bf16): expect the all-to-all exposed")
         return []
-    if priced.moe_shared_overlap and dispatcher in moe_comm.SHARED_OVERLAP_DISPATCHERS and spec.moe.shared_ffn_hidden_size:
+    recomputed = "shared_experts" in plan.stages[0].recompute.modules  # Megatron-Core refuses both (transformer_config.py)
+    if (priced.moe_shared_overlap and dispatcher in moe_comm.SHARED_OVERLAP_DISPATCHERS and spec.moe.shared_ffn_hidden_size
+            and not recomputed):
         return ["--moe-shared-expert-overlap"]
     return []
 
@@ -228,12 +233,28 @@ def megatron_arguments(plan: LaunchPlan) -> tuple[list[str], list[str]]:
     if precision in ("bf16", "amp-bf16", "fp8"):
         args.append("--bf16")
     if precision == "fp8":
-        args += ["--fp8-format", "hybrid"]
+        args += ["--fp8-format", "hybrid"] + fp8_recipe_args(plan, warnings)
     if precision == "amp-bf16":
         warnings.append("amp-bf16 exported as Megatron --bf16 (bf16 params with fp32 main params in the optimizer)")
     args += model_arguments(plan.request.model, plan.batch.seq_len, warnings, plan.parallelism.moe_dispatcher)
     args += moe_overlap_args(plan, warnings)
     return args, warnings
+
+
+FP8_RECOMPUTE_NEEDS_CURRENT_SCALING = ("layernorm", "moe_act")
+"""Megatron-Core refuses these recompute modules under delayed fp8 scaling, its default --fp8-recipe
+(transformer_config.py __post_init__: "Delayed scaling does not support moe_act and layernorm recompute for fp8")."""
+
+
+def fp8_recipe_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
+    """--fp8-recipe tensorwise (per-tensor current scaling) where the plan recomputes a module delayed scaling
+    refuses; the prediction prices fp8 GEMMs alike under either recipe."""
+    clash = [m for m in plan.stages[0].recompute.modules if m in FP8_RECOMPUTE_NEEDS_CURRENT_SCALING]
+    if not clash:
+        return []
+    warnings.append(f"--fp8-recipe tensorwise: recompute modules {clash} do not run under Megatron-Core's default delayed "
+                    "fp8 scaling; the prediction prices fp8 GEMMs alike under both")
+    return ["--fp8-recipe", "tensorwise"]
 
 
 def export_megatron(plan: LaunchPlan) -> Export:

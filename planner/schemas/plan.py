@@ -29,6 +29,8 @@ Precision = Literal["bf16", "amp-bf16", "fp32", "fp8"]
 # (interleaved-zero-bubble = zero-bubble; zbv and dualpipev place 2 stages per rank in a V)
 Schedule = Literal[SCHEDULE_NAMES]
 RecomputeMode = Literal["none", "selective", "full"]
+# Megatron-Core --recompute-modules (transformer_config.py recompute_modules) the cost prices (planner.cost.selective)
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 TpOverlap = Literal["none", "domino"]
 AXES = LAYOUT_AXES  # the default rank layout, outermost first (planner.schemas.dims)
 
@@ -48,6 +50,9 @@ class SearchLimits(InputSchema):
     schedules: tuple[Schedule, ...] = SEARCHED_BY_DEFAULT
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[RecomputeMode, ...] = ("none", "selective", "full")
+    recompute_modules: tuple[RecomputeModule, ...] = Field(default=(), description=(
+        "what the searched `selective` reruns, Megatron-Core --recompute-modules names; () = the framework's own. "
+        "Written only when set"))
     tp_overlap: tuple[TpOverlap, ...] = ("none", "domino")
     fixed: dict[str, int] = Field(
         default_factory=dict, description="parallel degrees fixed by the user (dp, tp, pp, cp, ep); the rest is searched"
@@ -64,9 +69,10 @@ class SearchLimits(InputSchema):
 
     @model_serializer(mode="wrap")
     def _omit_no_compression(self, handler):
-        """Leave compression out when it is none and dp_replicate when it is 1, so requests without them serialise
-        byte-identically to before."""
-        return without(handler(self), compression=self.compression == NONE, dp_replicate=self.dp_replicate == 1)
+        """Leave compression out when it is none, dp_replicate when it is 1 and recompute_modules when empty, so
+        requests without them serialise byte-identically to before."""
+        return without(handler(self), compression=self.compression == NONE, dp_replicate=self.dp_replicate == 1,
+                       recompute_modules=not self.recompute_modules)
 
 
 class PlanRequest(InputSchema):
@@ -150,9 +156,31 @@ class Batch(Schema):
     seq_len: int = Field(gt=0)
 
 
+def check_recompute_modules(mode: str, modules: tuple[str, ...]) -> None:
+    """Modules name what `selective` reruns: only with recompute selective, each once (Megatron-Core takes a list)."""
+    if modules and mode != "selective":
+        raise ValueError(f"recompute_modules={list(modules)} needs recompute='selective' (got {mode!r}): "
+                         "pass --recompute selective, or no modules")
+    if len(set(modules)) != len(modules):
+        raise ValueError(f"recompute_modules={list(modules)} names a module twice: name each once")
+
+
 class Recompute(Schema):
     mode: RecomputeMode = "none"
     full_layers: int = Field(default=0, ge=0, description="decoder layers of this stage fully recomputed on top of `mode`")
+    modules: tuple[RecomputeModule, ...] = Field(default=(), description=(
+        "what `selective` reruns, in Megatron-Core's --recompute-modules names; () = the framework's own selective "
+        "(its profile's behaviour.memory.selective_recompute). Written only when set"))
+
+    @model_serializer(mode="wrap")
+    def _omit_default_modules(self, handler):
+        """Leave modules out when empty, so plans without them serialise byte-identically to before."""
+        return without(handler(self), modules=not self.modules)
+
+    @model_validator(mode="after")
+    def _check_modules(self) -> "Recompute":
+        check_recompute_modules(self.mode, self.modules)
+        return self
 
 
 class StageMemory(Schema):
@@ -312,6 +340,14 @@ class Configuration(Schema):
     microbatch_size: int = Field(default=1, gt=0)
     schedule: Schedule = DEFAULT_SCHEDULE.name
     recompute: RecomputeMode = "none"
+    recompute_modules: tuple[RecomputeModule, ...] = Field(default=(), description=(
+        "with recompute selective: the modules rerun, Megatron-Core --recompute-modules names; () = the framework's own"))
     stage_layers: tuple[int, ...] | None = Field(
         default=None, description="decoder layers per virtual stage (pp*vpp entries); None = balanced split"
     )
+
+    @model_validator(mode="after")
+    def _check_modules(self) -> "Configuration":
+        check_recompute_modules(self.recompute, self.recompute_modules)
+        return self
+

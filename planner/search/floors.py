@@ -65,7 +65,8 @@ class Floors(BoundsState):
             self.state.partial(group)))
 
     def group(self, fact: ParallelDims, mbs: int, sp: bool, recompute: str, overlap: str) -> Group:
-        return Group(fact, mbs, self.state.request.global_batch_size // (fact.dp * mbs), sp, recompute, overlap)
+        modules = self.opts.recompute_modules if recompute == "selective" else ()
+        return Group(fact, mbs, self.state.request.global_batch_size // (fact.dp * mbs), sp, recompute, overlap, modules)
 
     def shapes(self, sp: bool, overlap: str, facts: list[ParallelDims]) -> dict[tuple[int, bool], list[Group]]:
         """The groups of a family by shape (micro-batch size, pp > 1): one ModuleArrays key but the recompute."""

@@ -41,6 +41,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from planner.cost.validity import module_reasons
 from planner.errors import BadInputError
 from planner.frameworks import (Config, group_refusal, load_framework, model_refusal, parallel_refusal,
                                 precision_refusal)
@@ -74,6 +75,7 @@ class Options:
     compression: Compression = NONE  # fixed compression of every member (planner.search.compression_space)
     compression_auto: bool = False  # each member with the compression that makes it fastest
     dp_replicate: int = 1  # HSDP replicas fixed by the request (SearchLimits.dp_replicate), not searched
+    recompute_modules: tuple[str, ...] = ()  # what `selective` reruns (SearchLimits.recompute_modules), not searched
 
     def zero_stages_for(self, pp: int) -> tuple[int, ...]:
         """The ZeRO stages the framework runs at this pp (bounds need hold only for members it can run)."""
@@ -102,6 +104,7 @@ class Options:
         zeros = tuple(sorted(z for z in limits.zero_stages if z in caps.zero.stages + caps.zero.stages_with_pp
                              and (limits.dp_replicate == 1 or z >= 2)))
         _check_hsdp(profile, limits.dp_replicate, pinned)
+        _check_recompute_modules(profile, request, limits)
         return Options(
             schedules=_narrowed("schedule", limits.schedules, schedules, profile),
             zero_stages=_narrowed("zero_stage", limits.zero_stages, zeros, profile),
@@ -113,9 +116,28 @@ class Options:
             allow_stale_weights=stale,
             sp=limits.sp, vpp=limits.vpp, microbatch_size=limits.microbatch_size,
             compression=NONE if limits.compression == "auto" else limits.compression,
+            recompute_modules=limits.recompute_modules,
             compression_auto=limits.compression == "auto",
             dp_replicate=limits.dp_replicate,
         )
+
+
+def _check_recompute_modules(profile: FrameworkProfile, request: PlanRequest, limits: SearchLimits) -> None:
+    """Recompute modules the stack does not take or the model lacks are refused up front (else every selective
+    candidate would be pruned without a word)."""
+    modules = limits.recompute_modules
+    if not modules:
+        return
+    if "selective" not in limits.recompute_modes:
+        raise BadInputError(f"recompute_modules={list(modules)} name what selective reruns, and the search may not choose "
+                            f"selective (recompute_modes={list(limits.recompute_modes)}): allow it, or drop the modules")
+    unknown = [m for m in modules if m not in profile.capabilities.recompute.selective_modules]
+    if unknown:
+        raise BadInputError(f"recompute_modules={unknown} is not run by framework {profile.name!r}: its selective recompute "
+                            f"takes {list(profile.capabilities.recompute.selective_modules)}, or no modules")
+    reasons = module_reasons(request.model, modules)
+    if reasons:
+        raise BadInputError("; ".join(reasons))
 
 
 def _check_hsdp(profile: FrameworkProfile, dp_replicate: int, fixed: FixedDims) -> None:
@@ -185,12 +207,14 @@ class Group:
     sp: bool
     recompute: str
     tp_overlap: str
+    recompute_modules: tuple[str, ...] = ()  # with recompute selective: the modules it reruns
 
     def candidate_fields(self) -> dict:
         f = self.fact
         return dict(
             dp=f.dp, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep, sp=self.sp, tp_overlap=self.tp_overlap,
             microbatch_size=self.microbatch_size, num_microbatches=self.num_microbatches, recompute=self.recompute,
+            recompute_modules=self.recompute_modules,
         )
 
 
@@ -329,7 +353,8 @@ class Space:
         sizes, sps, overlaps = self.group_options(fact)
         out = []
         for mbs, sp, rec, overlap in itertools.product(sizes, sps, self.opts.recompute_modes, overlaps):
-            group = Group(fact, mbs, self.request.global_batch_size // (fact.dp * mbs), sp, rec, overlap)
+            modules = self.opts.recompute_modules if rec == "selective" else ()
+            group = Group(fact, mbs, self.request.global_batch_size // (fact.dp * mbs), sp, rec, overlap, modules)
             if not self.refuses_group(group):
                 out.append(group)
         return out
@@ -341,7 +366,7 @@ class Space:
             return False
         f = group.fact
         config = Config(dp=f.dp, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep, sp=group.sp, recompute=group.recompute,
-                        tp_overlap=group.tp_overlap, is_moe=self.model.moe is not None, precision=self.request.precision,
+                        recompute_modules=group.recompute_modules, tp_overlap=group.tp_overlap, is_moe=self.model.moe is not None, precision=self.request.precision,
                         microbatch_size=group.microbatch_size)
         refused = group_refusal(self.opts.profile, config)
         if refused is not None:

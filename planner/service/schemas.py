@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.schemas import limits as L
 from planner.schemas.model import ModelSpec
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
-from planner.schemas.plan import Precision, RecomputeMode, Schedule, TpOverlap
+from planner.schemas.plan import Precision, RecomputeMode, RecomputeModule, Schedule, TpOverlap
 from planner.schemas.topology import Topology
 
 
@@ -61,6 +61,8 @@ class EstimateBody(PlanBody):
     zero_stage: Literal[0, 1, 2, 3] = 0
     schedule: Schedule = DEFAULT_SCHEDULE.name
     recompute: RecomputeMode = "none"
+    recompute_modules: tuple[RecomputeModule, ...] = Field(default=(), max_length=7, description=(
+        "with recompute selective: what it reruns, Megatron-Core --recompute-modules names; () = the framework's own"))
     tp_overlap: TpOverlap = "none"
     stage_layers: tuple[Annotated[int, Field(ge=0, le=L.MAX_LAYERS)], ...] | None = Field(
         default=None, max_length=L.MAX_LAYERS + 2,

@@ -15,8 +15,10 @@ import os
 import sys
 import traceback
 
+from pydantic import ValidationError
+
 from planner.errors import BadInputError, InfeasibleError, PlannerError, SolverTimeoutError
-from planner.io import canonical_json
+from planner.io import canonical_json, format_validation_error
 from planner.schemas.dims import ParallelDims
 from planner.schemas.plan import Configuration, Parallelism, SearchLimits
 from planner.service.schemas import EstimateBody, PlanBody
@@ -43,15 +45,22 @@ def _request(body: PlanBody, max_gpus: int):
 
 
 def _configuration(body: EstimateBody, request) -> Configuration:
+    dims = ParallelDims.resolve(request.gpus, dp=body.dp, tp=body.tp, pp=body.pp, cp=body.cp, ep=body.ep)
+    try:
+        return _configuration_of(body, request, dims)
+    except ValidationError as exc:  # a combination each field allows but the record does not (HTTP 422, one line)
+        raise BadInputError(format_validation_error(exc, "configuration")) from None
+
+
+def _configuration_of(body: EstimateBody, request, dims: ParallelDims) -> Configuration:
     from planner import api
 
-    dims = ParallelDims.resolve(request.gpus, dp=body.dp, tp=body.tp, pp=body.pp, cp=body.cp, ep=body.ep)
     return Configuration(
         parallelism=Parallelism(**dims.as_dict(), sp=body.sp, vpp=body.vpp,
                                 zero_stage=body.zero_stage, tp_overlap=body.tp_overlap,
                                 compression=api.compression(body.compression, request.topology)),
         microbatch_size=body.microbatch_size, schedule=body.schedule, recompute=body.recompute,
-        stage_layers=body.stage_layers,
+        recompute_modules=body.recompute_modules, stage_layers=body.stage_layers,
     )
 
 

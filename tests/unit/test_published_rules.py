@@ -268,3 +268,22 @@ def test_a_nemo_run_of_deepseek_v3_trains_its_recipes_mtp_layer():
     assert P.mtp_of(run(model__family="DeepSeek-V3 671B", model__num_layers=61, training__framework="Megatron-Core")) == 0
     assert P.mtp_of(run(model__family="DeepSeek-V3 671B, without MTP", model__num_layers=61,
                         training__framework="NeMo")) == 0  # the source's word wins
+
+
+@pytest.mark.parametrize("text, stack, modules", [
+    ("selective: recompute_modules mla_up_proj, mlp, moe", "megatron-core", ("mla_up_proj", "mlp", "moe")),
+    ("mla_up_proj/mlp/moe", "megatron-core", ("mla_up_proj", "mlp", "moe")),
+    ("recompute-modules core_attn moe_act", "megatron-core", ("core_attn", "moe_act")),
+    ("selective (moe layers only)", "megatron-core", ()),  # no module name Megatron spells: the stack's selective
+    ("recompute RMSNorm and MLA up-projections", "hai-llm", ()),
+    ("recompute_modules mlp", "torchtitan", ()),  # torchtitan's selective takes no Megatron modules
+])
+def test_recompute_modules_named_in_the_text(text, stack, modules):
+    r = run(training__recompute=text)
+    assert P.recompute_modules_of(r, stack) == modules
+    fixed = P.settings(r, stack).fixed
+    if modules:
+        assert fixed["recompute"] == "selective" and fixed["recompute_modules"] == modules
+    else:
+        assert "recompute_modules" not in fixed
+    assert P.recompute_modules_of(r, stack, ("recompute_modules_named",)) == ()

@@ -61,6 +61,7 @@ def _independent_estimate(recipe: dict):
                            sp=recipe["sp"], vpp=recipe["vpp"], zero=recipe["zero"], tp_overlap="none",
                            microbatch_size=recipe["microbatch_size"], schedule=recipe["schedule"],
                            recompute=recipe["recompute"], stage_layers=split,
+                           recompute_modules=",".join(recipe.get("recompute_modules", ())) or None,
                            compression=api.compression(recipe.get("compression", "none"), request.topology))
     if recipe.get("moe_dispatcher"):
         config = config.model_copy(update={"parallelism": config.parallelism.model_copy(
