@@ -69,6 +69,8 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
     candidates = []
     for values in itertools.product(*(s.choices[k] for k in keys)):
         f = dict(s.fixed, **dict(zip(keys, values)))
+        if f["recompute"] != "selective":  # a recipe's modules name what its selective reruns
+            f.pop("recompute_modules", None)
         if f["schedule"] != "interleaved":
             f["vpp"] = 1
         elif f["vpp"] in (None, 1) or ("vpp" in s.choices and spec.num_layers % (f["pp"] * f["vpp"])):

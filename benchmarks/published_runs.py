@@ -31,8 +31,9 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   max_position_embeddings), else the run is refused;
 - recompute unsaid (`recipe_recompute`): what the stack's own recipe runs for a model of that size: the recipe of
   the profile's behaviour.defaults.recompute_recipes (each cited in its recompute_source) nearest the run's model
-  in log total parameters among recipes of the same kind (dense / MoE; any kind where none is), or full where
-  that does not fit (a run that ran fitted); a stack that records no recipe: the planner's choice below;
+  in log total parameters among recipes of the same kind (dense / MoE; any kind where none is), between recipes
+  of one size the one made for the nearest device memory, with its recompute modules where it names them, or
+  full where that does not fit (a run that ran fitted); a stack that records no recipe: the planner's choice below;
 - dropout: no source states it. Gated activations imply none (the Llama convention, as for RMSNorm and RoPE:
   Llama, Mixtral, DeepSeek and Qwen configs set 0); otherwise the model spec leaves it unsaid (ModelSpec.dropout
   None) and the stack's default applies (frameworks/<stack>.yaml behaviour.defaults: 2021-22 Megatron-LM and
@@ -240,9 +241,11 @@ def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str
     return flavours[:1] or None
 
 
-def recipe_recompute(run: dict, stack: str) -> str | None:
-    """The recompute the stack's own recipe runs for the run's model (None: the profile records no recipe): the
-    recipe nearest in log total parameters, among those of the run's kind (dense or MoE) where the profile has any."""
+def recipe_recompute(run: dict, stack: str):
+    """The recipe the stack's own recipes run for the run's model (a RecipeRecompute: mode and modules; None: the
+    profile records no recipe): the recipe nearest in log total parameters, among those of the run's kind (dense
+    or MoE) where the profile has any; between recipes of one size, the one made for the device memory nearest
+    the run's (NeMo's per-GPU configuration files differ: DeepSeek-V3 recomputes modules on 80 GB, none on 180 GB)."""
     from planner.models import counting
 
     recipes = load_framework(stack).behaviour.defaults.recompute_recipes
@@ -251,7 +254,13 @@ def recipe_recompute(run: dict, stack: str) -> str | None:
     spec = model_spec(run)
     same = [r for r in recipes if r.moe == (spec.moe is not None)] or list(recipes)
     params_b = counting.total_params(spec) / 1e9
-    return min(same, key=lambda r: (abs(math.log(params_b / r.params_b)), r.params_b)).recompute
+    memory_gib = device_of(run).memory_bytes / 2**30 if topology_preset(run) else None  # no preset: any recipe
+
+    def distance(r) -> tuple[float, float, float]:
+        memory = abs(math.log(memory_gib / r.gpu_memory_gib)) if r.gpu_memory_gib and memory_gib else 0.0
+        return round(abs(math.log(params_b / r.params_b)), 6), memory, r.params_b
+
+    return min(same, key=distance)
 
 
 def schedule_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str | None, int | None]:
@@ -298,8 +307,10 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
         choices["microbatch_size"] = MICROBATCH_CHOICES
     unsaid = fixed["recompute"] is None
     recipe = recipe_recompute(run, stack) if unsaid and "recompute_unstated_is_recipe" not in off else None
-    if unsaid and recipe is not None:  # the recipe's mode, else full where it does not fit
-        choices["recompute"] = tuple(dict.fromkeys(m for m in (recipe, "full") if m in caps.recompute.modes))
+    if unsaid and recipe is not None:  # the recipe's mode (and modules), else full where it does not fit
+        choices["recompute"] = tuple(dict.fromkeys(m for m in (recipe.recompute, "full") if m in caps.recompute.modes))
+        if recipe.modules:
+            fixed["recompute_modules"] = recipe.modules  # for the selective choice only (accuracy_cases)
     elif fixed["recompute"] is None:  # selective recomputation (2022) is named by every source that used it
         choices["recompute"] = tuple(m for m in caps.recompute.modes if m != "selective")
     if fixed["zero_stage"] is None:

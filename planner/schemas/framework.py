@@ -8,7 +8,7 @@ of that version). Every section carries `source`: the file, flag or document of 
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schemas.base import Schema
@@ -304,6 +304,17 @@ class RecipeRecompute(Schema):
     params_b: float = Field(gt=0, le=1e5, description="the model's total parameters, billions")
     moe: bool = Field(default=False, description="a mixture-of-experts model")
     recompute: Literal["none", "selective", "full"]
+    modules: tuple[str, ...] = Field(default=(), description="with selective: the modules the recipe reruns, in the "
+                                     "stack's names (Megatron-Core --recompute-modules); () = the stack's selective")
+    gpu_memory_gib: float | None = Field(default=None, gt=0, le=4096, description=(
+        "the device memory the recipe is made for, where the stack's recipes differ by device (NeMo's per-GPU "
+        "configuration files); None = any"))
+
+    @model_validator(mode="after")
+    def _modules_need_selective(self) -> "RecipeRecompute":
+        if self.modules and self.recompute != "selective":
+            raise ValueError(f"modules={list(self.modules)} need recompute 'selective', got {self.recompute!r}")
+        return self
 
 
 class TrainingDefaults(Schema):

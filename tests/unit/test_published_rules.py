@@ -90,8 +90,8 @@ LLAMA_70B = dict(model__num_layers=80, model__hidden=8192, model__ffn_hidden=286
 
 def test_unsaid_recompute_is_the_torchtitan_recipe_of_that_size():
     """torchtitan train configs (v0.2.2): llama3_8b.toml mode selective, llama3_70b.toml mode full."""
-    assert P.recipe_recompute(run(), "torchtitan") == "selective"
-    assert P.recipe_recompute(run(**LLAMA_70B), "torchtitan") == "full"
+    assert P.recipe_recompute(run(), "torchtitan").recompute == "selective"
+    assert P.recipe_recompute(run(**LLAMA_70B), "torchtitan").recompute == "full"
     assert P.settings(run(**LLAMA_70B), "torchtitan").choices["recompute"] == ("full",)
     assert P.settings(run(), "torchtitan").choices["recompute"] == ("selective", "full")  # full where it does not fit
 
@@ -99,12 +99,12 @@ def test_unsaid_recompute_is_the_torchtitan_recipe_of_that_size():
 def test_unsaid_recompute_recipes_of_other_stacks():
     """Megatron-Core examples and NeMo's H100 performance configs: none; llm-foundry mpt-1b.yaml none, mpt-7b.yaml
     full; Megatron-LM v2.5 pretrain_gpt3_175B.sh full; a stack recording no recipe keeps the planner's choice."""
-    assert P.recipe_recompute(run(**LLAMA_70B), "megatron-core") == "none"
-    assert P.recipe_recompute(run(), "pytorch-fsdp") == "full"
+    assert P.recipe_recompute(run(**LLAMA_70B), "megatron-core").recompute == "none"
+    assert P.recipe_recompute(run(), "pytorch-fsdp").recompute == "full"
     small = run(model__num_layers=24, model__hidden=2048, model__ffn_hidden=8192, model__num_heads=16,
                 model__num_kv_heads=16, model__vocab=50368, model__params_b=1.3)
-    assert P.recipe_recompute(small, "pytorch-fsdp") == "none"
-    assert P.recipe_recompute(run(), "megatron-lm") == "full"
+    assert P.recipe_recompute(small, "pytorch-fsdp").recompute == "none"
+    assert P.recipe_recompute(run(), "megatron-lm").recompute == "full"
     assert P.recipe_recompute(run(), "deepspeed") is None
     assert P.settings(run(), "deepspeed").choices["recompute"] == ("none", "full")
 
@@ -123,7 +123,7 @@ def test_unsaid_recompute_of_an_moe_model_reads_the_moe_recipes():
     moe = run(model__moe={"num_experts": 64, "top_k": 6, "expert_ffn_hidden": 1408, "shared_experts": 2},
               model__num_layers=27, model__hidden=2048, model__num_heads=16, model__num_kv_heads=16,
               model__ffn_hidden=None, model__params_b=16)
-    assert P.recipe_recompute(moe, "torchtitan") == "selective"
+    assert P.recipe_recompute(moe, "torchtitan").recompute == "selective"
 
 
 def test_torchtitan_selective_layer_is_every_other_layer_fully_recomputed():
@@ -287,3 +287,27 @@ def test_recompute_modules_named_in_the_text(text, stack, modules):
     else:
         assert "recompute_modules" not in fixed
     assert P.recompute_modules_of(r, stack, ("recompute_modules_named",)) == ()
+
+
+def _dsv3(gpu: str, gib: int) -> dict:
+    return run(model__family="DeepSeek-V3 671B", model__num_layers=61, model__hidden=7168, model__num_heads=128,
+               model__num_kv_heads=128, model__vocab=129280, model__ffn_hidden=18432, model__params_b=671,
+               model__moe={"num_routed_experts": 256, "top_k": 8, "expert_ffn_hidden": 2048, "shared_experts": 1,
+                           "dense_layers_first": 3},
+               model__mla={"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                           "v_head_dim": 128},
+               hardware__gpu_model=gpu, hardware__gpu_memory_gib=gib, training__framework="NeMo")
+
+
+def test_unsaid_recompute_of_deepseek_v3_is_nemos_recipe_for_the_device():
+    """NeMo's per-GPU configuration files (megatron-core.yaml recompute_recipes): DeepSeek-V3 recomputes
+    mla_up_proj/mlp/moe on H100 80 GB, nothing on B200; the other MoE models of those files nothing."""
+    h100 = P.recipe_recompute(_dsv3("NVIDIA H100 80GB", 80), "megatron-core")
+    assert (h100.recompute, h100.modules) == ("selective", ("mla_up_proj", "mlp", "moe"))
+    settings = P.settings(_dsv3("NVIDIA H100 80GB", 80), "megatron-core")
+    assert settings.choices["recompute"] == ("selective", "full")
+    assert settings.fixed["recompute_modules"] == ("mla_up_proj", "mlp", "moe")
+    assert P.recipe_recompute(_dsv3("NVIDIA B200", 180), "megatron-core").recompute == "none"
+    qwen = run(model__moe={"num_experts": 128, "top_k": 8, "expert_ffn_hidden": 1536}, model__num_layers=94,
+               model__params_b=235)
+    assert P.recipe_recompute(qwen, "megatron-core").recompute == "none"
