@@ -103,11 +103,24 @@ def reload() -> None:
     _load.cache_clear()
 
 
+def with_prior(item: dict, families: dict[str, dict]) -> dict:
+    """A family entry with `prior: <family>` takes every constant it does not state from that family's entry (its
+    own family name, match patterns and source kept): the rule for a family nothing has measured yet."""
+    prior = item.get("prior")
+    if prior is None:
+        return item
+    if prior not in families or families[prior].get("prior"):
+        raise ValueError(f"calibration.yaml family {item['family']!r}: prior={prior!r} must name a measured family")
+    return {**{k: v for k, v in families[prior].items() if k not in ("family", "match", "source")}, **item}
+
+
 @lru_cache(maxsize=1)
 def _load() -> tuple[tuple, DeviceCalibration, tuple[tuple[str, MemoryCalibration], ...]]:
     raw = _raw()
+    families = {item["family"]: item for item in raw["devices"]}
+    items = [with_prior(item, families) for item in raw["devices"]]
     devices = tuple((tuple(m.lower() for m in item["match"]), _entry(item), dict(_stacks(item)), _measured(item))
-                    for item in raw["devices"])
+                    for item in items)
     memory = tuple((name, MemoryCalibration(allocator=name, fragmentation_fixed_bytes=int(entry["fragmentation_fixed_bytes"]),
                                             fragmentation_fraction=float(entry["fragmentation_fraction"]),
                                             source=str(entry.get("source", ""))))
