@@ -102,6 +102,7 @@ ABLATIONS = (
     ("'interleaving not stated' read as the stack default 1F1B (reading rule)", "interleaving_unstated_is_1f1b", None),
     ("'recompute not stated' read as the stack's recipe for that size (reading rule)", "recompute_unstated_is_recipe", None),
     ("Megatron-Core recompute modules named in the text run as those modules (reading rule)", "recompute_modules_named", None),
+    ("an MoE run's unstated expert parallelism as the planner's choice, 1 among it (reading rule)", "ep_unstated_is_chosen", None),
     ("torchtitan 'selective layer' as every other layer fully recomputed (reading rule)", "selective_layer_is_every_other_layer",
      None),
     ("context-parallel flavour not stated read as the stack's default (reading rule)", "cp_flavour_unstated_is_default", None),

@@ -53,7 +53,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - torchtitan's "selective layer" checkpointing is every second layer fully recomputed (`layer_checkpoint_every`:
   selective_ac_option "2", the default of the published runs' code), its "selective op" the profile's per-op policy;
 - settings the source leaves unsaid (micro-batch size, recompute, ZeRO stage, sequence parallelism, pipeline
-  schedule and interleaving depth): the planner's own best choice (the fastest that fits) among the values the
+  schedule and interleaving depth, an MoE model's expert parallelism: `expert_choices`, 1 among them, the stacks'
+  default --expert-model-parallel-size): the planner's own best choice (the fastest that fits) among the values the
   stack runs, with every published setting fixed (`settings`); an unsaid recompute is none or full (selective
   recomputation, Korthikanti et al. 2022, is named by every source that used it); the measurement is the run's
   step time (`measured_step_s`);
@@ -193,6 +194,7 @@ def recompute_of(run: dict) -> str | None:
 
 
 READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe", "recompute_modules_named",
+                 "ep_unstated_is_chosen",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
                  "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated")  # accuracy.py can switch off
 
@@ -284,6 +286,16 @@ def schedule_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str | None, int |
     return None, None
 
 
+def expert_choices(run: dict, dp_cp: int) -> tuple[int, ...]:
+    """The expert-parallel degrees an MoE run whose source does not state one may have run: every divisor of its
+    routed experts that divides dp*cp (ep carved out of the data-parallel ranks), 1 first; () for a dense model."""
+    moe = run["model"].get("moe") or {}
+    experts = next((moe[k] for k in ("num_routed_experts", "num_experts", "experts") if moe.get(k)), None)
+    if not experts:
+        return ()
+    return tuple(d for d in range(1, int(experts) + 1) if experts % d == 0 and dp_cp % d == 0)
+
+
 def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
     """Published settings and the choices for the unsaid ones (the stack's capabilities)."""
     par, train = run["parallel"], run["training"]
@@ -301,6 +313,9 @@ def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:
     if every:  # full recompute of every n-th layer on a base of none (Settings.full_every)
         fixed["recompute"] = "none"
     choices = {}
+    experts = expert_choices(run, dp * cp) if par.get("ep") is None and "ep_unstated_is_chosen" not in off else ()
+    if len(experts) > 1:  # unsaid expert parallelism: the planner's choice among the degrees the experts allow
+        choices["ep"] = experts
     if fixed["sp"] is None:
         choices["sp"] = (False, True) if fixed["tp"] > 1 and caps.sequence_parallel.supported else (False,)
     if fixed["microbatch_size"] is None:

@@ -311,3 +311,16 @@ def test_unsaid_recompute_of_deepseek_v3_is_nemos_recipe_for_the_device():
     qwen = run(model__moe={"num_experts": 128, "top_k": 8, "expert_ffn_hidden": 1536}, model__num_layers=94,
                model__params_b=235)
     assert P.recipe_recompute(qwen, "megatron-core").recompute == "none"
+
+
+def test_unstated_expert_parallelism_of_an_moe_run_is_chosen_among_what_its_experts_allow():
+    """ep unsaid: the planner's choice among the divisors of the routed experts that divide dp*cp (1 among them,
+    the stacks' default); stated: fixed; a dense model: 1, no choice."""
+    moe = run(model__moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336})
+    assert P.settings(moe, "megatron-core").choices["ep"] == (1, 2, 4, 8)
+    assert "ep" not in P.settings(moe, "megatron-core", ("ep_unstated_is_chosen",)).choices
+    stated = run(model__moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336}, parallel__ep=4)
+    assert "ep" not in P.settings(stated, "megatron-core").choices and P.settings(stated, "megatron-core").fixed["ep"] == 4
+    assert "ep" not in P.settings(run(), "megatron-core").choices
+    narrow = run(model__moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336}, parallel__dp=6, parallel__num_gpus=6)
+    assert P.settings(narrow, "megatron-core").choices["ep"] == (1, 2)
