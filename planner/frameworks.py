@@ -263,7 +263,7 @@ def _reason(profile: FrameworkProfile, rule, c: Config) -> str:
 
 
 def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp: int,
-                             num_microbatches: int) -> tuple[str, str] | None:
+                             num_microbatches: int, last_slots: int = 0) -> tuple[str, str] | None:
     """Whether the stack can run the split the cost model prices for `num_layers` decoder layers over pp*vpp
     interleaved chunks (planner.frameworks_split.balanced_split, judged by split_refusal).
 
@@ -271,7 +271,8 @@ def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: 
     --account-for-embedding/loss-in-pipeline-split, torchtitan's input/output weights counted as layers) the
     rule is on num_layers + slots; an explicit layout takes any count that leaves every chunk a layer, or the end
     chunks none where the stack allows (Llama-3.1 405B, 126 layers: pp 8 x vpp 8 in NeMo, pp 16 x vpp 8 in
-    Llama 3's own runs, whose first and last chunks hold only the embedding and the loss)."""
+    Llama 3's own runs, whose first and last chunks hold only the embedding and the loss). `last_slots`: MTP
+    layers the last chunk runs (ModelSpec.mtp_num_layers), judged on the split the cost prices with them."""
     split, chunks = profile.capabilities.interleaved_split, pp * vpp
     if split.microbatches_divisible_by_pp and num_microbatches % pp:
         return "microbatches_not_divisible_by_pp", (f"num_microbatches={num_microbatches} must be divisible by pp={pp} "
@@ -279,7 +280,8 @@ def interleaved_split_reason(profile: FrameworkProfile, *, num_layers: int, pp: 
     ends = 2 if split.empty_chunks != "none" else 0  # end chunks may hold only the embedding / the loss
     rule = None if num_layers + ends >= chunks else f"fewer than one layer a chunk"
     if rule is None:
-        rule = split_refusal(profile, num_layers=num_layers, pp=pp, vpp=vpp, counts=balanced_split(num_layers, chunks))
+        counts = balanced_split(num_layers, chunks, last_slots=last_slots)
+        rule = split_refusal(profile, num_layers=num_layers, pp=pp, vpp=vpp, counts=counts)
     if rule is not None:
         return "layers_not_divisible_by_pp_vpp", (f"num_layers={num_layers} cannot be split over pp*vpp={chunks} chunks "
                                                   f"by framework {profile.name!r}: choose pp*vpp dividing {num_layers} "

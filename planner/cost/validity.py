@@ -76,7 +76,7 @@ def _model_reasons(request: PlanRequest, c: "Candidate", stack: Stack | None) ->
     if spec.num_layers < stages and not _empty_ends_fit(request, stages, stack()):
         out.append(f"pp*vpp={stages} exceeds num_layers={spec.num_layers}: every virtual stage needs a decoder layer")
     elif c.vpp > 1:
-        found = interleaved_split_reason(stack(), num_layers=spec.num_layers, pp=c.pp,
+        found = interleaved_split_reason(stack(), num_layers=spec.num_layers, pp=c.pp, last_slots=spec.mtp_num_layers,
                                          vpp=c.vpp, num_microbatches=c.num_microbatches)
         if found is not None:
             out.append(found[1])

@@ -46,7 +46,7 @@ class StackRules:
         self.variant_table: dict[tuple[int, bool], tuple[Variants, Counter]] = {}
         for pp, pairs in variants.items():
             for divisible in (True, False):
-                self.variant_table[(pp, divisible)] = _split_rules(profile, model.num_layers, pp, pairs, divisible)
+                self.variant_table[(pp, divisible)] = _split_rules(profile, model, pp, pairs, divisible)
 
     def zero_stages(self, pp: int) -> tuple[int, ...]:
         """The ZeRO stages of the space the stack runs at this pp (Options.zero_stages_for)."""
@@ -78,13 +78,14 @@ def axis_rules(request: PlanRequest, degrees: list[int]) -> dict[Axis, dict[int,
                    for ep in degrees}}
 
 
-def _split_rules(profile, num_layers: int, pp: int, pairs: Variants, divisible: bool) -> tuple[Variants, Counter]:
+def _split_rules(profile, model, pp: int, pairs: Variants, divisible: bool) -> tuple[Variants, Counter]:
     """The pairs the stack's interleaving rules allow at this pp, and the count of the others per rule, when pp
     divides num_microbatches (`divisible`) or not."""
     valid, rules = [], Counter()
     for schedule, vpp in pairs:
-        found = None if vpp == 1 else interleaved_split_reason(profile, num_layers=num_layers, pp=pp, vpp=vpp,
-                                                                num_microbatches=0 if divisible else 1)
+        found = None if vpp == 1 else interleaved_split_reason(profile, num_layers=model.num_layers, pp=pp, vpp=vpp,
+                                                                num_microbatches=0 if divisible else 1,
+                                                                last_slots=model.mtp_num_layers)
         if found is None:
             valid.append((schedule, vpp))
         else:
