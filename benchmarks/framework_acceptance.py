@@ -82,6 +82,9 @@ REQUESTS = [
     ("mixtral-ep8-tp2-64gpu", "mixtral-8x7b", 64, 512, 4096, {"ep": 8, "tp": 2}),
     # DeepSeek-V3 with its MTP module (a spec file; the last stage carries it; Megatron builds it from --mtp-num-layers)
     ("dsv3-mtp-ep64-pp16-2048gpu", "examples/models/deepseek-v3-mtp.yaml", 2048, 4096, 4096, {"ep": 64, "pp": 16}),
+    # NeMo's H100 recipe for DeepSeek-V3: Megatron-Core --recompute-modules (a search limit; other stacks refuse them)
+    ("dsv3-nemo-modules-1024gpu", "deepseek-v3", 1024, 8192, 4096, {"tp": 2, "pp": 16, "ep": 64},
+     {"recompute_modes": ("selective",), "recompute_modules": ("mla_up_proj", "mlp", "moe")}),
 ]
 HF_DIR = "tests/data/hf"  # "hf:<folder>" models: relative to the repository root (run from it, as the usage line says)
 
@@ -92,8 +95,8 @@ class Cell:
     detail: str = ""
 
 
-def plan_for(label: str, model: str, gpus: int, gbs: int, seq: int, fixed: dict | None = None, *, framework: str,
-             time_limit: float):
+def plan_for(label: str, model: str, gpus: int, gbs: int, seq: int, fixed: dict | None = None, limits: dict | None = None,
+             *, framework: str, time_limit: float):
     from pathlib import Path
 
     from planner import api
@@ -101,7 +104,7 @@ def plan_for(label: str, model: str, gpus: int, gbs: int, seq: int, fixed: dict 
 
     if model.startswith("hf:"):
         model = str(Path(__file__).resolve().parents[1] / HF_DIR / model[3:])
-    limits = SearchLimits(time_limit_s=time_limit, top_k=0, fixed=fixed or {})
+    limits = SearchLimits(time_limit_s=time_limit, top_k=0, fixed=fixed or {}, **(limits or {}))
     request = api.build_request(model=model, topology="dgx-h100", gpus=gpus, nodes=max(1, gpus // 8), global_batch_size=gbs,
                                 seq_len=seq, framework=framework, search=limits)
     return api.plan(request)

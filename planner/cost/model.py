@@ -268,7 +268,7 @@ class CostModel:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
         key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.dp, cand.cp, cand.sp,
-               cand.microbatch_size, cand.recompute == "full", cand.tp_overlap, schedule_of(cand.schedule).v_placed,
+               cand.microbatch_size, cand.recompute, cand.recompute_modules, cand.tp_overlap, schedule_of(cand.schedule).v_placed,
                cand.vpp, cand.num_microbatches)
         found = self.memo.get(key)
         if found is None:

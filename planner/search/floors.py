@@ -104,7 +104,7 @@ class Floors(BoundsState):
         for zero in self.opts.zero_stages:
             static = self._cached(("static", f, zero, group.num_microbatches == 1), lambda: float(
                 cost_bounds.held_static_bytes(self.cost, self.candidate(group, zero_stage=zero)).sum()))
-            other = self._cached(("other", f, zero, group.microbatch_size, group.sp), lambda: float(
+            other = self._cached(("other", f, zero, group.microbatch_size, group.sp, group.recompute, group.recompute_modules), lambda: float(
                 self.cost.other_per_rank(self.candidate(group, zero_stage=zero)).min()))
             out[zero] = bounds.memory_lower_bound_bytes(static, act, f.pp, other)
         return out

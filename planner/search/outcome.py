@@ -146,6 +146,10 @@ def infeasible_message(*, gpus: int, gpus_per_node: int, capacity_bytes: float, 
         part = " (a lower bound: no configuration was close enough to evaluate)"
     else:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(pruned.items()))
+        if not counts:  # nothing was enumerated: the fixed degrees leave no factorisation
+            return (f"no factorisation of {gpus} GPUs as dp x tp x pp x cp meets the fixed degrees: dp*tp*pp*cp must equal "
+                    f"the GPU count, tp fit a node ({gpus_per_node} GPUs), pp not exceed the layers, and ep divide dp*cp "
+                    f"(or dp*cp times a divisor of tp where the stack folds experts): change --tp/--pp/--cp/--ep or --gpus"), None, None
         return f"no configuration of {gpus} GPUs is valid ({counts}): change the GPU count, batch or model", None, None
     cap = capacity_bytes / GiB
     over = max(0.0, peak - capacity_bytes)

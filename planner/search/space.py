@@ -7,7 +7,8 @@ schedule, recompute, axis_order). The space, and what bounds it:
   intra-node fabric, as Megatron-LM and torchtitan place it; a node of a GB200 NVL72 topology is the 72-GPU NVLink
   domain, so TP up to 72 there); pp up to the number of decoder layers.
 - ep (MoE models only): every divisor of dp x cp (expert-parallel groups are carved out of the data-parallel and
-  context-parallel ranks, Megatron-Core's expert_model_parallel groups); dense models have ep = 1.
+  context-parallel ranks, Megatron-Core's expert_model_parallel groups), and dp x cp times a divisor of tp where the
+  stack folds experts over tp (MoE parallel folding); dense models have ep = 1.
 - sp on/off when tp > 1 (off when tp = 1: nothing to shard); tp_overlap none/domino when tp > 1.
 - microbatch_size: every divisor of global_batch_size / dp up to SearchLimits.max_microbatch_size;
   num_microbatches = global_batch_size / (dp * microbatch_size).
@@ -298,13 +299,18 @@ class Space:
                     dp = gpus // (tp * pp * cp)
                     if not (fixed.allows(Axis.CP, cp) and fixed.allows(Axis.DP, dp)):
                         continue
-                    for ep in self._eps(dp * cp):
+                    for ep in self._eps(dp * cp, tp):
                         yield ParallelDims(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
 
-    def _eps(self, span: int) -> list[int]:
+    def _eps(self, span: int, tp: int) -> list[int]:
+        """Every divisor of dp*cp, and where the stack folds experts over tp (capabilities.expert_parallel.span
+        tp_dp_cp: Megatron-Core's MoE parallel folding) dp*cp times each divisor of tp (ParallelDims.expert_fold)."""
         if self.model.moe is None:
             return [1]
-        return [e for e in divisors(span) if self.opts.fixed.allows(Axis.EP, e)]
+        found = divisors(span)
+        if self.opts.profile.capabilities.expert_parallel.span == "tp_dp_cp":
+            found += [span * k for k in divisors(tp) if k > 1]
+        return [e for e in found if self.opts.fixed.allows(Axis.EP, e)]
 
     def microbatch_sizes(self, dp: int) -> list[int]:
         found = self._sizes.get(dp)

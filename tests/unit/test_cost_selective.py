@@ -13,7 +13,7 @@ from planner import api
 from planner.cli import app
 from planner.cost import arrays, memory
 from planner.cost.model import Candidate, CostModel
-from planner.errors import BadInputError
+from planner.errors import BadInputError, InfeasibleError
 from planner.schemas.plan import Configuration, SearchLimits
 
 DSV3 = dict(model="deepseek-v3", topology="dgx-h100", gpus=1024, global_batch_size=8192, seq_len=4096)
@@ -251,3 +251,39 @@ def test_shared_expert_recompute_drops_the_shared_expert_overlap():
         update={"moe_dispatcher": "alltoall"})})
     assert moe_overlap_args(alltoall, []) == []
     assert recomputed.prediction.step_time_s > plain.prediction.step_time_s
+
+
+def test_memoised_parts_tell_recompute_modes_apart():
+    """What a rank holds besides its activations depends on the recompute mode and modules (the rebuilt working
+    set): a model that priced one mode first prices the next as a fresh model does (CostModel.other_per_rank was
+    once memoised on `recompute == "full"` only, and the search kept a selective plan that did not fit)."""
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=64, global_batch_size=64, seq_len=32768,
+                                framework="deepspeed")
+    base = Candidate(dp=16, tp=4, pp=1, sp=True, zero_stage=1, microbatch_size=1, num_microbatches=4)
+    variants = [dataclasses.replace(base, recompute=mode) for mode in ("none", "selective", "full")]
+    shared = CostModel(request)
+    for cand in variants:
+        fresh = CostModel(request).evaluate(cand)
+        assert shared.evaluate(cand).peak_bytes == fresh.peak_bytes
+    assert len({CostModel(request).evaluate(c).peak_bytes for c in variants}) == 3
+
+
+def test_the_search_returns_a_plan_that_fits_where_only_full_recompute_does():
+    """Llama-3 8B at 32k tokens on a stack without fused attention: the s x s scores a selective recompute rebuilds
+    inside the backward do not fit at tp 4; the search's plan fits, as its own evaluation says."""
+    request = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=64, global_batch_size=64, seq_len=32768,
+                                framework="deepspeed", search=SearchLimits(time_limit_s=20, top_k=0))
+    plan = api.plan(request)
+    assert plan.feasible and plan.memory.fits
+
+
+def test_the_search_reaches_nemos_folded_expert_layout():
+    """NeMo's DeepSeek-V3 H100 layout folds ep 64 over dp 32 x tp 2 (Megatron-Core MoE parallel folding); the search
+    enumerates ep = dp*cp times a divisor of tp for a stack whose experts fold (expert_parallel.span tp_dp_cp)."""
+    limits = SearchLimits(time_limit_s=30, top_k=0, fixed={"tp": 2, "pp": 16, "ep": 64}, recompute_modes=("selective",),
+                          recompute_modules=("mla_up_proj", "mlp", "moe"))
+    plan = api.plan(api.build_request(**DSV3, framework="megatron-core", search=limits))
+    assert (plan.parallelism.dp, plan.parallelism.ep, plan.parallelism.tp) == (32, 64, 2) and plan.memory.fits
+    with pytest.raises(InfeasibleError, match="no factorisation"):  # DeepSpeed carves experts from dp only
+        api.plan(api.build_request(**DSV3, framework="deepspeed", search=limits.model_copy(
+            update={"recompute_modules": (), "recompute_modes": ("none", "selective", "full")})))
