@@ -131,7 +131,7 @@ class FfnSaved:
 
     mlp: float = 0.0
     routed: float = 0.0
-    routed_act_out: float = 0.0
+    routed_act_out: float = 0.0  # part of `routed`, not added to the total
     shared: float = 0.0
     router: float = 0.0
     expert_input: float = 0.0
