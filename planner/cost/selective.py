@@ -44,6 +44,7 @@ MODE_MODULES = {"attention_core": ("core_attn",), "norm_and_up_proj": ("layernor
 (Korthikanti et al. 2022) and DeepSeek-V3's (report Sec. 3.3.3: RMSNorm and the MLA up-projections)."""
 
 MOE_MODULES = ("moe", "moe_act", "shared_experts")
+"""The modules inside an MoE layer: "moe" reruns the whole layer, the others a part of it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +130,7 @@ def recompute(env: Env, parts: LayerParts, modules: tuple[str, ...], *, act_none
     """(selective recompute seconds, saved bytes) of one decoder layer with `modules` recomputed: the reruns
     summed, the drops taken from the no-recompute bytes (never below what a full recompute keeps). "moe" covers
     "moe_act" and "shared_experts" (the whole layer reruns), which then add nothing."""
-    chosen = [m for m in modules if not ("moe" in modules and m in ("moe_act", "shared_experts"))]
+    chosen = [m for m in modules if not ("moe" in modules and m in MOE_MODULES[1:])]
     rerun = dropped = 0.0
     for name in chosen:
         seconds, num_bytes = _module(env, parts, name)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from planner.cost import mixers
+from planner.cost.selective import MOE_MODULES
 from planner.errors import BadInputError
 from planner.frameworks import interleaved_split_reason
 from planner.schedules import BY_NAME, DEFAULT, NAMES
@@ -37,7 +38,7 @@ def module_reasons(spec, modules: tuple[str, ...]) -> list[str]:
     out = []
     if "mla_up_proj" in modules and spec.mla is None:
         out.append(f"recompute_modules mla_up_proj needs multi-latent attention: {spec.name} has none, drop it")
-    moe = [m for m in modules if m in ("moe", "moe_act", "shared_experts")]
+    moe = [m for m in modules if m in MOE_MODULES]
     if moe and spec.moe is None:
         out.append(f"recompute_modules {moe} need a mixture-of-experts model: {spec.name} is dense, drop them")
     elif "shared_experts" in modules and not spec.moe.shared_ffn_hidden_size:
