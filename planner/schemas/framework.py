@@ -56,6 +56,9 @@ class Recompute(Schema):
     modes: tuple[Literal["none", "selective", "full"], ...] = Field(min_length=1)
     partial_full: bool = Field(description="full recompute of only some layers per stage (e.g. --recompute-num-layers)")
     selective_modules: tuple[str, ...] = Field(default=(), description="what `selective` recomputes, in the stack's names")
+    module_sets: tuple[tuple[str, ...], ...] = Field(default=(), description=(
+        "recompute module sets (of selective_modules) the search tries for MoE models beside the stack's own "
+        "selective, each cited in `source`; a set's modules the model lacks are dropped"))
     full_methods: tuple[str, ...] = Field(default=(), description="how `full` picks layers (uniform, block, every-n)")
     source: str = Sourced
 

@@ -289,10 +289,12 @@ class Alternative(Schema):
     peak_bytes: int
     why_not: str
     traced_peak_bytes: int | None = Field(default=None, description="its traced peak (planner.executor.memtrace); written only when traced")
+    recompute_modules: tuple[RecomputeModule, ...] = Field(default=(), description="what its selective reruns (written only when set)")
 
     @model_serializer(mode="wrap")
     def _omit_untraced(self, handler):
-        return without(handler(self), traced_peak_bytes=self.traced_peak_bytes is None)
+        return without(handler(self), traced_peak_bytes=self.traced_peak_bytes is None,
+                       recompute_modules=not self.recompute_modules)
 
 
 class SolverStats(Schema):

@@ -70,7 +70,8 @@ def assemble(request: PlanRequest, result, preference=None) -> LaunchPlan:
     ev = cost.evaluate(best.cand, stage_layers=best.stage_layers, full_recompute_layers=best.full_recompute_layers)
     alternatives = [
         Alternative(parallelism=parallelism_of(o.cand), batch=batch_of(request, o.cand), schedule=o.cand.schedule,
-                    recompute=o.cand.recompute, step_time_s=o.ev.step_time_s, peak_bytes=int(o.ev.peak_bytes),
+                    recompute=o.cand.recompute, recompute_modules=o.cand.recompute_modules,
+                    step_time_s=o.ev.step_time_s, peak_bytes=int(o.ev.peak_bytes),
                     why_not=(preference and preference.why_not(o)) or why_not(best, o))
         for o in rest
     ]

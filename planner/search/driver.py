@@ -355,6 +355,12 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: Map
     cost = make_cost_model(request, framework)
     result = search(request, fixed=fixed, progress=progress, cost=cost, framework=framework)
     limits = request.search or SearchLimits()
+    for modules in module_sets(request, framework):  # the stack's recompute module sets, each searched on its own
+        left = limits.time_limit_s - (time.monotonic() - started)
+        narrow = limits.model_copy(update={"recompute_modules": modules, "recompute_modes": ("selective",),
+                                           "time_limit_s": max(left, 0.01)})
+        result = merged(result, search(request.model_copy(update={"search": narrow}), fixed=fixed, cost=cost,
+                                       framework=framework), limits.top_k + 1)
     if not result.ranked and result.timed_out:
         raise SolverTimeoutError(
             f"the search reached its time limit of {limits.time_limit_s:g} s ({result.evaluated:,} configurations evaluated, "
@@ -372,6 +378,33 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, fixed: Map
     if limits.prefer_practice and not result.timed_out:
         result, preference = prefer_practice(request, result, cost, limits.time_limit_s - (time.monotonic() - started))
     return assemble(request, result, preference)
+
+
+def module_sets(request: PlanRequest, framework: FrameworkProfile) -> list[tuple[str, ...]]:
+    """The recompute module sets the search tries beside the stack's own selective (capabilities.recompute
+    .module_sets, for MoE models), each without the modules the model lacks (planner.cost.validity.module_reasons),
+    distinct and not empty; none where the request names its own modules or leaves selective out."""
+    from planner.cost.validity import module_reasons
+
+    limits = request.search or SearchLimits()
+    if request.model.moe is None or limits.recompute_modules or "selective" not in limits.recompute_modes:
+        return []
+    found: list[tuple[str, ...]] = []
+    for wanted in framework.capabilities.recompute.module_sets:
+        kept = tuple(m for m in wanted if not module_reasons(request.model, (m,)))
+        if kept and kept not in found:
+            found.append(kept)
+    return found
+
+
+def merged(first: SearchResult, second: SearchResult, size: int) -> SearchResult:
+    """Two searches of disjoint spaces as one: the best `size` plans of both, the closest of the second where the
+    first has none, the counts added (configurations_considered stays the fitting ones plus the pruned)."""
+    ranked = sorted(first.ranked + second.ranked)[:size]
+    closest = first.closest if first.closest is not None else second.closest
+    return dataclasses.replace(first, ranked=ranked, closest=closest, pruned=first.pruned + second.pruned,
+                               considered=first.considered + second.considered,
+                               evaluated=first.evaluated + second.evaluated, timed_out=first.timed_out or second.timed_out)
 
 
 def prefer_practice(request: PlanRequest, result: SearchResult, cost, time_left_s: float):

@@ -36,7 +36,7 @@ def distinct_key(cand: Any) -> tuple:
     """Alternatives differ in this: variants of one configuration that only move sp, tp_overlap or the axis order
     are not shown as alternatives of each other (the best of them stands for all)."""
     return (cand.dp, cand.tp, cand.pp, cand.cp, cand.ep, cand.vpp, cand.zero_stage, cand.microbatch_size,
-            cand.schedule, cand.recompute)
+            cand.schedule, cand.recompute, getattr(cand, "recompute_modules", ()))
 
 
 def rank_key(cand: Any, ev: Any) -> tuple:

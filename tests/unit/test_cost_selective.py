@@ -287,3 +287,30 @@ def test_the_search_reaches_nemos_folded_expert_layout():
     with pytest.raises(InfeasibleError, match="no factorisation"):  # DeepSpeed carves experts from dp only
         api.plan(api.build_request(**DSV3, framework="deepspeed", search=limits.model_copy(
             update={"recompute_modules": (), "recompute_modes": ("none", "selective", "full")})))
+
+
+def test_the_search_tries_the_stacks_module_sets_for_moe_models():
+    """megatron-core's capabilities.recompute.module_sets (its MoE README's fine-grained recompute, NeMo's DeepSeek-V3
+    recipe), each less the modules the model lacks, searched beside the stack's own selective; none for a dense model,
+    a stack without sets, or a request that names its own modules."""
+    from planner.frameworks import load_framework
+    from planner.search.driver import module_sets
+
+    core = load_framework("megatron-core")
+    dsv3 = api.build_request(**DSV3, framework="megatron-core")
+    assert module_sets(dsv3, core) == [("layernorm", "mla_up_proj", "moe_act"), ("mla_up_proj", "mlp", "moe")]
+    mixtral = api.build_request(model="mixtral-8x7b", topology="dgx-h100", gpus=64, global_batch_size=256, seq_len=4096,
+                                framework="megatron-core")
+    assert module_sets(mixtral, core) == [("layernorm", "moe_act"), ("moe",)]  # no MLA, no dense MLP layer
+    dense = api.build_request(model="llama3-8b", topology="dgx-h100", gpus=8, global_batch_size=64, seq_len=4096)
+    assert module_sets(dense, core) == [] and module_sets(dsv3, load_framework("torchtitan")) == []
+    named = dsv3.model_copy(update={"search": SearchLimits(recompute_modules=("moe",))})
+    assert module_sets(named, core) == []
+    plan = api.plan(dsv3.model_copy(update={"search": SearchLimits(time_limit_s=60, top_k=2)}))
+    from planner.plan_verify import verify_plan
+
+    verify_plan(plan)
+    assert plan.stages[0].recompute.modules in module_sets(dsv3, core)  # fastest that fits at this size (predicted)
+    without = api.plan(dsv3.model_copy(update={"search": SearchLimits(time_limit_s=60, top_k=2,
+                                                                       recompute_modes=("none", "full"))}))
+    assert plan.prediction.step_time_s <= without.prediction.step_time_s
