@@ -75,6 +75,7 @@ from published_hardware import (  # noqa: F401 - read off this module by accurac
 from published_model import (  # noqa: F401 - idem
     activation_of, global_batch, implied_tflops, model_spec, mtp_of, precision_of, runs_nemo_recipe, seq_len_of)
 
+from planner.cost.selective import MODULES
 from planner.frameworks import load_framework
 
 # Ordered: the first pattern found in training.framework (lower case) names the stack.
@@ -173,8 +174,6 @@ MODULE_MARKERS = ("core_attn", "mla_up_proj", "moe_act", "shared_experts", "reco
 def recompute_modules_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The Megatron-Core recompute modules a run's recompute text names, in Megatron's order (planner.cost.selective
     MODULES), where the stack's selective takes them; () otherwise or with the rule `off`."""
-    from planner.cost.selective import MODULES
-
     text = (run["training"].get("recompute") or "").lower()
     if "recompute_modules_named" in off or not any(marker in text for marker in MODULE_MARKERS):
         return ()
@@ -288,12 +287,12 @@ def schedule_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str | None, int |
 
 def expert_choices(run: dict, dp_cp: int) -> tuple[int, ...]:
     """The expert-parallel degrees an MoE run whose source does not state one may have run: every divisor of its
-    routed experts that divides dp*cp (ep carved out of the data-parallel ranks), 1 first; () for a dense model."""
-    moe = run["model"].get("moe") or {}
-    experts = next((moe[k] for k in ("num_routed_experts", "num_experts", "experts") if moe.get(k)), None)
-    if not experts:
+    routed experts (model_spec's reading) that divides dp*cp (ep carved out of the data-parallel ranks), 1 first;
+    () for a dense model."""
+    moe = model_spec(run).moe
+    if moe is None:
         return ()
-    return tuple(d for d in range(1, int(experts) + 1) if experts % d == 0 and dp_cp % d == 0)
+    return tuple(d for d in range(1, moe.num_experts + 1) if moe.num_experts % d == 0 and dp_cp % d == 0)
 
 
 def settings(run: dict, stack: str, off: tuple[str, ...] = ()) -> Settings:

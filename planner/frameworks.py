@@ -155,10 +155,9 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
             return "torch_schedule_microbatches", f"{rule} (framework {name!r}): choose a global batch that gives {fix}"
     if c.recompute not in caps.recompute.modes:
         return "recompute_not_in_framework", f"recompute={c.recompute!r} is not run by framework {name!r}: choose one of {list(caps.recompute.modes)}"
-    unknown = [m for m in c.recompute_modules if m not in caps.recompute.selective_modules]
-    if unknown:
-        return "recompute_modules_not_in_framework", (f"recompute_modules={unknown} is not run by framework {name!r}: its selective "
-                                                      f"recompute takes {list(caps.recompute.selective_modules)}, or no modules")
+    modules = recompute_modules_refusal(profile, c.recompute_modules)
+    if modules is not None:
+        return modules
     zero_ok = caps.zero.stages_with_pp if c.pp > 1 else caps.zero.stages
     if c.zero_stage not in zero_ok:
         with_pp = " with pp > 1" if c.pp > 1 else ""
@@ -167,6 +166,16 @@ def refusal(profile: FrameworkProfile, c: Config, *, allow_stale_weights: bool =
         return "tp_overlap_not_in_framework", f"tp_overlap={c.tp_overlap!r} is not run by framework {name!r}: use {list(caps.tp_overlap)}"
     return (hsdp_refusal(profile, c) or compression_refusal(profile, c) or parallel_refusal(profile, c)
             or _exclusion(profile, c))
+
+
+def recompute_modules_refusal(profile: FrameworkProfile, modules: tuple[str, ...]) -> tuple[str, str] | None:
+    """Recompute modules the stack's selective does not take (capabilities.recompute.selective_modules), or None."""
+    allowed = profile.capabilities.recompute.selective_modules
+    unknown = [m for m in modules if m not in allowed]
+    if not unknown:
+        return None
+    return "recompute_modules_not_in_framework", (f"recompute_modules={unknown} is not run by framework {profile.name!r}: "
+                                                  f"its selective recompute takes {list(allowed)}, or no modules")
 
 
 def hsdp_refusal(profile: FrameworkProfile, c: Config) -> tuple[str, str] | None:

@@ -63,8 +63,7 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     if modules is not None:  # Megatron-Core's --recompute-modules (planner.cost.selective)
         parts = selective.LayerParts(gemms=tuple(gemms), moe_layer=moe_layer, core_s=core + core_mem,
                                      core_bytes=acts.none - acts.selective, cp_fwd_s=cp_fwd, ep_fwd_s=ep_fwd,
-                                     tp_ffn_s=tp_fwd * (pairs - 1) / pairs, ffn=memory.ffn_saved_bytes(spec, shape, moe_layer=moe_layer),
-                                     ffn_mem=compute.ffn_elementwise_bytes(spec, shape, moe=moe))
+                                     tp_ffn_s=tp_fwd * (pairs - 1) / pairs)
         rerun, act_selective = selective.recompute(env, parts, modules, act_none=acts.none, act_full=acts.full)
     elif env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
         rerun = (fwd + tp_fwd + ep_fwd + cp_fwd) / 2

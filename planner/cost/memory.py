@@ -138,7 +138,7 @@ class FfnSaved:
 
     @property
     def total(self) -> float:
-        return self.mlp + self.routed + self.shared + self.router + self.expert_input
+        return self.mlp + self.moe
 
     @property
     def moe(self) -> float:

@@ -70,15 +70,13 @@ def decoder_cost(env: Env, *, moe_layer: bool, mixer: str) -> ModuleCost:
     acts = activations(env, moe_layer=moe_layer, mixer=mixer)
     selective, act_selective = 0.0, acts.none
     modules = selective_modules.modules_of(env)
-    if env.selective_mode == "half_forward" and not env.selective_modules:  # torchtitan: every other layer
-        selective, act_selective = (fwd + tp_fwd + ep_fwd) / 2, (acts.none + acts.full) / 2
-    elif modules is not None:  # the FFN's and the norms' modules; no attention core, no MLA here
+    if modules is not None:  # the FFN's and the norms' modules; no attention core, no MLA here
         ffn_pairs = moe_layer_terms.ffn_tp_collectives(spec, shape, moe_layer=moe_layer)
         parts = selective_modules.LayerParts(gemms=tuple(gemms), moe_layer=moe_layer, ep_fwd_s=ep_fwd,
-                                             tp_ffn_s=tp_fwd * ffn_pairs / max(pairs, 1),
-                                             ffn=memory.ffn_saved_bytes(spec, shape, moe_layer=moe_layer),
-                                             ffn_mem=compute.ffn_elementwise_bytes(spec, shape, moe=moe))
+                                             tp_ffn_s=tp_fwd * ffn_pairs / max(pairs, 1))
         selective, act_selective = selective_modules.recompute(env, parts, modules, act_none=acts.none, act_full=acts.full)
+    elif env.selective_mode == "half_forward":  # torchtitan: every other layer, or every other matmul and pointwise ops
+        selective, act_selective = (fwd + tp_fwd + ep_fwd) / 2, (acts.none + acts.full) / 2
     return ModuleCost(compute_fwd_s=fwd, compute_bwd_s=bwd, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd,
                       ep_bwd_s=ep_bwd, selective_s=selective, act_none=acts.none, act_selective=act_selective,
                       act_full=acts.full, act_transient=acts.transient, moe_dispatcher=dispatcher)

@@ -30,14 +30,16 @@ Under the fp8 recipe a normally checkpointed module keeps its 16-bit input where
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
-from planner.cost import compute
+from planner.cost import compute, memory
 from planner.cost.layer_terms import Env, gemm_times
-from planner.cost.memory import FfnSaved
+from planner.models import counting
+from planner.schemas.plan import RecomputeModule
 
-MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+MODULES: tuple[str, ...] = get_args(RecomputeModule)
 """Megatron-Core's recompute_modules names the cost prices (transformer_config.py allowed_modules, less the
-Gated DeltaNet / DeltaProduct / hyper-connection ones)."""
+Gated DeltaNet / DeltaProduct / hyper-connection ones), as the plan schema spells them."""
 
 MODE_MODULES = {"attention_core": ("core_attn",), "norm_and_up_proj": ("layernorm", "mla_up_proj")}
 """The stack-wide selective modes (behaviour.memory.selective_recompute) that are module sets: Megatron's default
@@ -50,8 +52,8 @@ MOE_MODULES = ("moe", "moe_act", "shared_experts")
 @dataclass(frozen=True, kw_only=True)
 class LayerParts:
     """The parts of one decoder layer's cost a module's recompute reads: its GEMMs, the attention core's forward
-    (GEMM and memory-bound) seconds and saved bytes, its exposed CP, EP and FFN TP forward seconds, and
-    its FFN's saved bytes (memory.ffn_saved_bytes)."""
+    (GEMM and memory-bound) seconds and saved bytes, its exposed CP, EP and FFN TP forward seconds. The FFN's
+    saved and memory-bound bytes follow from the layer's kind (recompute)."""
 
     gemms: tuple[compute.Gemm, ...]
     moe_layer: bool
@@ -60,8 +62,6 @@ class LayerParts:
     cp_fwd_s: float = 0.0
     ep_fwd_s: float = 0.0
     tp_ffn_s: float = 0.0  # the FFN's exposed TP collectives, forward
-    ffn: FfnSaved
-    ffn_mem: dict[str, float]  # compute.ffn_elementwise_bytes: forward HBM bytes of the FFN's memory-bound parts
 
 
 def modules_of(env: Env) -> tuple[str, ...] | None:
@@ -103,9 +103,11 @@ def _mla_up_proj(env: Env, parts: LayerParts) -> tuple[float, float]:
     return _gemms_s(env, parts, ("q_up", "kv_up")), dropped
 
 
-def _module(env: Env, parts: LayerParts, name: str) -> tuple[float, float]:
-    """(rerun seconds, dropped bytes) of one module's recompute in this layer; (0, 0) where it has no such module."""
-    ffn, mem, moe = parts.ffn, parts.ffn_mem, parts.moe_layer
+def _module(env: Env, parts: LayerParts, name: str, ffn: memory.FfnSaved, mem: dict[str, float]) -> tuple[float, float]:
+    """(rerun seconds, dropped bytes) of one module's recompute in this layer; (0, 0) where it has no such module.
+    `ffn`, `mem`: the FFN's saved bytes by part (memory.ffn_saved_bytes) and forward memory-bound bytes by part
+    (compute.ffn_elementwise_bytes)."""
+    moe = parts.moe_layer
     if name == "core_attn":
         return parts.core_s + parts.cp_fwd_s, parts.core_bytes
     if name == "layernorm":
@@ -131,8 +133,11 @@ def recompute(env: Env, parts: LayerParts, modules: tuple[str, ...], *, act_none
     summed, the drops taken from the no-recompute bytes (never below what a full recompute keeps). "moe" covers
     "moe_act" and "shared_experts" (the whole layer reruns), which then add nothing."""
     chosen = [m for m in modules if not ("moe" in modules and m in MOE_MODULES[1:])]
+    spec, shape = env.spec, env.shape
+    ffn = memory.ffn_saved_bytes(spec, shape, moe_layer=parts.moe_layer)
+    mem = compute.ffn_elementwise_bytes(spec, shape, moe=counting.moe_params(spec) if parts.moe_layer else None)
     rerun = dropped = 0.0
     for name in chosen:
-        seconds, num_bytes = _module(env, parts, name)
+        seconds, num_bytes = _module(env, parts, name, ffn, mem)
         rerun, dropped = rerun + seconds, dropped + max(num_bytes, 0.0)
     return rerun, max(act_none - dropped, act_full)

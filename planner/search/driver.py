@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost.arrays import moe_batch_overlap
+from planner.cost.validity import module_reasons
 from planner.errors import InfeasibleError, SolverTimeoutError
 from planner.frameworks import config_of, load_framework, refusal
 from planner.schemas.framework import FrameworkProfile
@@ -384,8 +385,6 @@ def module_sets(request: PlanRequest, framework: FrameworkProfile) -> list[tuple
     """The recompute module sets the search tries beside the stack's own selective (capabilities.recompute
     .module_sets, for MoE models), each without the modules the model lacks (planner.cost.validity.module_reasons),
     distinct and not empty; none where the request names its own modules or leaves selective out."""
-    from planner.cost.validity import module_reasons
-
     limits = request.search or SearchLimits()
     if request.model.moe is None or limits.recompute_modules or "selective" not in limits.recompute_modes:
         return []

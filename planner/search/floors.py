@@ -65,8 +65,8 @@ class Floors(BoundsState):
             self.state.partial(group)))
 
     def group(self, fact: ParallelDims, mbs: int, sp: bool, recompute: str, overlap: str) -> Group:
-        modules = self.opts.recompute_modules if recompute == "selective" else ()
-        return Group(fact, mbs, self.state.request.global_batch_size // (fact.dp * mbs), sp, recompute, overlap, modules)
+        return Group(fact, mbs, self.state.request.global_batch_size // (fact.dp * mbs), sp, recompute, overlap,
+                     self.opts.modules_for(recompute))
 
     def shapes(self, sp: bool, overlap: str, facts: list[ParallelDims]) -> dict[tuple[int, bool], list[Group]]:
         """The groups of a family by shape (micro-batch size, pp > 1): one ModuleArrays key but the recompute."""

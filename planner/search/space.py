@@ -45,7 +45,7 @@ from functools import lru_cache
 from planner.cost.validity import module_reasons
 from planner.errors import BadInputError
 from planner.frameworks import (Config, group_refusal, load_framework, model_refusal, parallel_refusal,
-                                precision_refusal)
+                                precision_refusal, recompute_modules_refusal)
 from planner.schedules import ALL as ALL_SCHEDULES
 from planner.schedules import DEFAULT
 from planner.schedules import schedule as schedule_of
@@ -77,6 +77,10 @@ class Options:
     compression_auto: bool = False  # each member with the compression that makes it fastest
     dp_replicate: int = 1  # HSDP replicas fixed by the request (SearchLimits.dp_replicate), not searched
     recompute_modules: tuple[str, ...] = ()  # what `selective` reruns (SearchLimits.recompute_modules), not searched
+
+    def modules_for(self, recompute: str) -> tuple[str, ...]:
+        """The modules a group of this recompute mode reruns: the request's, with selective only."""
+        return self.recompute_modules if recompute == "selective" else ()
 
     def zero_stages_for(self, pp: int) -> tuple[int, ...]:
         """The ZeRO stages the framework runs at this pp (bounds need hold only for members it can run)."""
@@ -132,10 +136,9 @@ def _check_recompute_modules(profile: FrameworkProfile, request: PlanRequest, li
     if "selective" not in limits.recompute_modes:
         raise BadInputError(f"recompute_modules={list(modules)} name what selective reruns, and the search may not choose "
                             f"selective (recompute_modes={list(limits.recompute_modes)}): allow it, or drop the modules")
-    unknown = [m for m in modules if m not in profile.capabilities.recompute.selective_modules]
-    if unknown:
-        raise BadInputError(f"recompute_modules={unknown} is not run by framework {profile.name!r}: its selective recompute "
-                            f"takes {list(profile.capabilities.recompute.selective_modules)}, or no modules")
+    refused = recompute_modules_refusal(profile, modules)
+    if refused is not None:
+        raise BadInputError(refused[1])
     reasons = module_reasons(request.model, modules)
     if reasons:
         raise BadInputError("; ".join(reasons))
@@ -359,8 +362,8 @@ class Space:
         sizes, sps, overlaps = self.group_options(fact)
         out = []
         for mbs, sp, rec, overlap in itertools.product(sizes, sps, self.opts.recompute_modes, overlaps):
-            modules = self.opts.recompute_modules if rec == "selective" else ()
-            group = Group(fact, mbs, self.request.global_batch_size // (fact.dp * mbs), sp, rec, overlap, modules)
+            group = Group(fact, mbs, self.request.global_batch_size // (fact.dp * mbs), sp, rec, overlap,
+                          self.opts.modules_for(rec))
             if not self.refuses_group(group):
                 out.append(group)
         return out
