@@ -86,6 +86,7 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
     recipe = P.recipe_bytes_of(run, request.precision, off)
     if recipe is not None:
         fixed["recipe_bytes"] = recipe
+    fixed.update(P.moe_overrides_of(run, stack, request.precision, off))
     eager = P.eager_ops_of(run, off)
     if eager is not None:
         fixed["eager_ops"] = eager

@@ -130,6 +130,10 @@ ABLATIONS = (
      "Megatron-Core multi_token_prediction.py)", "mtp_depth_stated", None),
     ("MTP layer counted as a last-stage slot of the default split (Megatron MR2795; off: on top of the last stage)",
      MTP_SLOT, None),
+    ("an MoE run's stated token dispatcher and overlap priced as stated (reading rule; Megatron-Core flag names, "
+     "DeepEP)", "moe_settings_stated", None),
+    ("a Megatron-Core run without the MoE features its release lacked (reading rule; core_v0.10/0.12/0.14 tags)",
+     "megatron_core_version_features", None),
 )
 
 

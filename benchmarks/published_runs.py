@@ -41,6 +41,9 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
 - context parallelism's flavour, which no source names (`cp_flavour_of`): the stack's default;
+- an MoE run's token dispatcher and overlap (`moe_overrides_of`, benchmarks/published_moe.py): those its text
+  states (Megatron-Core flag names, DeepEP), within those its Megatron-Core release had (a stated version, else the
+  source's year); unsaid, the planner's choice among the rest;
 - a run whose text says it used torch.compile (not negated) ran its norms, activations and RoPE fused (inductor),
   whatever eager ops its stack's profile lists (`eager_ops_of`); unsaid, the profile's default (torchtitan: no
   compile);
@@ -72,10 +75,13 @@ from dataclasses import dataclass, field
 
 from published_hardware import (  # noqa: F401 - read off this module by accuracy.py and the tests
     device_family, device_of, topology, topology_preset, variant_refusal)
+from published_moe import moe_options
 from published_model import (  # noqa: F401 - idem
     activation_of, global_batch, implied_tflops, model_spec, mtp_of, precision_of, runs_nemo_recipe, seq_len_of)
 
+from planner.cost.pins import dispatchers_run
 from planner.cost.selective import MODULES
+from planner.cost.stack import options_for
 from planner.frameworks import load_framework
 
 # Ordered: the first pattern found in training.framework (lower case) names the stack.
@@ -195,7 +201,8 @@ def recompute_of(run: dict) -> str | None:
 READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe", "recompute_modules_named",
                  "ep_unstated_is_chosen",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
-                 "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated")  # accuracy.py can switch off
+                 "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated",
+                 "moe_settings_stated", "megatron_core_version_features")  # accuracy.py can switch off
 
 NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
 """Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance
@@ -240,6 +247,21 @@ def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str
         return None
     flavours = load_framework(stack).capabilities.context_parallel.flavours
     return flavours[:1] or None
+
+
+def moe_overrides_of(run: dict, stack: str, precision: str, off: tuple[str, ...] = ()) -> dict:
+    """The CostOptions fields (moe_dispatchers, moe_overlap, moe_shared_overlap) an MoE run's layers are priced
+    with where its release or its text narrows what its stack runs (published_moe.moe_options); {} for a dense
+    run or where nothing narrows."""
+    if model_spec(run, off).moe is None:
+        return {}
+    options = options_for(profile_of(run, stack), precision)
+    found = moe_options(options, run, stack=stack, year=source_year(run), off=off)
+    changed = {name: getattr(found, name) for name in ("moe_overlap", "moe_shared_overlap")
+               if getattr(found, name) != getattr(options, name)}
+    if set(found.moe_dispatchers) != set(dispatchers_run(options)):  # all of them: the profile's own choice
+        changed["moe_dispatchers"] = found.moe_dispatchers
+    return changed
 
 
 def recipe_recompute(run: dict, stack: str):

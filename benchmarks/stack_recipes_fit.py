@@ -51,7 +51,7 @@ def configuration(recipe: dict, request):
     split = stage_layers_of(recipe.get("stage_layers"), None, None, num_layers=request.model.num_layers,
                             pp=recipe["pp"], vpp=recipe["vpp"])
     parallelism = Parallelism(**dims.as_dict(), sp=recipe["sp"], vpp=recipe["vpp"], zero_stage=recipe["zero"],
-                              moe_dispatcher=recipe.get("moe_dispatcher"),
+                              moe_dispatcher=recipe.get("moe_dispatcher"), moe_overlap=recipe.get("moe_overlap"),
                               compression=api.compression(recipe.get("compression", "none"), request.topology))
     return Configuration(parallelism=parallelism, microbatch_size=recipe["microbatch_size"], schedule=recipe["schedule"],
                          recompute=recipe["recompute"], recompute_modules=tuple(recipe.get("recompute_modules", ())),
@@ -92,6 +92,7 @@ def layout(recipe: dict) -> str:
             f"rc:{recipe['recompute']}" + (f"({'/'.join(recipe['recompute_modules'])})" if recipe.get("recompute_modules") else ""))
     text += f" split {recipe['stage_layers']}" if recipe.get("stage_layers") else ""
     text += f" dispatcher {recipe['moe_dispatcher']}" if recipe.get("moe_dispatcher") else ""
+    text += f" overlap {recipe['moe_overlap']}" if recipe.get("moe_overlap") else ""
     return text + (f" compression {recipe['compression']}" if recipe.get("compression") else "")
 
 

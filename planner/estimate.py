@@ -7,7 +7,9 @@ the command line contract answers with 2. Configurations that do not fit in memo
 feasible=False and the reasons (which rank, by how much, which part dominates). A configuration the request's
 framework cannot run is refused with that framework's reason (bad input: the user asked for something the stack
 does not have), and so is a given stage split the stack cannot spell (planner.frameworks_split.split_refusal: uneven
-first/last stages, layouts, stages without decoder layers); an explicit 2BW schedule is the user's opt-in. Sits above the cost model (it builds a plan).
+first/last stages, layouts, stages without decoder layers); an explicit 2BW schedule is the user's opt-in. A stated
+MoE dispatcher, MoE overlap or context-parallel flavour is priced as stated (planner.cost.pins). Sits above the cost
+model (it builds a plan).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.notes import candidate_of, model_notes
+from planner.cost.pins import pin_reasons, pinned
+from planner.cost.stack import options_for
 from planner.cost.validity import input_reasons
 from planner.errors import BadInputError
 from planner.frameworks import config_of, load_framework, model_refusal, refusal
@@ -30,6 +34,8 @@ def estimate(request: PlanRequest, config: Configuration, *, framework: Framewor
     stack profile, resolved once by the caller (planner.api), else read here by its name."""
     cand = candidate_of(request, config)
     profile = framework if framework is not None else load_framework(request.framework)
+    options = pinned(options or options_for(profile, request.precision), config.parallelism, spec=request.model,
+                     stack=profile.name)  # what the user states they run (planner.cost.pins)
     model = CostModel(request, framework=profile, options=options, calibration=calibration)
     bad = input_reasons(request, cand)
     if bad:
@@ -44,7 +50,7 @@ def estimate(request: PlanRequest, config: Configuration, *, framework: Framewor
         rule = split_refusal(profile, num_layers=request.model.num_layers, pp=cand.pp, vpp=cand.vpp, counts=config.stage_layers)
         if rule is not None:
             raise BadInputError(rule)
-    reasons = model.validity_reasons(cand)
+    reasons = [*model.validity_reasons(cand), *pin_reasons(model, cand, config.parallelism)]
     if reasons:
         raise BadInputError("; ".join(reasons))
     evaluation = model.evaluate(cand, stage_layers=config.stage_layers)

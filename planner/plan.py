@@ -105,10 +105,11 @@ def build_launch_plan(
         for v, names in enumerate(modules)
     )
     sizes = cand.layout_sizes()
-    dispatcher, flavour = priced_choices(model, cand)
+    dispatcher, overlap, flavour = priced_choices(model, cand)
     return LaunchPlan(
         kind=kind, request=request, batch=batch_of(request, cand),
-        parallelism=parallelism_of(cand).model_copy(update={"moe_dispatcher": dispatcher, "cp_comm_type": flavour}),
+        parallelism=parallelism_of(cand).model_copy(update={"moe_dispatcher": dispatcher, "moe_overlap": overlap,
+                                                           "cp_comm_type": flavour}),
         schedule=cand.schedule, stages=stages, ranks=tuple(rank_map(request.topology, sizes, tuple(cand.axis_order))),
         process_groups=process_groups(model, cand), prediction=prediction_of(evaluation, model.cal.error_band),
         memory=MemoryReport(peak_bytes=evaluation.peak_bytes, capacity_bytes=evaluation.capacity_bytes,

@@ -42,6 +42,8 @@ def rederived(plan: LaunchPlan) -> LaunchPlan:
     that configuration is not one the request allows (as `planner estimate` refuses it)."""
     from planner.cost.model import CostModel
     from planner.cost.notes import candidate_of
+    from planner.cost.pins import pin_reasons, pinned
+    from planner.cost.stack import options_for
     from planner.cost.validity import input_reasons
     from planner.frameworks import config_of, load_framework, refusal
     from planner.plan import build_launch_plan
@@ -58,14 +60,15 @@ def rederived(plan: LaunchPlan) -> LaunchPlan:
     request = plan.request
     cand = candidate_of(request, config)
     profile = load_framework(request.framework)  # read once: the judge and the cost model share it
-    model = CostModel(request, framework=profile)
+    options = pinned(options_for(profile, request.precision), plan.parallelism, spec=request.model, stack=profile.name)
+    model = CostModel(request, framework=profile, options=options)  # the dispatcher, overlap, flavour it records
     bad = input_reasons(request, cand)
     if bad:
         raise BadInputError("; ".join(bad))
     refused = refusal(profile, config_of(cand, model=request.model, precision=request.precision))
     if refused is not None:
         raise BadInputError(refused[1])
-    reasons = model.validity_reasons(cand)
+    reasons = [*model.validity_reasons(cand), *pin_reasons(model, cand, plan.parallelism)]
     if reasons:
         raise BadInputError("; ".join(reasons))
     evaluation = model.evaluate(cand, stage_layers=config.stage_layers,

@@ -7,6 +7,7 @@ JSON. Exit codes: 0 fits, 1 does not fit or does not divide (the reason is print
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import typer
 from pydantic import ValidationError
@@ -21,7 +22,7 @@ from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import V_PLACED
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.dims import ParallelDims
-from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, PlanRequest
+from planner.schemas.plan import Configuration, LaunchPlan, MoeDispatcher, MoeOverlap, Parallelism, PlanRequest
 from planner.units import GiB
 
 
@@ -34,6 +35,10 @@ def _summary_table(plan: LaunchPlan) -> Table:
     degrees = f"dp={par.dp} tp={par.tp} pp={par.pp} ep={par.ep} cp={par.cp} sp={par.sp} vpp={par.vpp} zero={par.zero_stage}"
     degrees += f" dp_replicate={par.dp_replicate} (HSDP)" if par.dp_replicate > 1 else ""
     table.add_row("parallelism", degrees + f" tp_overlap={par.tp_overlap} order={'/'.join(par.axis_order)}")
+    priced = [f"{name}={value}" for name, value in (("moe_dispatcher", par.moe_dispatcher), ("moe_overlap", par.moe_overlap),
+                                                    ("cp_comm_type", par.cp_comm_type)) if value is not None]
+    if priced:
+        table.add_row("communication", " ".join(priced))
     table.add_row("batch", f"global {batch.global_batch_size} x seq {batch.seq_len}; micro-batch {batch.microbatch_size} x {batch.num_microbatches}")
     rec = plan.stages[0].recompute
     mode = f"{rec.mode} ({', '.join(rec.modules)})" if rec.modules else rec.mode
@@ -109,6 +114,8 @@ CHOICES = {
     "tp_overlap": ("none", "domino"),
     "zero": (0, 1, 2, 3),
     "precision": ("bf16", "amp-bf16", "fp32", "fp8"),
+    "moe_dispatcher": get_args(MoeDispatcher),
+    "moe_overlap": get_args(MoeOverlap),
 }
 
 
@@ -151,9 +158,13 @@ def stage_layers_of(text: str | None, first: int | None, last: int | None, *, nu
 def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep: int, cp: int, sp: bool, vpp: int,
                   zero: int, tp_overlap: str, microbatch_size: int, schedule: str, recompute: str,
                   compression: Compression = NONE, stage_layers: tuple[int, ...] | None = None,
-                  dp_replicate: int = 1, recompute_modules: str | None = None) -> Configuration:
-    """The Configuration of the flags; dp defaults to gpus / (tp*pp*cp), which must divide."""
-    for name, value in (("recompute", recompute), ("schedule", schedule), ("tp_overlap", tp_overlap), ("zero", zero)):
+                  dp_replicate: int = 1, recompute_modules: str | None = None,
+                  stated: dict[str, str | None] | None = None) -> Configuration:
+    """The Configuration of the flags; dp defaults to gpus / (tp*pp*cp), which must divide. `stated`: the MoE
+    dispatcher, MoE overlap and context-parallel flavour the job runs (Parallelism fields; None: the cost's choice)."""
+    stated = {name: value for name, value in (stated or {}).items() if value is not None}
+    checked = [("recompute", recompute), ("schedule", schedule), ("tp_overlap", tp_overlap), ("zero", zero)]
+    for name, value in checked + [(name, value) for name, value in stated.items() if name in CHOICES]:
         if value not in CHOICES[name]:
             raise BadInputError(f"--{name.replace('_', '-')}={value}: choose one of {', '.join(map(str, CHOICES[name]))}")
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp), ("vpp", vpp), ("microbatch-size", microbatch_size),
@@ -163,7 +174,8 @@ def configuration(request: PlanRequest, *, dp: int | None, tp: int, pp: int, ep:
     modules = recompute_modules_of(recompute_modules)
     dims = ParallelDims.resolve(request.gpus, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_replicate)
     try:
-        parallelism = Parallelism(**dims.as_dict(), sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap, compression=compression)
+        parallelism = Parallelism(**dims.as_dict(), sp=sp, vpp=vpp, zero_stage=zero, tp_overlap=tp_overlap, compression=compression,
+                                  **stated)
         return Configuration(parallelism=parallelism, microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                              recompute_modules=modules, stage_layers=stage_layers)
     except ValidationError as exc:
@@ -212,6 +224,15 @@ def estimate(
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, "
         "fp16-grads, fp8-dispatch (what the framework runs: `planner framework show`).")),
+    moe_dispatcher: str | None = typer.Option(None, "--moe-dispatcher", help=(
+        "MoE token dispatcher the job runs: alltoall | flex (DeepEP) | allgather, Megatron-Core's "
+        "--moe-token-dispatcher-type (default: the fastest the framework runs).")),
+    moe_overlap: str | None = typer.Option(None, "--moe-overlap", help=(
+        "MoE communication overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe) | shared "
+        "(--moe-shared-expert-overlap) | none (default: the best the framework runs for the layout).")),
+    cp_comm_type: str | None = typer.Option(None, "--cp-comm-type", help=(
+        "Context-parallel flavour the job runs, in the framework's spelling (Megatron-Core p2p | all_gather | a2a | "
+        "a2a+p2p; default: the fastest it runs).")),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8."),
     profile: str | None = typer.Option(None, "--profile", help="Measured profile file for compute costs."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs it: planner | megatron-core | torchtitan | "
@@ -240,7 +261,8 @@ def estimate(
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,
                            microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                            compression=api.compression(compression, request.topology), stage_layers=split,
-                           dp_replicate=dp_replicate, recompute_modules=recompute_modules)
+                           dp_replicate=dp_replicate, recompute_modules=recompute_modules,
+                           stated=dict(moe_dispatcher=moe_dispatcher, moe_overlap=moe_overlap, cp_comm_type=cp_comm_type))
     plan = api.estimate(request, config, trace_memory=trace_memory)
     _emit(plan, json_output=json_output, output=output)
     if not plan.feasible:

@@ -1,13 +1,14 @@
 """`planner plan`: search the plan space for the fastest configuration that fits and write the LaunchPlan."""
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, get_args
 
 import typer
 
 from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import schedule as schedule_of
+from planner.schemas.plan import MoeDispatcher, MoeOverlap
 
 HELP = """Find the fastest plan that fits: DP x TP x PP x EP x CP, ZeRO, SP, micro-batching, recompute, schedule.
 
@@ -67,6 +68,14 @@ def plan_command(
         "What selective reruns, Megatron-Core's names, comma-separated: core_attn, layernorm, mla_up_proj, mlp, moe, "
         "moe_act, shared_experts (default: the framework's own selective).")),
     tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
+    moe_dispatcher: Optional[str] = typer.Option(None, "--moe-dispatcher", help=(
+        "Fix the MoE token dispatcher the job runs: alltoall | flex (DeepEP) | allgather (default: the fastest the "
+        "framework runs).")),
+    moe_overlap: Optional[str] = typer.Option(None, "--moe-overlap", help=(
+        "Fix the MoE overlap the job may run: batch (where the layout allows it) | shared | none (default: the best "
+        "the framework runs).")),
+    cp_comm_type: Optional[str] = typer.Option(None, "--cp-comm-type", help=(
+        "Fix the context-parallel flavour, in the framework's spelling (default: the fastest it runs).")),
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="Fix HSDP replicas (dp = dp_replicate x dp_shard, "
                                      "ZeRO-2/3 only; not searched otherwise)."),
@@ -88,7 +97,8 @@ def plan_command(
     limits = _limits(top_k=top_k, time_limit=time_limit, stale=allow_stale_weights, zero=zero, schedule=schedule, fastest=fastest,
                      degrees=dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep),
                      fixed=dict(sp=sp, vpp=vpp, microbatch_size=microbatch_size, recompute=recompute, tp_overlap=tp_overlap,
-                                dp_replicate=dp_replicate, recompute_modules=recompute_modules_of(recompute_modules) or None))
+                                dp_replicate=dp_replicate, recompute_modules=recompute_modules_of(recompute_modules) or None,
+                                moe_dispatcher=moe_dispatcher, moe_overlap=moe_overlap, cp_comm_type=cp_comm_type))
     request = api.build_request(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
@@ -134,12 +144,13 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or asked_stale,
                         prefer_practice=not fastest)
     for name, allowed, key in (("recompute", ("none", "selective", "full"), "recompute_modes"),
-                               ("tp_overlap", ("none", "domino"), "tp_overlap")):
-        if fixed[name] is not None:
+                               ("tp_overlap", ("none", "domino"), "tp_overlap"),
+                               ("moe_dispatcher", get_args(MoeDispatcher), None), ("moe_overlap", get_args(MoeOverlap), None)):
+        if fixed.get(name) is not None:
             if fixed[name] not in allowed:
                 raise BadInputError(f"--{name.replace('_', '-')}={fixed[name]!r}: choose one of {', '.join(allowed)}")
-            fields[key] = (fixed[name],)
-    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate", "recompute_modules")
+            fields[key or name] = (fixed[name],) if key else fixed[name]
+    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate", "recompute_modules", "cp_comm_type")
                    if fixed.get(k) is not None})
     if zero is not None:
         fields["zero_stages"] = (zero,)

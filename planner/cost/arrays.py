@@ -59,12 +59,37 @@ def moe_batch_overlap(model: "CostModel", cand: "Candidate") -> bool:
     o = model.options
     return o.moe_overlap and moe_comm.batch_overlap_applies(o.moe_overlap_needs, pp=cand.pp, vpp=cand.vpp,
                                                             recompute=cand.recompute, full_layers=False,
-                                                            precision=model.request.precision)
+                                                            precision=model.request.precision,
+                                                            modules=cand.recompute_modules,
+                                                            mtp_layers=model.spec.mtp_num_layers)
 
 
-def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bool) -> dict[str, ModuleCost]:
+def kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bool) -> dict[str, ModuleCost]:
     """One ModuleCost per module type (embedding, decoder, moe_decoder, head), measured where a profile covers it;
-    `overlap`: the MoE all-to-all under the stack's batch-level overlap (moe_batch_overlap)."""
+    `overlap`: the MoE all-to-all under the stack's batch-level overlap (moe_batch_overlap). The MoE layers of
+    every mixer share one token dispatcher, as a run has one --moe-token-dispatcher-type (one_dispatcher)."""
+    kinds = kinds_with(model, cand, links, overlap, model.options.moe_dispatchers)
+    chosen = {cost.moe_dispatcher for cost in kinds.values() if cost.moe_dispatcher is not None}
+    return kinds if len(chosen) <= 1 else one_dispatcher(model, cand, links, overlap, sorted(chosen))
+
+
+def one_dispatcher(model: "CostModel", cand: "Candidate", links: Links, overlap: bool,
+                   dispatchers: list[str]) -> dict[str, ModuleCost]:
+    """Where MoE layer types of different mixers would each pick another dispatcher (the batch-level overlap hides
+    more behind a layer with more compute), the one dispatcher of the least MoE communication over all the
+    model's layers (exposed dispatch and combine, and what a selective recompute reruns of it)."""
+    counts = {name: int(mask.sum()) for name, (_, _, mask) in layer_kinds(model).items()}
+
+    def total(kinds: dict[str, ModuleCost]) -> float:
+        return sum(counts.get(name, 0) * (cost.ep_fwd_s + cost.ep_bwd_s + cost.selective_s)
+                   for name, cost in kinds.items() if cost.moe_dispatcher is not None)
+
+    return min((kinds_with(model, cand, links, overlap, (name,)) for name in dispatchers), key=total)
+
+
+def kinds_with(model: "CostModel", cand: "Candidate", links: Links, overlap: bool,
+               dispatchers: tuple[str, ...] | None) -> dict[str, ModuleCost]:
+    """kind_costs with the MoE dispatchers priced narrowed to `dispatchers` (None: all the stack runs)."""
     recipe = model.executor_recipe_for(cand)
     precision = "fp32" if recipe is not None and recipe.compute == 4 else model.request.precision  # as the executor runs
     env = Env(spec=model.spec, device=model.device, cal=model.cal, precision=precision,
@@ -74,8 +99,9 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bo
               moe_hierarchical=model.options.moe_hierarchical, executor=recipe,
               moe_loop=model.options.moe_expert_impl == "loop",
               moe_dispatch_fp8=cand.compression.has("fp8-dispatch"), moe_allgather=model.options.moe_allgather,
+              moe_dispatchers=dispatchers,
               # Megatron-Core refuses shared-expert recompute with the shared-expert overlap (transformer_config.py)
-              moe_shared_overlap=model.options.moe_shared_overlap and "shared_experts" not in cand.recompute_modules,
+              moe_shared_overlap=shared_overlap(model, cand),
               moe_count_exchange=model.options.moe_count_exchange,
               cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
@@ -92,25 +118,41 @@ def _kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bo
     return dict(kinds, head=mtp.with_mtp(kinds["head"], kinds[mtp_kind(model)], env))
 
 
+def shared_overlap(model: "CostModel", cand: "Candidate") -> bool:
+    """Whether the stack's shared-expert overlap is on offer for the candidate (behaviour.overlap
+    moe_shared_expert_overlap): Megatron-Core refuses it beside a recompute of the shared experts
+    (transformer_config.py); moe_comm.choose gives it to the alltoall dispatcher only."""
+    return model.options.moe_shared_overlap and "shared_experts" not in cand.recompute_modules
+
+
 def mtp_kind(model: "CostModel") -> str:
     """The module type each MTP layer repeats (planner.models.counting.mtp_layer_index)."""
     index = counting.mtp_layer_index(model.spec)
     return kind_name(model.spec.mixer(index), bool(model.moe_mask[index]))
 
 
-def priced_choices(model: "CostModel", cand: "Candidate") -> tuple[str | None, str | None]:
-    """(MoE token dispatcher, context-parallel flavour) the candidate's layers are priced with, which the plan
-    carries for its exports: the dispatcher of planner.cost.moe_comm.choose (Megatron-Core's name, alltoall / flex /
-    allgather; None without MoE layers or with ep 1), shared by the MoE layers of every mixer (attention, Gated
-    DeltaNet, Mamba); the flavour of planner.cost.context_parallel.choose (the profile's spelling; None with cp 1)."""
+def priced_choices(model: "CostModel", cand: "Candidate") -> tuple[str | None, str | None, str | None]:
+    """(MoE token dispatcher, MoE overlap, context-parallel flavour) the candidate's layers are priced with, which
+    the plan carries for its exports: the dispatcher of planner.cost.moe_comm.choose (Megatron-Core's name,
+    alltoall / flex / allgather), one for the MoE layers of every mixer (kind_costs); the overlap it ran under
+    ("batch": the stack's batch-level overlap, moe_batch_overlap, with a dispatcher it runs with; "shared": the
+    shared-expert overlap, where the model has shared experts; else "none"), both None without MoE layers or with
+    ep 1; the flavour of planner.cost.context_parallel.choose (the profile's spelling; None with cp 1)."""
     has_moe = cand.ep > 1 and bool(model.moe_mask.any())
     if not has_moe and cand.cp <= 1:
-        return None, None
-    kinds = _kind_costs(model, cand, model.links(cand), moe_batch_overlap(model, cand))
-    dispatcher = next(cost.moe_dispatcher for name, cost in kinds.items() if name.endswith("moe_decoder")) if has_moe else None
+        return None, None, None
+    batch = moe_batch_overlap(model, cand)
+    kinds = kind_costs(model, cand, model.links(cand), batch)
+    dispatcher = overlap = None
+    if has_moe:
+        dispatcher = next(cost.moe_dispatcher for name, cost in kinds.items() if name.endswith("moe_decoder"))
+        shared = (shared_overlap(model, cand) and bool(model.spec.moe.shared_ffn_hidden_size)
+                  and dispatcher in moe_comm.SHARED_OVERLAP_DISPATCHERS)
+        overlap = ("batch" if batch and dispatcher in moe_comm.OVERLAPPED_DISPATCHERS else
+                   "shared" if shared else "none")
     flavour = next((cost.cp_flavour for name, cost in kinds.items() if name.endswith("decoder") and cost.cp_flavour),
                    None) if cand.cp > 1 else None
-    return dispatcher, flavour
+    return dispatcher, overlap, flavour
 
 
 def module_table(model: "CostModel", cand: "Candidate", links: Links | None = None, *,
@@ -127,7 +169,7 @@ def module_table(model: "CostModel", cand: "Candidate", links: Links | None = No
            links.ep, model.executor_recipe_for(cand), cand.compression.has("fp8-dispatch"), overlap, cand.recompute_modules)
     found = model.memo.get(key)
     if found is None:
-        kinds = _kind_costs(model, cand, links, overlap)
+        kinds = kind_costs(model, cand, links, overlap)
         table = np.array([[getattr(kinds[k], f) for f in MODULE_FIELDS] if k in kinds else [0.0] * len(MODULE_FIELDS)
                           for k in KIND_ORDER]).T
         layers = np.zeros(model.spec.num_layers, dtype=int)

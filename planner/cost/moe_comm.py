@@ -60,19 +60,30 @@ SHARED_OVERLAP_DISPATCHERS = ("alltoall",)
 
 
 def batch_overlap_applies(needs: tuple[str, ...], *, pp: int, vpp: int, recompute: str, full_layers: bool,
-                          precision: str) -> bool:
+                          precision: str, modules: tuple[str, ...] = (), mtp_layers: int = 0) -> bool:
     """Whether a stack whose batch-level overlap (behaviour.overlap.moe_all_to_all) comes with the conditions
     `needs` (behaviour.overlap.moe_all_to_all_needs) runs it for this layout. Megatron-Core's
     TransformerConfig.__post_init__ (megatron/core/transformer/transformer_config.py, megatron-core 0.16.1, lines
-    1852-1888) asserts, with overlap_moe_expert_parallel_comm: virtual_pipeline_model_parallel_size set when
+    1852-1891) asserts, with overlap_moe_expert_parallel_comm: virtual_pipeline_model_parallel_size set when
     pipeline_model_parallel_size > 1 (interleaved_when_pp), recompute_granularity != 'full' and no
     recompute_method / recompute_num_layers (no_full_recompute: `recompute` the base mode, `full_layers` whether
-    any layer is fully recomputed on top of it), bf16 or fp16 (half_precision); its other conditions (ep > 1, the
+    any layer is fully recomputed on top of it), bf16 or fp16 (half_precision), mtp_num_layers None or 1
+    (single_mtp_layer: `mtp_layers`); Megatron-LM d98e8a64 (2026-08) adds "moe" not in recompute_modules
+    (no_moe_recompute: `modules`, what a selective recompute reruns). Its other conditions (ep > 1, the
     alltoall/flex dispatcher, no shared-expert overlap) are `choose`'s."""
+    return not unmet_needs(needs, pp=pp, vpp=vpp, recompute=recompute, full_layers=full_layers, precision=precision,
+                           modules=modules, mtp_layers=mtp_layers)
+
+
+def unmet_needs(needs: tuple[str, ...], *, pp: int, vpp: int, recompute: str, full_layers: bool, precision: str,
+                modules: tuple[str, ...] = (), mtp_layers: int = 0) -> list[str]:
+    """The conditions of `needs` this layout breaks (batch_overlap_applies), in `needs` order."""
     refused = {"interleaved_when_pp": pp > 1 and vpp <= 1,
                "no_full_recompute": recompute == "full" or full_layers,
-               "half_precision": precision == "fp32"}
-    return not any(refused[need] for need in needs)
+               "half_precision": precision == "fp32",
+               "no_moe_recompute": recompute == "selective" and "moe" in modules,
+               "single_mtp_layer": mtp_layers > 1}
+    return [need for need in needs if refused[need]]
 
 
 def routed_node_limit(cfg: MoESpec, group: GroupLink) -> int | None:

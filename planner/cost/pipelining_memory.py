@@ -143,7 +143,6 @@ def ep_overlap_extra_microbatches(model: "CostModel", cand: "Candidate") -> floa
     with ep > 1, the stack's conditions unmet (moe_batch_overlap), or a dispatcher it does not overlap."""
     if not model.options.moe_overlap_extra_microbatch or cand.ep <= 1 or not moe_batch_overlap(model, cand):
         return 0.0
-    dispatcher, _ = priced_choices(model, cand)
-    if dispatcher not in moe_comm.OVERLAPPED_DISPATCHERS:
+    if priced_choices(model, cand)[1] != "batch":
         return 0.0
     return 1.0 if cand.pp == 1 else 1.0 / cand.vpp

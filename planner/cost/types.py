@@ -82,6 +82,8 @@ class CostOptions:
         "op_sac" (torchtitan's per-op policy: every second matmul and the pointwise ops, planner.cost.sac),
         "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
     moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
+    moe_dispatchers: the MoE token dispatchers the cost may price (Megatron-Core names); None = every one the stack
+        runs (moe_hierarchical, moe_allgather); a user's pin narrows it (planner.cost.pins).
     moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher, and its shared experts computing during
         the dispatch (planner.cost.moe_comm).
     moe_overlap_needs: the conditions the stack sets on `moe_overlap` (behaviour.overlap.moe_all_to_all_needs;
@@ -145,6 +147,7 @@ class CostOptions:
     attention_kernel: str = "flash-attention-2"
     moe_hierarchical: bool = False
     moe_allgather: bool = False
+    moe_dispatchers: tuple[str, ...] | None = None
     moe_shared_overlap: bool = False
     moe_overlap_needs: tuple[str, ...] = ()
     moe_overlap_extra_microbatch: bool = False

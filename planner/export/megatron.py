@@ -177,35 +177,51 @@ def _parallel_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
 
 
 def moe_overlap_args(plan: LaunchPlan, warnings: list[str]) -> list[str]:
-    """The MoE overlap the plan's cost priced (its stack's behaviour.overlap, planner.cost.moe_comm.choose), as the
-    Megatron-Core flag that runs it: --overlap-moe-expert-parallel-comm where the batch-level overlap was priced
-    (the stack has it, its conditions hold: moe_comm.batch_overlap_applies, an alltoall or flex dispatcher) and
-    Megatron-Core accepts it (its own conditions, megatron-core.yaml moe_all_to_all_needs, with the recompute this
-    export writes: a full recompute of any layer refuses it, transformer_config.py lines 1871-1879), else a warning;
-    --moe-shared-expert-overlap where the shared-expert overlap was priced instead (the stack has it, shared
-    experts, the alltoall dispatcher: transformer_config.py line 1090; never with the batch-level one, line 1886)."""
+    """The MoE overlap the plan's cost priced (Parallelism.moe_overlap; a plan written before it recorded one: its
+    stack's behaviour.overlap re-read, priced_overlap), as the Megatron-Core flag that runs it:
+    --overlap-moe-expert-parallel-comm for "batch" where Megatron-Core accepts it (its own conditions,
+    megatron-core.yaml moe_all_to_all_needs, with the recompute this export writes: a full recompute of any layer
+    refuses it, transformer_config.py lines 1871-1879), else a warning; --moe-shared-expert-overlap for "shared"
+    (shared experts, the alltoall dispatcher: transformer_config.py line 1090; never with the batch-level one,
+    line 1886; not beside a recompute of the shared experts)."""
     from planner.cost import moe_comm
 
-    par, spec, precision = plan.parallelism, plan.request.model, plan.request.precision
+    par, spec = plan.parallelism, plan.request.model
     if spec.moe is None or par.ep <= 1:  # no EP communication priced
         return []
-    dispatcher, priced = par.moe_dispatcher or "alltoall", _priced_options(plan, warnings)
-    layout = dict(pp=par.pp, vpp=par.vpp, recompute=base_recompute(plan), precision=precision)
-    batch = (priced.moe_overlap and dispatcher in moe_comm.OVERLAPPED_DISPATCHERS
-             and moe_comm.batch_overlap_applies(priced.moe_overlap_needs, full_layers=False, **layout))
-    if batch:
+    dispatcher = par.moe_dispatcher or "alltoall"
+    overlap = par.moe_overlap or priced_overlap(plan, dispatcher, warnings)
+    if overlap == "batch":
+        layout = dict(pp=par.pp, vpp=par.vpp, recompute=base_recompute(plan), precision=plan.request.precision,
+                      modules=plan.stages[0].recompute.modules, mtp_layers=spec.mtp_num_layers)
         full = any(full_recompute_layers(plan))
-        if moe_comm.batch_overlap_applies(target_profile(TARGET).behaviour.overlap.moe_all_to_all_needs, full_layers=full, **layout):
+        needs = target_profile(TARGET).behaviour.overlap.moe_all_to_all_needs
+        if dispatcher in moe_comm.OVERLAPPED_DISPATCHERS and moe_comm.batch_overlap_applies(needs, full_layers=full, **layout):
             return ["--overlap-moe-expert-parallel-comm"]
         warnings.append("the prediction overlaps the EP all-to-all with another micro-batch's compute, which Megatron-Core "
                         "does not run with this layout (transformer_config.py __post_init__: pp > 1 needs virtual stages, "
-                        "no full recompute, bf16): expect the all-to-all exposed")
+                        "no full recompute, bf16, no moe recompute, at most one MTP layer): expect the all-to-all exposed")
         return []
     recomputed = "shared_experts" in plan.stages[0].recompute.modules  # Megatron-Core refuses both (transformer_config.py)
-    if (priced.moe_shared_overlap and dispatcher in moe_comm.SHARED_OVERLAP_DISPATCHERS and spec.moe.shared_ffn_hidden_size
+    if (overlap == "shared" and dispatcher in moe_comm.SHARED_OVERLAP_DISPATCHERS and spec.moe.shared_ffn_hidden_size
             and not recomputed):
         return ["--moe-shared-expert-overlap"]
     return []
+
+
+def priced_overlap(plan: LaunchPlan, dispatcher: str, warnings: list[str]) -> str:
+    """The overlap a plan without Parallelism.moe_overlap was priced with: its stack's (planner.cost.arrays
+    priced_choices' rule, re-read from the profile without the candidate's costs)."""
+    from planner.cost import moe_comm
+
+    par, spec, priced = plan.parallelism, plan.request.model, _priced_options(plan, warnings)
+    modules = plan.stages[0].recompute.modules
+    if (priced.moe_overlap and dispatcher in moe_comm.OVERLAPPED_DISPATCHERS
+            and moe_comm.batch_overlap_applies(priced.moe_overlap_needs, pp=par.pp, vpp=par.vpp, full_layers=False,
+                                               recompute=base_recompute(plan), precision=plan.request.precision,
+                                               modules=modules, mtp_layers=spec.mtp_num_layers)):
+        return "batch"
+    return "shared" if priced.moe_shared_overlap and "shared_experts" not in modules else "none"
 
 
 def _priced_options(plan: LaunchPlan, warnings: list[str]):

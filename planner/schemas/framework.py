@@ -201,11 +201,13 @@ class Overlap(Schema):
                                                                     "over the EP ranks (Megatron-Core's allgather dispatcher)")
     moe_shared_expert_overlap: bool = Field(default=False, description="shared experts compute while the MoE dispatcher "
                                                                        "communicates (Megatron-Core --moe-shared-expert-overlap)")
-    moe_all_to_all_needs: tuple[Literal["interleaved_when_pp", "no_full_recompute", "half_precision"], ...] = Field(
+    moe_all_to_all_needs: tuple[Literal["interleaved_when_pp", "no_full_recompute", "half_precision", "no_moe_recompute",
+                                        "single_mtp_layer"], ...] = Field(
         default=(), description="conditions the stack sets on its batch-level MoE all-to-all overlap (moe_all_to_all), "
         "without which it runs the all-to-all exposed: interleaved_when_pp (pp > 1 needs virtual stages), "
-        "no_full_recompute (no full recompute of any layer), half_precision (bf16/fp16 parameters); "
-        "planner.cost.moe_comm.batch_overlap_applies")
+        "no_full_recompute (no full recompute of any layer), half_precision (bf16/fp16 parameters), "
+        "no_moe_recompute (selective recompute does not rerun the MoE block), single_mtp_layer (at most one "
+        "multi-token prediction layer); planner.cost.moe_comm.batch_overlap_applies")
     moe_all_to_all_extra_microbatch: bool = Field(default=False, description="the batch-level MoE overlap holds one "
         "more micro-batch (one model chunk with virtual stages) in flight than the schedule without it (Megatron-Core's "
         "combined 1F1B; planner.cost.pipelining_memory.ep_overlap_extra_microbatches)")

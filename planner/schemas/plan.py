@@ -32,6 +32,10 @@ RecomputeMode = Literal["none", "selective", "full"]
 # Megatron-Core --recompute-modules (transformer_config.py recompute_modules) the cost prices (planner.cost.selective)
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 TpOverlap = Literal["none", "domino"]
+# Megatron-Core's --moe-token-dispatcher-type names (flex = DeepEP's per-node deduplicated dispatch), and the MoE
+# overlaps (planner.cost.moe_comm): batch = --overlap-moe-expert-parallel-comm / DualPipe, shared = --moe-shared-expert-overlap
+MoeDispatcher = Literal["alltoall", "flex", "allgather"]
+MoeOverlap = Literal["batch", "shared", "none"]
 AXES = LAYOUT_AXES  # the default rank layout, outermost first (planner.schemas.dims)
 
 
@@ -66,13 +70,23 @@ class SearchLimits(InputSchema):
     dp_replicate: int = Field(default=1, gt=0, le=L.MAX_GPUS, description=(
         "HSDP replicas fixed for every configuration (Parallelism.dp_replicate; ZeRO-2/3 only, dp a multiple of it); "
         "not searched. Written only when > 1"))
+    moe_dispatcher: MoeDispatcher | None = Field(default=None, description=(
+        "the MoE token dispatcher the job runs (Parallelism.moe_dispatcher); None = the fastest the framework runs. "
+        "Written only when set"))
+    moe_overlap: MoeOverlap | None = Field(default=None, description=(
+        "the MoE overlap the job may run: batch (where the layout allows it, else exposed), shared, none "
+        "(Parallelism.moe_overlap); None = the best the framework runs. Written only when set"))
+    cp_comm_type: str | None = Field(default=None, max_length=40, description=(
+        "the context-parallel flavour the job runs, in the framework's spelling (Parallelism.cp_comm_type); None = "
+        "the fastest it runs. Written only when set"))
 
     @model_serializer(mode="wrap")
     def _omit_no_compression(self, handler):
-        """Leave compression out when it is none, dp_replicate when it is 1 and recompute_modules when empty, so
-        requests without them serialise byte-identically to before."""
+        """Leave compression out when it is none, dp_replicate when it is 1, recompute_modules when empty and the
+        stated MoE and CP settings when unset, so requests without them serialise byte-identically to before."""
         return without(handler(self), compression=self.compression == NONE, dp_replicate=self.dp_replicate == 1,
-                       recompute_modules=not self.recompute_modules)
+                       recompute_modules=not self.recompute_modules, moe_dispatcher=self.moe_dispatcher is None,
+                       moe_overlap=self.moe_overlap is None, cp_comm_type=self.cp_comm_type is None)
 
 
 class PlanRequest(InputSchema):
@@ -115,12 +129,19 @@ class Parallelism(Schema):
     compression: Compression = Field(default=NONE, description=(
         "communication compression (planner.schemas.compression): ZeRO++ qwZ/hpZ/qgZ, PowerSGD, 16-bit gradient "
         "all-reduce, fp8 MoE dispatch. Written only when some method is used"))
-    moe_dispatcher: Literal["alltoall", "flex", "allgather"] | None = Field(default=None, description=(
+    moe_dispatcher: MoeDispatcher | None = Field(default=None, description=(
         "the MoE token dispatcher the cost priced (planner.cost.moe_comm.choose; Megatron-Core's "
-        "--moe-token-dispatcher-type names, flex = DeepEP's per-node deduplicated dispatch); written only with ep > 1"))
+        "--moe-token-dispatcher-type names, flex = DeepEP's per-node deduplicated dispatch); written only with ep > 1. "
+        "Given to an estimate, that dispatcher is priced (planner.cost.pins); None: the fastest the stack runs"))
+    moe_overlap: MoeOverlap | None = Field(default=None, description=(
+        "the MoE communication overlap the cost priced: batch = another micro-batch's compute hides the dispatch "
+        "(Megatron-Core --overlap-moe-expert-parallel-comm, DualPipe), shared = the shared experts compute during "
+        "it (--moe-shared-expert-overlap), none = exposed; written only with ep > 1. Given to an estimate, that "
+        "overlap is priced (planner.cost.pins); None: the best the stack runs for the layout"))
     cp_comm_type: str | None = Field(default=None, max_length=40, description=(
         "the context-parallel flavour the cost priced (planner.cost.context_parallel.choose), in the profile's "
-        "spelling (Megatron-Core --cp-comm-type p2p / all_gather / a2a; torchtitan allgather); written only with cp > 1"))
+        "spelling (Megatron-Core --cp-comm-type p2p / all_gather / a2a; torchtitan allgather); written only with "
+        "cp > 1. Given to an estimate, that flavour is priced (planner.cost.pins); None: the fastest the stack runs"))
 
     @model_validator(mode="after")
     def _check(self) -> "Parallelism":
@@ -137,7 +158,8 @@ class Parallelism(Schema):
         """Leave dp_replicate out when it is 1 and compression when it is none, so plans without HSDP or
         compression serialise byte-identically to before."""
         return without(handler(self), dp_replicate=self.dp_replicate == 1, compression=not self.compression.methods,
-                       moe_dispatcher=self.moe_dispatcher is None, cp_comm_type=self.cp_comm_type is None)
+                       moe_dispatcher=self.moe_dispatcher is None, moe_overlap=self.moe_overlap is None,
+                       cp_comm_type=self.cp_comm_type is None)
 
     @property
     def dims(self) -> ParallelDims:

@@ -18,4 +18,20 @@ def make_cost_model(request: PlanRequest, framework: FrameworkProfile | None = N
         from planner.schemas.profile import Profile
 
         profile = load_file(Profile, request.profile)
-    return CostModel(request, profile, framework=framework)
+    return CostModel(request, profile, framework=framework, options=stated_options(request, framework))
+
+
+def stated_options(request: PlanRequest, framework: FrameworkProfile | None):
+    """The stack's CostOptions narrowed to the MoE dispatcher, MoE overlap and CP flavour the request's limits
+    state (planner.cost.pins.narrowed); None (the CostModel's own) where they state none."""
+    from planner.cost.pins import narrowed
+    from planner.cost.stack import options_for
+    from planner.frameworks import load_framework
+
+    limits = request.search
+    if limits is None or (limits.moe_dispatcher, limits.moe_overlap, limits.cp_comm_type) == (None, None, None):
+        return None
+    profile = framework if framework is not None else load_framework(request.framework)
+    return narrowed(options_for(profile, request.precision), moe_dispatcher=limits.moe_dispatcher,
+                    moe_overlap=limits.moe_overlap, cp_comm_type=limits.cp_comm_type, spec=request.model,
+                    stack=profile.name)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.schemas import limits as L
 from planner.schemas.model import ModelSpec
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
-from planner.schemas.plan import Precision, RecomputeMode, RecomputeModule, Schedule, TpOverlap
+from planner.schemas.plan import MoeDispatcher, MoeOverlap, Precision, RecomputeMode, RecomputeModule, Schedule, TpOverlap
 from planner.schemas.topology import Topology
 
 
@@ -64,6 +64,14 @@ class EstimateBody(PlanBody):
     recompute_modules: tuple[RecomputeModule, ...] = Field(default=(), max_length=7, description=(
         "with recompute selective: what it reruns, Megatron-Core --recompute-modules names; () = the framework's own"))
     tp_overlap: TpOverlap = "none"
+    moe_dispatcher: MoeDispatcher | None = Field(default=None, description=(
+        "the MoE token dispatcher the job runs (Megatron-Core --moe-token-dispatcher-type); None = the fastest the "
+        "framework runs"))
+    moe_overlap: MoeOverlap | None = Field(default=None, description=(
+        "the MoE overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe), shared "
+        "(--moe-shared-expert-overlap), none; None = the best the framework runs for the layout"))
+    cp_comm_type: str | None = Field(default=None, max_length=40, pattern=r"^[a-z0-9_+]+$", description=(
+        "the context-parallel flavour the job runs, in the framework's spelling; None = the fastest it runs"))
     stage_layers: tuple[Annotated[int, Field(ge=0, le=L.MAX_LAYERS)], ...] | None = Field(
         default=None, max_length=L.MAX_LAYERS + 2,
         description="decoder layers per virtual stage (pp*vpp entries, stage = v*pp + r); None = balanced; a split the "

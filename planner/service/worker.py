@@ -58,7 +58,9 @@ def _configuration_of(body: EstimateBody, request, dims: ParallelDims) -> Config
     return Configuration(
         parallelism=Parallelism(**dims.as_dict(), sp=body.sp, vpp=body.vpp,
                                 zero_stage=body.zero_stage, tp_overlap=body.tp_overlap,
-                                compression=api.compression(body.compression, request.topology)),
+                                compression=api.compression(body.compression, request.topology),
+                                moe_dispatcher=body.moe_dispatcher, moe_overlap=body.moe_overlap,
+                                cp_comm_type=body.cp_comm_type),
         microbatch_size=body.microbatch_size, schedule=body.schedule, recompute=body.recompute,
         recompute_modules=body.recompute_modules, stage_layers=body.stage_layers,
     )

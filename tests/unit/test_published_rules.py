@@ -324,3 +324,39 @@ def test_unstated_expert_parallelism_of_an_moe_run_is_chosen_among_what_its_expe
     assert "ep" not in P.settings(run(), "megatron-core").choices
     narrow = run(model__moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336}, parallel__dp=6, parallel__num_gpus=6)
     assert P.settings(narrow, "megatron-core").choices["ep"] == (1, 2)
+
+
+MIXTRAL_MODEL = {"family": "Mixtral 8x7B", "type": "moe", "params_b": 46.7, "num_layers": 32, "hidden": 4096,
+                 "ffn_hidden": 14336, "num_heads": 32, "num_kv_heads": 8, "vocab": 32000, "seq_len": 4096,
+                 "activation": "SwiGLU", "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336}}
+
+
+def _moe_run(framework: str, title: str = "A source (2025)", **changes) -> dict:
+    return run(model__family="x", source__title=title, training__framework=framework, **changes) | {
+        "model": dict(MIXTRAL_MODEL)}
+
+
+@pytest.mark.parametrize("framework,title,expected", [
+    # unsaid, a 2025 source: what megatron-core's profile runs (no narrowing)
+    ("Megatron-Core", "A source (2025)", {}),
+    # a 2024 source predates the shared-expert overlap (core_v0.10.0), DeepEP (0.12.0) and the EP overlap (0.14.0)
+    ("Megatron-Core", "A source (2024)", {"moe_dispatchers": ("alltoall", "allgather"), "moe_overlap": False,
+                                          "moe_shared_overlap": False}),
+    # a stated release: r0.12 has DeepEP and the shared-expert overlap, not the EP overlap
+    ("Megatron-Core r0.12.0", "A source (2025)", {"moe_overlap": False}),
+    ("Megatron-Core 0.15 with --moe-token-dispatcher-type alltoall", "A source (2025)", {"moe_dispatchers": ("alltoall",)}),
+    ("NeMo with DeepEP and --overlap-moe-expert-parallel-comm", "A source (2025)",
+     {"moe_dispatchers": ("flex",), "moe_shared_overlap": False}),
+    ("Megatron-Core 0.16, no DeepEP, --moe-shared-expert-overlap", "A source (2026)",
+     {"moe_dispatchers": ("alltoall",), "moe_overlap": False}),
+    # a stack without these settings is not narrowed by text naming them
+    ("torchtitan with DeepEP", "A source (2025)", {}),
+])
+def test_an_moe_runs_dispatcher_and_overlap_as_its_release_and_text_say(framework, title, expected):
+    r = _moe_run(framework, title)
+    assert P.moe_overrides_of(r, P.stack_of(r), "bf16") == expected
+    assert P.moe_overrides_of(r, P.stack_of(r), "bf16", ("moe_settings_stated", "megatron_core_version_features")) == {}
+
+
+def test_a_dense_run_is_not_narrowed():
+    assert P.moe_overrides_of(run(training__framework="Megatron-Core r0.8.0"), "megatron-core", "bf16") == {}

@@ -62,10 +62,8 @@ def _independent_estimate(recipe: dict):
                            microbatch_size=recipe["microbatch_size"], schedule=recipe["schedule"],
                            recompute=recipe["recompute"], stage_layers=split,
                            recompute_modules=",".join(recipe.get("recompute_modules", ())) or None,
-                           compression=api.compression(recipe.get("compression", "none"), request.topology))
-    if recipe.get("moe_dispatcher"):
-        config = config.model_copy(update={"parallelism": config.parallelism.model_copy(
-            update={"moe_dispatcher": recipe["moe_dispatcher"]})})
+                           compression=api.compression(recipe.get("compression", "none"), request.topology),
+                           stated={name: recipe.get(name) for name in ("moe_dispatcher", "moe_overlap")})
     return api.estimate(request, config)
 
 

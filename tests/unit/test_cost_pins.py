@@ -1,0 +1,140 @@
+"""A stated MoE dispatcher, MoE overlap and context-parallel flavour are priced as stated (planner.cost.pins), recorded
+in the plan, re-derived from it, exported as the flags that run them, and refused in one line where the stack does
+not run them; without a statement the cost prices the fastest (moe_comm.choose), one dispatcher for every MoE layer."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner import api
+from planner.cli import app
+from planner.cost import arrays, moe_comm
+from planner.cost.model import Candidate, CostModel
+from planner.cost.stack import options_for
+from planner.errors import BadInputError
+from planner.export import export_plan
+from planner.models import load_model
+from planner.plan_verify import rederived
+from planner.schemas.plan import Configuration, Parallelism, PlanRequest, SearchLimits
+
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
+MIXTRAL = dict(model="mixtral-8x7b", topology="dgx-h100", gpus=64, global_batch_size=128, seq_len=4096,
+               framework="megatron-core")
+
+
+def _estimate(request_kw=None, **par):
+    request = api.build_request(**(request_kw or MIXTRAL))
+    fields = dict(dp=16, tp=1, pp=4, ep=8, vpp=2, zero_stage=1) | par
+    config = Configuration(parallelism=Parallelism(**fields), microbatch_size=1,
+                           schedule="interleaved" if fields["vpp"] > 1 else "1f1b")
+    return api.estimate(request, config)
+
+
+def test_the_fastest_unless_stated():
+    free = _estimate()
+    assert free.parallelism.moe_dispatcher in moe_comm.OVERLAPPED_DISPATCHERS and free.parallelism.moe_overlap == "batch"
+    stated = _estimate(moe_dispatcher="alltoall", moe_overlap="none")
+    assert (stated.parallelism.moe_dispatcher, stated.parallelism.moe_overlap) == ("alltoall", "none")
+    assert stated.prediction.breakdown.ep_comm_s > free.prediction.breakdown.ep_comm_s
+    assert stated.prediction.step_time_s > free.prediction.step_time_s
+    for name in ("alltoall", "flex", "allgather"):  # each stated one is priced, none beats the free choice
+        assert _estimate(moe_dispatcher=name).prediction.step_time_s >= free.prediction.step_time_s
+    assert _estimate(moe_dispatcher="allgather").parallelism.moe_overlap == "none"  # it runs no batch overlap
+
+
+def test_a_recorded_choice_re_derives_and_exports():
+    for par in ({}, {"moe_dispatcher": "alltoall", "moe_overlap": "none"}, {"moe_dispatcher": "alltoall"}):
+        plan = _estimate(**par)
+        again = rederived(plan)
+        assert again.prediction == plan.prediction and again.parallelism == plan.parallelism
+    text = export_plan(_estimate(moe_dispatcher="alltoall", moe_overlap="none"), "megatron").text
+    assert "--moe-token-dispatcher-type alltoall" in text and "--overlap-moe-expert-parallel-comm" not in text
+    assert "--overlap-moe-expert-parallel-comm" in export_plan(_estimate(moe_dispatcher="alltoall"), "megatron").text
+
+
+def test_shared_expert_overlap_stated():
+    kw = dict(MIXTRAL, model=str(HF / "deepseek-v2-lite"), gpus=16, global_batch_size=32)
+    plan = _estimate(kw, dp=16, pp=1, vpp=1, ep=16, moe_dispatcher="alltoall", moe_overlap="shared")
+    assert plan.parallelism.moe_overlap == "shared"
+    assert "--moe-shared-expert-overlap" in export_plan(plan, "megatron").text
+    none = _estimate(kw, dp=16, pp=1, vpp=1, ep=16, moe_dispatcher="alltoall", moe_overlap="none")
+    assert none.prediction.breakdown.ep_comm_s > plan.prediction.breakdown.ep_comm_s
+    assert "--moe-shared-expert-overlap" not in export_plan(none, "megatron").text
+
+
+@pytest.mark.parametrize("request_kw,par,words", [
+    (dict(MIXTRAL, framework="torchtitan"), dict(moe_dispatcher="flex", pp=1, vpp=1, dp=64, ep=8, zero_stage=3),
+     "moe_dispatcher='flex': torchtitan runs only alltoall"),
+    (MIXTRAL, dict(moe_overlap="shared"), "the model has no shared experts"),
+    (MIXTRAL, dict(moe_dispatcher="allgather", moe_overlap="batch"), "runs with the alltoall or flex dispatcher only"),
+    (MIXTRAL, dict(moe_overlap="batch", vpp=1), "only with virtual stages when pp > 1"),
+    (dict(MIXTRAL, framework="torchtitan"), dict(moe_overlap="batch", pp=1, vpp=1, dp=64, ep=8, zero_stage=3),
+     "torchtitan does not run it"),
+    (MIXTRAL, dict(moe_dispatcher="alltoall", ep=1), "needs an MoE model with ep > 1"),
+    (MIXTRAL, dict(cp_comm_type="a2a"), "needs cp > 1"),
+    (MIXTRAL, dict(cp=2, dp=8, ep=8, cp_comm_type="ring"), "cp_comm_type='ring': megatron-core runs p2p"),
+])
+def test_refused_in_one_line(request_kw, par, words):
+    with pytest.raises(BadInputError) as err:
+        _estimate(request_kw, **par)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_flags():
+    runner = CliRunner()
+    base = ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--pp", "4", "--vpp", "2", "--schedule", "interleaved",
+            "--ep", "8", "--seq-len", "4096", "--global-batch-size", "128", "--zero", "1", "--framework", "megatron-core"]
+    out = runner.invoke(app, base + ["--moe-dispatcher", "alltoall", "--moe-overlap", "none", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["parallelism"]["moe_overlap"] == "none"
+    bad = runner.invoke(app, base + ["--moe-overlap", "sometimes"])
+    assert bad.exit_code == 2 and "--moe-overlap=sometimes: choose one of batch, shared, none" in bad.output
+
+
+def test_one_dispatcher_for_every_moe_layer():
+    """Qwen3-Next's Gated DeltaNet and attention MoE layers price one dispatcher (a run has one
+    --moe-token-dispatcher-type), the one of the least MoE communication over the model: the step of the free
+    choice is the least of the steps with each dispatcher stated."""
+    # megatron-core's profile refuses to export Gated DeltaNet; its MoE costs are what is compared here
+    request = PlanRequest(model=load_model(str(HF / "qwen3-next-80b-a3b")), topology=api.load_topology("dgx-h100", gpus=32),
+                          gpus=32, global_batch_size=64, seq_len=4096, framework="megatron-core")
+    cand = Candidate(dp=32, tp=1, pp=1, ep=32, microbatch_size=1, num_microbatches=2, zero_stage=1)
+    free = CostModel(request)
+    kinds = arrays.kind_costs(free, cand, free.links(cand), arrays.moe_batch_overlap(free, cand))
+    chosen = {cost.moe_dispatcher for cost in kinds.values() if cost.moe_dispatcher}
+    assert len(chosen) == 1
+    steps = {name: CostModel(request, options=dataclasses.replace(options_for("megatron-core", "bf16"),
+                                                                  moe_dispatchers=(name,))).evaluate(cand).step_time_s
+             for name in ("alltoall", "flex", "allgather")}
+    assert free.evaluate(cand).step_time_s == pytest.approx(min(steps.values()))
+    assert arrays.priced_choices(free, cand)[0] in chosen and chosen <= set(moe_comm.OVERLAPPED_DISPATCHERS) | {"allgather"}
+    links, overlap = free.links(cand), arrays.moe_batch_overlap(free, cand)
+    forced = arrays.one_dispatcher(free, cand, links, overlap, ["alltoall", "flex"])  # as where the kinds disagree
+    assert len({cost.moe_dispatcher for cost in forced.values() if cost.moe_dispatcher}) == 1
+    counts = {name: int(mask.sum()) for name, (_, _, mask) in arrays.layer_kinds(free).items()}
+
+    def total(name):
+        kinds = arrays.kinds_with(free, cand, links, overlap, (name,))
+        return sum(counts.get(k, 0) * (c.ep_fwd_s + c.ep_bwd_s + c.selective_s) for k, c in kinds.items() if c.moe_dispatcher)
+
+    assert next(c.moe_dispatcher for c in forced.values() if c.moe_dispatcher) == min(("alltoall", "flex"), key=total)
+
+
+def test_a_search_runs_only_what_the_job_states():
+    """`planner plan --moe-dispatcher/--moe-overlap` (SearchLimits): every configuration priced with them, the plan
+    records them, and it re-derives."""
+    limits = SearchLimits(time_limit_s=30, top_k=1, moe_dispatcher="alltoall", moe_overlap="none")
+    request = api.build_request(**MIXTRAL, search=limits)
+    plan = api.plan(request)
+    assert (plan.parallelism.moe_dispatcher, plan.parallelism.moe_overlap) in (("alltoall", "none"), (None, None))
+    assert rederived(plan).prediction == plan.prediction
+    free = api.plan(api.build_request(**MIXTRAL, search=SearchLimits(time_limit_s=30, top_k=1)))
+    assert free.prediction.step_time_s <= plan.prediction.step_time_s
+    with pytest.raises(BadInputError, match="moe_overlap='shared': the model has no shared experts"):
+        api.plan(api.build_request(**MIXTRAL, search=SearchLimits(moe_overlap="shared")))
+    runner = CliRunner()
+    bad = runner.invoke(app, ["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--moe-dispatcher", "deepep"])
+    assert bad.exit_code == 2 and "--moe-dispatcher='deepep': choose one of alltoall, flex, allgather" in bad.output
