@@ -119,9 +119,11 @@ def build_request(
     search: SearchLimits | None = None,
     framework: str = DEFAULT_FRAMEWORK,
     calibration: str | Path | None = None,
+    moe: dict[str, float] | None = None,
 ) -> PlanRequest:
     """Resolve names into a self-contained PlanRequest (model and topology inline); `framework` is the stack that
-    will run the plan (a shipped profile name or a profile file), checked here so a typo fails before the search."""
+    will run the plan (a shipped profile name or a profile file), checked here so a typo fails before the search.
+    `moe`: MoESpec fields set on the model (routing_skew, capacity_factor; with_moe_fields)."""
     from pydantic import ValidationError
 
     from planner.frameworks import model_refusal
@@ -130,7 +132,7 @@ def build_request(
     from planner.schemas.plan import PlanRequest
     from planner.schemas.topology import Topology
 
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    spec = with_moe_fields(model if isinstance(model, ModelSpec) else load_model(model), moe or {})
     topo = topology if isinstance(topology, Topology) else load_topology(topology, nodes=nodes, gpus=gpus)
     world = gpus if gpus is not None else topo.num_gpus
     if world > topo.num_gpus:
@@ -154,6 +156,28 @@ def build_request(
         from planner.io import format_validation_error
 
         raise BadInputError(format_validation_error(exc, "request")) from None
+
+
+def with_moe_fields(spec: ModelSpec, fields: dict[str, float]) -> ModelSpec:
+    """`spec` with the given MoESpec fields (None values left out): the expert load a user plans for
+    (`--routing-skew`: the slowest EP rank receives 1 + skew times the mean; `--capacity-factor`: tokens past it
+    dropped), checked as the model spec checks them."""
+    from pydantic import ValidationError
+
+    from planner.io import format_validation_error
+    from planner.schemas.model import MoESpec
+
+    fields = {name: value for name, value in fields.items() if value is not None}
+    if not fields:
+        return spec
+    if spec.moe is None:
+        flags = ", ".join("--" + name.replace("_", "-") for name in fields)
+        raise BadInputError(f"{flags} given for {spec.name}, which has no experts: leave them out or pick an MoE model")
+    try:
+        moe = MoESpec.model_validate({**spec.moe.model_dump(), **fields})
+    except ValidationError as exc:
+        raise BadInputError(format_validation_error(exc, "model.moe")) from None
+    return spec.model_copy(update={"moe": moe})
 
 
 def _calibration_for(path: str | Path | None, topology: Topology, framework: str):

@@ -113,9 +113,12 @@ def _reasons(plan: LaunchPlan) -> list[str]:
         out.append("pp=1: no pipeline, so no bubble; the whole model's layers sit on every GPU")
     out.append(f"dp={par.dp}, ZeRO-{par.zero_stage} ({ZERO_SHARDS[par.zero_stage]}; {_group(plan, 'dp')}): exposed gradient sync {_share(plan, br.dp_comm_exposed_s)}")
     if par.cp > 1:
-        out.append(f"cp={par.cp}: the sequence of {plan.batch.seq_len} tokens split over {par.cp} GPUs; K/V exchange {_share(plan, br.cp_comm_s)}")
+        flavour = f" ({par.cp_comm_type})" if par.cp_comm_type else ""
+        out.append(f"cp={par.cp}: the sequence of {plan.batch.seq_len} tokens split over {par.cp} GPUs; K/V exchange{flavour} "
+                   f"{_share(plan, br.cp_comm_s)}")
     if par.ep > 1:
-        out.append(f"ep={par.ep}: experts spread over {par.ep} GPUs; all-to-all {_share(plan, br.ep_comm_s)}")
+        how = f" (dispatcher {par.moe_dispatcher}, overlap {par.moe_overlap})" if par.moe_dispatcher else ""
+        out.append(f"ep={par.ep}: experts spread over {par.ep} GPUs; exposed dispatch and combine{how} {_share(plan, br.ep_comm_s)}")
     if plan.memory.per_stage:
         worst = max(plan.memory.per_stage, key=lambda s: s.peak_bytes)
         parts = {"weights": worst.params_bytes, "gradients": worst.grads_bytes, "optimizer": worst.optimizer_bytes,

@@ -22,7 +22,8 @@ from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import V_PLACED
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.dims import ParallelDims
-from planner.schemas.plan import Configuration, LaunchPlan, MoeDispatcher, MoeOverlap, Parallelism, PlanRequest
+from planner.schemas.framework import MoeDispatcher
+from planner.schemas.plan import Configuration, LaunchPlan, MoeOverlap, Parallelism, PlanRequest
 from planner.units import GiB
 
 
@@ -233,6 +234,11 @@ def estimate(
     cp_comm_type: str | None = typer.Option(None, "--cp-comm-type", help=(
         "Context-parallel flavour the job runs, in the framework's spelling (Megatron-Core p2p | all_gather | a2a | "
         "a2a+p2p; default: the fastest it runs).")),
+    routing_skew: float | None = typer.Option(None, "--routing-skew", help=(
+        "MoE load imbalance to plan for: the slowest expert-parallel rank receives (1 + skew) x the mean routed tokens "
+        "(default: the model's, 0 = balanced; `planner run` reports the skew a run saw).")),
+    capacity_factor: float | None = typer.Option(None, "--capacity-factor", help=(
+        "MoE expert capacity factor: buffers padded to it, tokens past it dropped (default: the model's; dropless).")),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8."),
     profile: str | None = typer.Option(None, "--profile", help="Measured profile file for compute costs."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs it: planner | megatron-core | torchtitan | "
@@ -255,7 +261,7 @@ def estimate(
     check_request_flags(precision=precision, global_batch_size=global_batch_size, seq_len=seq_len)
     request = api.build_request(model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
                                 seq_len=seq_len, precision=precision, profile=profile, framework=framework,
-                                calibration=calibration)
+                                calibration=calibration, moe=dict(routing_skew=routing_skew, capacity_factor=capacity_factor))
     split = stage_layers_of(stage_layers, first_stage_layers, last_stage_layers, num_layers=request.model.num_layers,
                             pp=pp, vpp=vpp)
     config = configuration(request, dp=dp, tp=tp, pp=pp, ep=ep, cp=cp, sp=sp, vpp=vpp, zero=zero, tp_overlap=tp_overlap,

@@ -8,7 +8,8 @@ import typer
 from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import schedule as schedule_of
-from planner.schemas.plan import MoeDispatcher, MoeOverlap
+from planner.schemas.framework import MoeDispatcher
+from planner.schemas.plan import MoeOverlap
 
 HELP = """Find the fastest plan that fits: DP x TP x PP x EP x CP, ZeRO, SP, micro-batching, recompute, schedule.
 
@@ -42,6 +43,11 @@ def plan_command(
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="GPUs to use (default: all GPUs of the nodes)."),
     global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", min=1, help="Sequences per step (default ~4M tokens)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: the model's)."),
+    routing_skew: Optional[float] = typer.Option(None, "--routing-skew", help=(
+        "MoE load imbalance to plan for: the slowest expert-parallel rank receives (1 + skew) x the mean routed tokens "
+        "(default: the model's, 0 = balanced; `planner run` reports the skew a run saw).")),
+    capacity_factor: Optional[float] = typer.Option(None, "--capacity-factor", help=(
+        "MoE expert capacity factor: buffers padded to it, tokens past it dropped (default: the model's; dropless).")),
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8"),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured profile for compute costs (default: analytic)."),
     top_k: int = typer.Option(3, "--top-k", min=0, help="Alternatives to keep in the plan."),
@@ -103,6 +109,7 @@ def plan_command(
         model=model, topology=topology, nodes=nodes, gpus=gpus, global_batch_size=global_batch_size,
         seq_len=seq_len, precision=_precision(precision), profile=profile, search=limits,
         framework=_framework(framework, runnable), calibration=calibration,
+        moe=dict(routing_skew=routing_skew, capacity_factor=capacity_factor),
     )
     if compression.strip().lower() != "none":
         chosen = api.compression(compression, request.topology, auto=True)

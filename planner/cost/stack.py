@@ -28,6 +28,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
     profile = load_framework(framework) if isinstance(framework, str) else framework
     b = profile.behaviour
     k, o, m, x = b.kernels, b.overlap, b.memory, b.executor
+    dispatchers = profile.capabilities.expert_parallel.flavours  # the token dispatchers it runs, Megatron-Core's names
     return CostOptions(
         flash_attention=(k.fused_attention and precision != "fp32"), dropout=b.defaults.dropout,
         fused_kernels=None,
@@ -40,7 +41,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
         allocator=m.allocator, allocator_fraction=m.allocator_allowance_fraction,
         grad_reduce_fp32=m.grad_reduce_fp32,
         selective_mode=m.selective_recompute, attention_kernel=k.attention_kernel,
-        moe_hierarchical=o.moe_hierarchical_dispatch, moe_allgather=o.moe_allgather_dispatch,
+        moe_hierarchical="flex" in dispatchers, moe_allgather="allgather" in dispatchers,
         moe_shared_overlap=o.moe_shared_expert_overlap, moe_overlap_needs=tuple(o.moe_all_to_all_needs),
         moe_overlap_extra_microbatch=o.moe_all_to_all_extra_microbatch, eager_ops=tuple(k.eager_ops),
         grad16_buffer_bytes=next((c.grad_buffer_bytes for c in profile.capabilities.compression

@@ -81,11 +81,12 @@ class CostOptions:
         2022), "half_forward" (torchtitan's selective_ac_option N=2: every other layer checkpointed),
         "op_sac" (torchtitan's per-op policy: every second matmul and the pointwise ops, planner.cost.sac),
         "norm_and_up_proj" (DeepSeek-V3: RMSNorm and MLA up-projections).
-    moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s).
+    moe_hierarchical: MoE dispatch/combine deduplicated per destination node (comm.hierarchical_all_to_all_s): the
+        stack lists flex among capabilities.expert_parallel.flavours.
     moe_dispatchers: the MoE token dispatchers the cost may price (Megatron-Core names); None = every one the stack
         runs (moe_hierarchical, moe_allgather); a user's pin narrows it (planner.cost.pins).
-    moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher, and its shared experts computing during
-        the dispatch (planner.cost.moe_comm).
+    moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher (allgather among those flavours), and its
+        shared experts computing during the dispatch (planner.cost.moe_comm).
     moe_overlap_needs: the conditions the stack sets on `moe_overlap` (behaviour.overlap.moe_all_to_all_needs;
         planner.cost.moe_comm.batch_overlap_applies).
     moe_sp_dispatch, moe_expert_launches, moe_expert_sort, moe_count_exchange, moe_combine_scores: how the stack runs the MoE layer

@@ -6,7 +6,7 @@ communication the stack overlaps, its kernels and memory habits), the exporters 
 of that version). Every section carries `source`: the file, flag or document of that framework the facts come from.
 """
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,6 +14,11 @@ from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schemas.base import Schema
 from planner.schemas.compression import CompressionMethod
 from planner.schemas.dims import LAYOUT_AXES
+
+# MoE token dispatchers by Megatron-Core's --moe-token-dispatcher-type names (flex = DeepEP's per-node deduplicated
+# dispatch): a stack's capabilities.expert_parallel.flavours, a plan's Parallelism.moe_dispatcher
+MoeDispatcher = Literal["alltoall", "flex", "allgather"]
+DISPATCHERS = get_args(MoeDispatcher)
 
 FRAMEWORK_SCHEMA_VERSION = "1"
 
@@ -85,9 +90,24 @@ class ContextParallel(Feature):
 
 
 class ExpertParallel(Feature):
+    """Expert parallelism; `flavours` are the token dispatchers the stack runs, in Megatron-Core's
+    --moe-token-dispatcher-type names (alltoall, allgather, flex = DeepEP's per-node deduplicated dispatch): the
+    one list the cost chooses among (planner.cost.stack, moe_comm) and a stated dispatcher is checked against."""
+
     span: Literal["dp", "dp_cp", "tp_dp_cp"] = Field(
         description="the ranks expert groups are carved from: dp only, dp*cp (Megatron before folding), or "
                     "tp*dp*cp (MoE parallel folding: a separate expert mesh ep x etp over the same ranks)")
+
+    @model_validator(mode="after")
+    def _dispatchers(self) -> "ExpertParallel":
+        unknown = [name for name in self.flavours if name not in DISPATCHERS]
+        if unknown:
+            raise ValueError(f"flavours={list(self.flavours)}: {unknown} are not token dispatchers; use "
+                             f"{', '.join(DISPATCHERS)}")
+        if self.supported and "alltoall" not in self.flavours:
+            raise ValueError(f"flavours={list(self.flavours)}: a stack with expert parallelism runs the flat all-to-all "
+                             "(alltoall); list it")
+        return self
 
 
 class Exclusion(Schema):
@@ -195,10 +215,6 @@ class Overlap(Schema):
     zero3_prefetch_layers: int = Field(ge=0, description="layers whose parameters are gathered ahead (prefetch depth)")
     pp_scatter_gather: bool = Field(default=False, description="pipeline sends split over the TP ranks and all-gathered "
                                                                "by the receiver (2021 Megatron-LM scatter/gather)")
-    moe_hierarchical_dispatch: bool = Field(default=False, description="MoE tokens cross the NICs once per destination "
-                                                                       "node and fan out over NVLink (DeepEP)")
-    moe_allgather_dispatch: bool = Field(default=False, description="the stack can dispatch MoE tokens by an all-gather "
-                                                                    "over the EP ranks (Megatron-Core's allgather dispatcher)")
     moe_shared_expert_overlap: bool = Field(default=False, description="shared experts compute while the MoE dispatcher "
                                                                        "communicates (Megatron-Core --moe-shared-expert-overlap)")
     moe_all_to_all_needs: tuple[Literal["interleaved_when_pp", "no_full_recompute", "half_precision", "no_moe_recompute",

@@ -19,6 +19,7 @@ from planner.schemas.base import InputSchema, Schema, without
 from planner.schemas.calibration import CalibrationOverlay
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.dims import LAYOUT_AXES, ParallelDims
+from planner.schemas.framework import MoeDispatcher
 from planner.schemas.model import ModelSpec
 from planner.schemas.topology import Topology
 
@@ -32,9 +33,8 @@ RecomputeMode = Literal["none", "selective", "full"]
 # Megatron-Core --recompute-modules (transformer_config.py recompute_modules) the cost prices (planner.cost.selective)
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 TpOverlap = Literal["none", "domino"]
-# Megatron-Core's --moe-token-dispatcher-type names (flex = DeepEP's per-node deduplicated dispatch), and the MoE
-# overlaps (planner.cost.moe_comm): batch = --overlap-moe-expert-parallel-comm / DualPipe, shared = --moe-shared-expert-overlap
-MoeDispatcher = Literal["alltoall", "flex", "allgather"]
+# The MoE overlaps (planner.cost.moe_comm): batch = --overlap-moe-expert-parallel-comm / DualPipe, shared =
+# --moe-shared-expert-overlap; the dispatchers' names are planner.schemas.framework.MoeDispatcher
 MoeOverlap = Literal["batch", "shared", "none"]
 AXES = LAYOUT_AXES  # the default rank layout, outermost first (planner.schemas.dims)
 

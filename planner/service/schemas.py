@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.schemas import limits as L
 from planner.schemas.model import ModelSpec
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
-from planner.schemas.plan import MoeDispatcher, MoeOverlap, Precision, RecomputeMode, RecomputeModule, Schedule, TpOverlap
+from planner.schemas.framework import MoeDispatcher
+from planner.schemas.plan import MoeOverlap, Precision, RecomputeMode, RecomputeModule, Schedule, TpOverlap
 from planner.schemas.topology import Topology
 
 
@@ -42,6 +43,11 @@ class PlanBody(BaseModel):
     allow_stale_weights: bool = Field(default=False, description="let the search choose PipeDream-2BW where the framework runs it")
     prefer_practice: bool = Field(default=True, description="within the ranking band of the fastest plan, prefer one inside "
                                   "the framework's practice; false: the fastest predicted (`planner plan --fastest`)")
+    routing_skew: float | None = Field(default=None, ge=0, le=100, description=(
+        "MoE load imbalance to plan for: the slowest expert-parallel rank receives (1 + skew) x the mean routed "
+        "tokens; None = the model's (`--routing-skew`)"))
+    capacity_factor: float | None = Field(default=None, gt=0, le=L.MAX_CAPACITY_FACTOR, description=(
+        "MoE expert capacity factor, tokens past it dropped; None = the model's (`--capacity-factor`)"))
     compression: str = Field(default="none", max_length=200, pattern=r"^[a-z0-9:,+ -]+$", description=(
         "communication compression, as `--compression` spells it: none | auto (plan only) | zeropp | a comma list of "
         "qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch"))

@@ -34,7 +34,7 @@ def _request(body: PlanBody, max_gpus: int):
         global_batch_size=body.global_batch_size, seq_len=body.seq_len, precision=body.precision,
         search=SearchLimits(time_limit_s=body.time_limit_s, top_k=body.top_k, allow_stale_weights=body.allow_stale_weights,
                             prefer_practice=body.prefer_practice),
-        framework=body.framework,
+        framework=body.framework, moe=dict(routing_skew=body.routing_skew, capacity_factor=body.capacity_factor),
     )
     if request.gpus > max_gpus:
         raise BadInputError(f"the request resolves to {request.gpus} GPUs, over this service's search limit of {max_gpus}: ask for fewer nodes")

@@ -259,8 +259,9 @@ def test_thread_pool_one_busy_worker_two_distinct_solves_one_place_in_the_queue(
             async with client:
                 blocker = asyncio.create_task(client.post("/v1/plan", json={"model": DEEP, "nodes": 512, "time_limit_s": 3,
                                                                             "framework": "torchtitan"}, timeout=60))
-                while not app.state.inflight:
+                while not app.state.inflight and not blocker.done():  # a blocker answered at once fails below
                     await asyncio.sleep(0.01)
+                assert not blocker.done(), (await blocker).text
                 both = await asyncio.gather(*(client.post("/v1/estimate", json=ESTIMATE | {"seq_len": n}, timeout=60)
                                               for n in (1024, 2048)))
                 await blocker

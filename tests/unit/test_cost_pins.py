@@ -55,14 +55,31 @@ def test_a_recorded_choice_re_derives_and_exports():
     assert "--overlap-moe-expert-parallel-comm" in export_plan(_estimate(moe_dispatcher="alltoall"), "megatron").text
 
 
+def _accepted(plan, export) -> bool:
+    """Megatron-Core's own TransformerConfig judges the export (planner.export.judges), where installed."""
+    pytest.importorskip("megatron.core")
+    from planner.export.judges import judge
+    from planner.export.verdicts import JudgeUnavailable
+
+    try:
+        return judge(plan, export).accepted
+    except JudgeUnavailable as exc:
+        pytest.skip(str(exc))
+
+
 def test_shared_expert_overlap_stated():
     kw = dict(MIXTRAL, model=str(HF / "deepseek-v2-lite"), gpus=16, global_batch_size=32)
     plan = _estimate(kw, dp=16, pp=1, vpp=1, ep=16, moe_dispatcher="alltoall", moe_overlap="shared")
     assert plan.parallelism.moe_overlap == "shared"
-    assert "--moe-shared-expert-overlap" in export_plan(plan, "megatron").text
+    export = export_plan(plan, "megatron")
+    assert "--moe-shared-expert-overlap" in export.text and _accepted(plan, export)
     none = _estimate(kw, dp=16, pp=1, vpp=1, ep=16, moe_dispatcher="alltoall", moe_overlap="none")
     assert none.prediction.breakdown.ep_comm_s > plan.prediction.breakdown.ep_comm_s
-    assert "--moe-shared-expert-overlap" not in export_plan(none, "megatron").text
+    export = export_plan(none, "megatron")
+    assert "--moe-shared-expert-overlap" not in export.text and _accepted(none, export)
+    batch = _estimate(kw, dp=16, pp=1, vpp=1, ep=16, moe_dispatcher="alltoall", moe_overlap="batch")
+    export = export_plan(batch, "megatron")
+    assert "--overlap-moe-expert-parallel-comm" in export.text and _accepted(batch, export)
 
 
 @pytest.mark.parametrize("request_kw,par,words", [
@@ -138,3 +155,57 @@ def test_a_search_runs_only_what_the_job_states():
     runner = CliRunner()
     bad = runner.invoke(app, ["plan", "--model", "mixtral-8x7b", "--gpus", "64", "--moe-dispatcher", "deepep"])
     assert bad.exit_code == 2 and "--moe-dispatcher='deepep': choose one of alltoall, flex, allgather" in bad.output
+
+
+def test_the_dispatchers_a_stack_runs_are_its_expert_parallel_flavours():
+    """One home: capabilities.expert_parallel.flavours is what the cost chooses among and a pin is checked against."""
+    from pydantic import ValidationError
+
+    from planner.cost.pins import dispatchers_run
+    from planner.frameworks import load_framework
+    from planner.schemas.framework import ExpertParallel
+
+    for name in api.list_frameworks():
+        profile = load_framework(name)
+        ep = profile.capabilities.expert_parallel
+        if ep.supported:
+            assert set(dispatchers_run(options_for(profile, "bf16"))) == set(ep.flavours), name
+    with pytest.raises(ValidationError, match="not token dispatchers"):
+        ExpertParallel(supported=True, span="dp", flavours=("alltoall", "deepep"), source="x")
+    with pytest.raises(ValidationError, match="list it"):
+        ExpertParallel(supported=True, span="dp", flavours=("flex",), source="x")
+
+
+def test_expert_load_is_a_flag():
+    """--routing-skew / --capacity-factor set the model's MoESpec fields (planner.api.with_moe_fields): a skew slows
+    the slowest EP rank, a capacity factor below 1 + skew caps it; a dense model or a bad value is one line."""
+    base = api.build_request(**MIXTRAL)
+    skewed = api.build_request(**MIXTRAL, moe=dict(routing_skew=0.3))
+    capped = api.build_request(**MIXTRAL, moe=dict(routing_skew=0.3, capacity_factor=1.1))
+    assert skewed.model.moe.routing_skew == 0.3 and capped.model.moe.capacity_factor == 1.1
+    config = Configuration(parallelism=Parallelism(dp=16, tp=1, pp=4, ep=8, vpp=2, zero_stage=1), schedule="interleaved")
+    times = [api.estimate(r, config).prediction.step_time_s for r in (base, skewed, capped)]
+    assert times[0] < times[2] < times[1]
+    with pytest.raises(BadInputError, match="--routing-skew given for llama3-8b, which has no experts"):
+        api.build_request(model="llama3-8b", moe=dict(routing_skew=0.1))
+    runner = CliRunner()
+    bad = runner.invoke(app, ["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--capacity-factor", "0"])
+    assert bad.exit_code == 2 and "capacity_factor" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_the_service_estimate_takes_the_same_statements():
+    """POST /v1/estimate (planner.service.worker.solve): the body's dispatcher, overlap and expert load reach the
+    estimate; a pin the stack does not run is a 422 with one line."""
+    from planner.service.worker import solve
+
+    body = dict(model="mixtral-8x7b", topology="dgx-h100", gpus=64, global_batch_size=128, seq_len=4096,
+                framework="megatron-core", dp=16, pp=4, vpp=2, ep=8, zero_stage=1, schedule="interleaved",
+                moe_dispatcher="alltoall", moe_overlap="none", routing_skew=0.2)
+    status, text = solve("estimate", json.dumps(body), 64)
+    assert status == 200, text
+    plan = json.loads(text)
+    assert plan["parallelism"]["moe_overlap"] == "none" and plan["request"]["model"]["moe"]["routing_skew"] == 0.2
+    status, text = solve("estimate", json.dumps(dict(body, framework="torchtitan", moe_dispatcher="flex", pp=1, vpp=1,
+                                                     dp=64, zero_stage=3, schedule="1f1b", moe_overlap=None)), 64)
+    detail = json.loads(text)["detail"]
+    assert status == 422 and "moe_dispatcher='flex'" in detail and "\n" not in detail
