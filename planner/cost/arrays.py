@@ -99,7 +99,7 @@ def kinds_with(model: "CostModel", cand: "Candidate", links: Links, overlap: boo
               moe_hierarchical=model.options.moe_hierarchical, executor=recipe,
               moe_loop=model.options.moe_expert_impl == "loop",
               moe_dispatch_fp8=cand.compression.has("fp8-dispatch"), moe_allgather=model.options.moe_allgather,
-              moe_dispatchers=dispatchers,
+              moe_dispatchers=dispatchers, moe_deepep=model.options.moe_deepep,
               # Megatron-Core refuses shared-expert recompute with the shared-expert overlap (transformer_config.py)
               moe_shared_overlap=shared_overlap(model, cand),
               moe_count_exchange=model.options.moe_count_exchange,

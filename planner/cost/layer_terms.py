@@ -54,6 +54,7 @@ class Env:
     moe_dispatch_fp8: bool = False  # dispatch-direction all-to-alls in fp8 (compression fp8-dispatch)
     moe_allgather: bool = False  # the stack's all-gather dispatcher is among its choices (moe_comm)
     moe_dispatchers: tuple[str, ...] | None = None  # the dispatchers priced; None = all the stack runs (CostOptions)
+    moe_deepep: bool = False  # flex is DeepEP's Buffer: only at the group sizes it has a configuration for
     moe_shared_overlap: bool = False  # shared experts compute during the dispatch (moe_comm)
     moe_count_exchange: str = "none"  # the tokens-per-expert exchange before each dispatch (moe_layer.count_exchange_s)
     cp_flavours: tuple[str, ...] = ("p2p",)  # the stack's context-parallel flavours (context_parallel)
@@ -158,8 +159,9 @@ def ep_options(env: Env) -> dict[str, tuple[float, float]]:
     bf16 = moe_comm.dispatch_options(tokens, cfg, env.spec.hidden_size, **kwargs)
     dispatch = (moe_comm.dispatch_options(tokens, cfg, env.spec.hidden_size, value_bytes=FP8_DISPATCH_BYTES,
                                           **kwargs) if env.moe_dispatch_fp8 else bf16)
+    deepep_refuses = env.moe_deepep and not moe_comm.deepep_runs(env.shape.expert_parallel * env.shape.etp)
     return {name: (bf16[name] + dispatch[name],) * 2 for name in bf16
-            if env.moe_dispatchers is None or name in env.moe_dispatchers}
+            if (env.moe_dispatchers is None or name in env.moe_dispatchers) and not (name == "flex" and deepep_refuses)}
 
 def layer_params_per_gpu(spec: ModelSpec, shape: Shape, moe_layer: bool) -> float:
     """Parameters of one decoder layer of the type held by one GPU (matrices split by tp, routed experts by ep too)."""

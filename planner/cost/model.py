@@ -17,8 +17,9 @@ import numpy as np
 
 from planner.cost import layers as L
 from planner.cost.layer_terms import Links
-from planner.cost import compression, executor, memory, pipelining_memory
-from planner.cost.arrays import build_detail, layer_costs_with, layer_working_bytes, moe_batch_overlap, zero3_working_bytes
+from planner.cost import compression, executor, memory, moe_comm, pipelining_memory
+from planner.cost.arrays import (build_detail, layer_costs_with, layer_working_bytes, moe_batch_overlap, priced_choices,
+                                 zero3_working_bytes)
 from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
                                       memory_calibration, step_overhead_s)
 from planner.cost.compute import Shape
@@ -245,7 +246,22 @@ class CostModel:
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
         if cand.zero_stage >= 3:
             other += zero3_working_bytes(self, cand)
-        return int(other)
+        return int(other + self.dispatch_buffer_bytes(cand))
+
+    def dispatch_buffer_bytes(self, cand: Candidate) -> float:
+        """What the MoE dispatcher holds for the whole run beside the model: DeepEP's NVLink and RDMA buffers where
+        the flex dispatcher is DeepEP's (options.moe_deepep) and priced for the candidate (priced_choices), sized
+        for its tp x ep group (moe_comm.deepep_buffer_bytes); memoised per candidate."""
+        if not self.options.moe_deepep or cand.ep <= 1 or self.spec.moe is None:
+            return 0.0
+        key = ("dispatch_buffer", cand)
+        found = self.memo.get(key)
+        if found is None:
+            shape = self.shape(cand)
+            flex = priced_choices(self, cand)[0] == "flex"
+            found = self.memo[key] = moe_comm.deepep_buffer_bytes(
+                self.spec.hidden_size, shape.expert_parallel * shape.etp) if flex else 0.0
+        return found
 
     def inflight_per_rank(self, cand: Candidate) -> np.ndarray:
         """inflight_microbatches of every pipeline rank."""

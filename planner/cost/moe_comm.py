@@ -161,3 +161,51 @@ def exposed_s(comm_s: float, *, layer_compute_s: float, shared_compute_s: float,
     if shared_overlap:
         return max(0.0, comm_s - shared_compute_s)
     return comm_s
+
+
+# DeepEP's Buffer as Megatron-Core's flex dispatcher allocates it (megatron/core/transformer/moe/fused_a2a.py get_buffer:
+# the larger of the dispatch and combine configurations' size hints for the tp x ep group, hidden bytes = hidden x
+# max(element size, 2)). DeepEP deep_ep/buffers/legacy.py get_dispatch_config / get_combine_config (dd758ca,
+# 2026-07-14; deep_ep/buffer.py at 92fe2de, 2025-11-05, the same): (nvl send, nvl recv, rdma send, rdma recv) chunk
+# tokens by group size, any other size asserting 'Unsupported number of EP ranks'; Buffer.num_sms 20 (Megatron-Core
+# moe_deepep_num_sms), 8 NVLink peers (csrc/kernels/legacy/compiled.cuh LEGACY_NUM_MAX_NVL_PEERS).
+DEEPEP_DISPATCH = {2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128),
+                   24: (32, 288, 8, 128), 32: (32, 288, 8, 128), 48: (32, 288, 8, 128), 64: (32, 288, 8, 128),
+                   96: (20, 480, 12, 128), 128: (20, 560, 12, 128), 144: (32, 720, 12, 128), 160: (28, 720, 12, 128)}
+DEEPEP_COMBINE = {2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128),
+                  24: (1, 288, 8, 128), 32: (1, 288, 8, 128), 48: (1, 288, 8, 128), 64: (1, 288, 8, 128),
+                  96: (1, 480, 8, 128), 128: (1, 560, 8, 128), 144: (2, 720, 8, 128), 160: (2, 720, 8, 128)}
+DEEPEP_SMS = 20
+DEEPEP_NVL_PEERS = 8
+# csrc/legacy/config.hpp size hints: per received token the hidden bytes, an 8-byte SourceMeta (internode.cu), 128
+# top-k indices (int64 topk_idx_t) and weights (fp32) and 128 fp32 scales (kNumMaxTopK, kNumMaxScales); RDMA adds an
+# int4 per token and holds send and receive copies (x 2)
+DEEPEP_TOKEN_EXTRA_BYTES = 8 + 128 * (8 + 4) + 128 * 4
+
+
+def deepep_buffer_bytes(hidden: int, ranks: int) -> float:
+    """Device bytes of DeepEP's NVLink and RDMA buffers for a tp x ep group of `ranks` (csrc/legacy/config.hpp
+    Config::get_nvl_buffer_size_hint and get_rdma_buffer_size_hint, the larger of dispatch and combine, each rounded
+    up to 128 bytes): allocated outside PyTorch's caching allocator, for the whole run. 0 for a group size DeepEP
+    has no configuration for (deepep_runs)."""
+    if not deepep_runs(ranks):
+        return 0.0
+    channels, token = DEEPEP_SMS // 2, hidden * 2 + DEEPEP_TOKEN_EXTRA_BYTES
+    nvl_ranks, rdma_ranks = min(ranks, DEEPEP_NVL_PEERS), max(ranks // DEEPEP_NVL_PEERS, 1)
+    nvl = rdma = 0
+    for _, nvl_recv, rdma_send, rdma_recv in (DEEPEP_DISPATCH[ranks], DEEPEP_COMBINE[ranks]):
+        nvl = max(nvl, _round128(channels * nvl_ranks * ((2 * rdma_ranks + 3) * 4 + nvl_recv * token)))
+        if ranks > DEEPEP_NVL_PEERS:
+            rdma_recv = -(-rdma_recv // rdma_send) * rdma_send  # Config's constructor aligns it up to the send chunk
+            rdma = max(rdma, _round128(channels * rdma_ranks * ((DEEPEP_NVL_PEERS * 2 + 2) * 2 * 4
+                                                                + rdma_recv * (token + 16) * 2)))
+    return float(nvl + rdma)
+
+
+def deepep_runs(ranks: int) -> bool:
+    """Whether DeepEP has a configuration for a group of `ranks` (DEEPEP_DISPATCH)."""
+    return ranks in DEEPEP_DISPATCH
+
+
+def _round128(num_bytes: int) -> int:
+    return (num_bytes + 127) // 128 * 128

@@ -48,7 +48,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
                                   if c.method in ("bf16-grads", "fp16-grads") and c.grad_buffer_bytes), None),
         moe_sp_dispatch=b.moe.sequence_parallel_dispatch, moe_expert_launches=b.moe.expert_gemm_launches,
         moe_expert_sort=b.moe.expert_sort, moe_count_exchange=b.moe.token_count_exchange,
-        moe_combine_scores=b.moe.combine_scores,
+        moe_combine_scores=b.moe.combine_scores, moe_deepep=b.moe.flex_kernels == "deepep",
         cp_flavours=tuple(profile.capabilities.context_parallel.flavours) or ("p2p",), softmax_in_place=k.softmax_backward_in_place,
         logits_live_in_backward=m.logits_live_in_backward,
         fsdp_grads_unsharded_across_microbatches=m.fsdp_grads_unsharded_across_microbatches,

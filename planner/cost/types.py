@@ -85,6 +85,8 @@ class CostOptions:
         stack lists flex among capabilities.expert_parallel.flavours.
     moe_dispatchers: the MoE token dispatchers the cost may price (Megatron-Core names); None = every one the stack
         runs (moe_hierarchical, moe_allgather); a user's pin narrows it (planner.cost.pins).
+    moe_deepep: the flex dispatcher is DeepEP's Buffer (behaviour.moe.flex_kernels): offered only for the tp x ep group
+        sizes DeepEP has a configuration for, its buffers held beside the model (moe_comm.deepep_buffer_bytes).
     moe_allgather, moe_shared_overlap: the stack's all-gather dispatcher (allgather among those flavours), and its
         shared experts computing during the dispatch (planner.cost.moe_comm).
     moe_overlap_needs: the conditions the stack sets on `moe_overlap` (behaviour.overlap.moe_all_to_all_needs;
@@ -149,6 +151,7 @@ class CostOptions:
     moe_hierarchical: bool = False
     moe_allgather: bool = False
     moe_dispatchers: tuple[str, ...] | None = None
+    moe_deepep: bool = False
     moe_shared_overlap: bool = False
     moe_overlap_needs: tuple[str, ...] = ()
     moe_overlap_extra_microbatch: bool = False

@@ -384,6 +384,9 @@ class MoeExecution(Schema):
     combine_scores: Literal["in_activation", "fp32_multiply"] = Field(default="in_activation", description="where "
         "the routing scores weight the expert outputs: inside the fused activation (nothing extra), or by an eager "
         "fp32 multiply of the combined rows that keeps their fp32 copy for backward")
+    flex_kernels: Literal["own", "deepep"] = Field(default="own", description="what runs the flex (per-node "
+        "deduplicated) dispatcher: DeepEP's Buffer, which has configurations for some group sizes only and holds its "
+        "NVLink and RDMA buffers (planner.cost.moe_comm.deepep_buffer_bytes), or the stack's own kernels")
     source: str = Field(default="not stated: the cost model's defaults", min_length=1)
 
 

@@ -209,3 +209,40 @@ def test_the_service_estimate_takes_the_same_statements():
                                                      dp=64, zero_stage=3, schedule="1f1b", moe_overlap=None)), 64)
     detail = json.loads(text)["detail"]
     assert status == 422 and "moe_dispatcher='flex'" in detail and "\n" not in detail
+
+
+def test_deepep_buffer_bytes_by_hand():
+    """DeepEP csrc/legacy/config.hpp size hints with deep_ep's configurations (10 channels of Buffer.num_sms 20;
+    per token hidden*2 + SourceMeta 8 + 128 int64 indices + 128 fp32 weights + 128 fp32 scales = h*2 + 2056):
+    ep 64 (8 NVLink x 8 RDMA ranks): NVL 10*8*((2*8+3)*4 + 288*(14336+2056)); RDMA, recv 128 aligned to the
+    dispatch's send 8 / combine's 8, 10*8*(18*2*4 + 128*(14336+2056+16)*2); intranode (8 ranks) NVL only."""
+    from planner.cost import moe_comm
+
+    nvl = 10 * 8 * ((2 * 8 + 3) * 4 + 288 * (7168 * 2 + 2056))
+    rdma = 10 * 8 * (18 * 2 * 4 + 128 * (7168 * 2 + 2056 + 16) * 2)
+    assert moe_comm.deepep_buffer_bytes(7168, 64) == -(-nvl // 128) * 128 + -(-rdma // 128) * 128
+    assert moe_comm.deepep_buffer_bytes(4096, 8) == -(-(10 * 8 * ((2 + 3) * 4 + 256 * (4096 * 2 + 2056))) // 128) * 128
+    assert moe_comm.deepep_buffer_bytes(7168, 16) > moe_comm.deepep_buffer_bytes(7168, 8)  # RDMA from 2 nodes on
+    assert moe_comm.deepep_buffer_bytes(7168, 256) == 0 and not moe_comm.deepep_runs(256)
+
+
+def test_flex_only_where_deepep_runs_and_its_buffers_held():
+    """megatron-core's flex is DeepEP (behaviour.moe.flex_kernels): not offered for a tp x ep group DeepEP has no
+    configuration for, a stated one refused; where priced, its buffers are in the rank's other bytes."""
+    request = api.build_request(model="deepseek-v3", topology="dgx-h100", gpus=2048, global_batch_size=4096,
+                                seq_len=4096, framework="megatron-core")
+    wide = Candidate(dp=256, tp=1, pp=8, ep=256, microbatch_size=1, num_microbatches=16, zero_stage=1, recompute="full")
+    model = CostModel(request)
+    assert arrays.priced_choices(model, wide)[0] != "flex" and model.dispatch_buffer_bytes(wide) == 0
+    hai = CostModel(request.model_copy(update={"framework": "hai-llm"}))
+    assert "flex" in {c.moe_dispatcher for c in arrays.kind_costs(hai, wide, hai.links(wide), False).values()}
+    narrow = dataclasses.replace(wide, dp=256, ep=64)
+    pinned = CostModel(request, options=dataclasses.replace(options_for("megatron-core", "bf16"), moe_dispatchers=("flex",)))
+    flat = CostModel(request, options=dataclasses.replace(options_for("megatron-core", "bf16"), moe_dispatchers=("alltoall",)))
+    buffer = moe_comm.deepep_buffer_bytes(7168, 64)
+    assert pinned.dispatch_buffer_bytes(narrow) == buffer and flat.dispatch_buffer_bytes(narrow) == 0
+    assert pinned.stage_other_bytes(narrow, 0) - flat.stage_other_bytes(narrow, 0) == pytest.approx(buffer, abs=1)
+    config = Configuration(parallelism=Parallelism(dp=256, tp=1, pp=8, ep=256, zero_stage=1, moe_dispatcher="flex"),
+                           recompute="full")
+    with pytest.raises(BadInputError, match="DeepEP's Buffer has no configuration for a tp x ep group of 256"):
+        api.estimate(request, config)
