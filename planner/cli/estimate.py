@@ -15,6 +15,8 @@ from rich import box
 from rich.table import Table
 
 from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
+from planner.cli.moe_options import (CapacityFactorOption, CpCommTypeOption, MoeDispatcherOption, MoeOverlapOption,
+                                       RoutingSkewOption)
 from planner.errors import BadInputError
 from planner.io import format_validation_error
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
@@ -225,20 +227,11 @@ def estimate(
     compression: str = typer.Option("none", "--compression", help=(
         "Communication compression: none | zeropp | a list of qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, "
         "fp16-grads, fp8-dispatch (what the framework runs: `planner framework show`).")),
-    moe_dispatcher: str | None = typer.Option(None, "--moe-dispatcher", help=(
-        "MoE token dispatcher the job runs: alltoall | flex (DeepEP) | allgather, Megatron-Core's "
-        "--moe-token-dispatcher-type (default: the fastest the framework runs).")),
-    moe_overlap: str | None = typer.Option(None, "--moe-overlap", help=(
-        "MoE communication overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe) | shared "
-        "(--moe-shared-expert-overlap) | none (default: the best the framework runs for the layout).")),
-    cp_comm_type: str | None = typer.Option(None, "--cp-comm-type", help=(
-        "Context-parallel flavour the job runs, in the framework's spelling (Megatron-Core p2p | all_gather | a2a | "
-        "a2a+p2p; default: the fastest it runs).")),
-    routing_skew: float | None = typer.Option(None, "--routing-skew", help=(
-        "MoE load imbalance to plan for: the slowest expert-parallel rank receives (1 + skew) x the mean routed tokens "
-        "(default: the model's, 0 = balanced; `planner run` reports the skew a run saw).")),
-    capacity_factor: float | None = typer.Option(None, "--capacity-factor", help=(
-        "MoE expert capacity factor: buffers padded to it, tokens past it dropped (default: the model's; dropless).")),
+    moe_dispatcher: MoeDispatcherOption = None,
+    moe_overlap: MoeOverlapOption = None,
+    cp_comm_type: CpCommTypeOption = None,
+    routing_skew: RoutingSkewOption = None,
+    capacity_factor: CapacityFactorOption = None,
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8."),
     profile: str | None = typer.Option(None, "--profile", help="Measured profile file for compute costs."),
     framework: str = typer.Option("planner", "--framework", help="Stack that runs it: planner | megatron-core | torchtitan | "

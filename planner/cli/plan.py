@@ -6,6 +6,8 @@ from typing import Optional, get_args
 import typer
 
 from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
+from planner.cli.moe_options import (CapacityFactorOption, CpCommTypeOption, MoeDispatcherOption, MoeOverlapOption,
+                                       RoutingSkewOption)
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import schedule as schedule_of
 from planner.schemas.framework import MoeDispatcher
@@ -43,11 +45,8 @@ def plan_command(
     gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="GPUs to use (default: all GPUs of the nodes)."),
     global_batch_size: Optional[int] = typer.Option(None, "--global-batch-size", min=1, help="Sequences per step (default ~4M tokens)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: the model's)."),
-    routing_skew: Optional[float] = typer.Option(None, "--routing-skew", help=(
-        "MoE load imbalance to plan for: the slowest expert-parallel rank receives (1 + skew) x the mean routed tokens "
-        "(default: the model's, 0 = balanced; `planner run` reports the skew a run saw).")),
-    capacity_factor: Optional[float] = typer.Option(None, "--capacity-factor", help=(
-        "MoE expert capacity factor: buffers padded to it, tokens past it dropped (default: the model's; dropless).")),
+    routing_skew: RoutingSkewOption = None,
+    capacity_factor: CapacityFactorOption = None,
     precision: str = typer.Option("bf16", "--precision", help="bf16 | amp-bf16 | fp32 | fp8"),
     profile: Optional[str] = typer.Option(None, "--profile", help="Measured profile for compute costs (default: analytic)."),
     top_k: int = typer.Option(3, "--top-k", min=0, help="Alternatives to keep in the plan."),
@@ -74,14 +73,9 @@ def plan_command(
         "What selective reruns, Megatron-Core's names, comma-separated: core_attn, layernorm, mla_up_proj, mlp, moe, "
         "moe_act, shared_experts (default: the framework's own selective).")),
     tp_overlap: Optional[str] = typer.Option(None, "--tp-overlap", help="Fix the TP overlap: none | domino."),
-    moe_dispatcher: Optional[str] = typer.Option(None, "--moe-dispatcher", help=(
-        "Fix the MoE token dispatcher the job runs: alltoall | flex (DeepEP) | allgather (default: the fastest the "
-        "framework runs).")),
-    moe_overlap: Optional[str] = typer.Option(None, "--moe-overlap", help=(
-        "Fix the MoE overlap the job may run: batch (where the layout allows it) | shared | none (default: the best "
-        "the framework runs).")),
-    cp_comm_type: Optional[str] = typer.Option(None, "--cp-comm-type", help=(
-        "Fix the context-parallel flavour, in the framework's spelling (default: the fastest it runs).")),
+    moe_dispatcher: MoeDispatcherOption = None,
+    moe_overlap: MoeOverlapOption = None,
+    cp_comm_type: CpCommTypeOption = None,
     zero: Optional[int] = typer.Option(None, "--zero", min=0, max=3, help="Fix the ZeRO stage."),
     dp_replicate: int = typer.Option(1, "--dp-replicate", min=1, help="Fix HSDP replicas (dp = dp_replicate x dp_shard, "
                                      "ZeRO-2/3 only; not searched otherwise)."),

@@ -26,6 +26,7 @@ from planner.cost.compute import Shape
 from planner.cost.evaluate import Evaluation, evaluate_candidate
 from planner.cost.links import candidate_links
 from planner.cost.overlay import apply_overlay
+from planner.cost.pins import dispatch_reasons
 from planner.cost.stack import options_for
 from planner.cost.types import Candidate, CostOptions, Detail, LayerCosts
 from planner.cost.validity import validity_reasons as _validity
@@ -148,6 +149,8 @@ class CostModel:
         cached = self._validity.get(cand)
         if cached is None:
             cached = _validity(self.request, cand, lambda: self.framework)
+            if not cached:  # a stated dispatcher the candidate's group cannot run (planner.cost.pins)
+                cached = dispatch_reasons(self.options, self.spec, cand, self.shape(cand))
             self._validity[cand] = cached
         return cached
 

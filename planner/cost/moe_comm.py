@@ -207,5 +207,12 @@ def deepep_runs(ranks: int) -> bool:
     return ranks in DEEPEP_DISPATCH
 
 
+def flex_refusal(ranks: int) -> str:
+    """Why a stated flex (DeepEP) dispatcher cannot run for a tp x ep group of `ranks`, with the fix."""
+    sizes = ", ".join(map(str, DEEPEP_DISPATCH))
+    return (f"moe_dispatcher='flex': DeepEP's Buffer has no configuration for a tp x ep group of {ranks} ranks "
+            f"(deep_ep get_dispatch_config: {sizes}): change ep or tp, or pass --moe-dispatcher alltoall")
+
+
 def _round128(num_bytes: int) -> int:
     return (num_bytes + 127) // 128 * 128

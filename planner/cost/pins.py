@@ -108,23 +108,28 @@ def _overlap(options: CostOptions, overlap: str, allowed: tuple[str, ...], *, sp
 
 
 def pin_reasons(model: "CostModel", cand: "Candidate", par: "Parallelism") -> list[str]:
-    """Why the stated dispatcher or overlap does not run for this candidate's layout: the stack's conditions on the
-    batch-level overlap (behaviour.overlap.moe_all_to_all_needs), DeepEP's group sizes for flex
-    (moe_comm.deepep_runs), the shared-expert overlap beside a recompute of the shared experts (Megatron-Core
-    refuses both)."""
+    """Why the stated overlap does not run for this candidate's layout: the stack's conditions on the batch-level
+    overlap (behaviour.overlap.moe_all_to_all_needs), the shared-expert overlap beside a recompute of the shared
+    experts (Megatron-Core refuses both). A stated dispatcher the group cannot run is CostModel.validity_reasons'
+    (dispatch_reasons), for an estimate and a search alike."""
     if par.moe_overlap == "batch" and not moe_batch_overlap(model, cand):
         unmet = moe_comm.unmet_needs(model.options.moe_overlap_needs, pp=cand.pp, vpp=cand.vpp, recompute=cand.recompute,
                                      full_layers=False, precision=model.request.precision,
                                      modules=cand.recompute_modules, mtp_layers=model.spec.mtp_num_layers)
         return [f"moe_overlap='batch': {model.framework.name} runs it only with " + "; ".join(NEED_FIXES[n] for n in unmet)
                 + ": change the layout, or pass --moe-overlap none"]
-    shape = model.shape(cand)
-    group = shape.expert_parallel * shape.etp
-    if par.moe_dispatcher == "flex" and model.options.moe_deepep and not moe_comm.deepep_runs(group):
-        sizes = ", ".join(map(str, moe_comm.DEEPEP_DISPATCH))
-        return [f"moe_dispatcher='flex': DeepEP's Buffer has no configuration for a tp x ep group of {group} ranks "
-                f"(deep_ep get_dispatch_config: {sizes}): change ep or tp, or pass --moe-dispatcher alltoall"]
     if par.moe_overlap == "shared" and "shared_experts" in cand.recompute_modules:
         return ["moe_overlap='shared' with shared_experts recomputed: Megatron-Core refuses both (transformer_config.py): "
                 "drop shared_experts from --recompute-modules, or pass --moe-overlap none"]
     return []
+
+
+def dispatch_reasons(options: CostOptions, spec: ModelSpec, cand: "Candidate", shape) -> tuple[str, ...]:
+    """Why none of the dispatchers left to price (options.moe_dispatchers, narrowed by a statement) runs for the
+    candidate: flex alone where DeepEP has no configuration for its tp x ep group (moe_comm.deepep_runs); () else."""
+    if options.moe_dispatchers is None or spec.moe is None or cand.ep <= 1 or not options.moe_deepep:
+        return ()
+    group = shape.expert_parallel * shape.etp
+    if set(options.moe_dispatchers) == {"flex"} and not moe_comm.deepep_runs(group):
+        return (moe_comm.flex_refusal(group),)
+    return ()

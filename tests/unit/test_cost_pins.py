@@ -246,3 +246,14 @@ def test_flex_only_where_deepep_runs_and_its_buffers_held():
                            recompute="full")
     with pytest.raises(BadInputError, match="DeepEP's Buffer has no configuration for a tp x ep group of 256"):
         api.estimate(request, config)
+
+
+def test_a_search_stated_flex_keeps_to_deepeps_group_sizes():
+    """With flex stated, a candidate whose tp x ep group DeepEP has no configuration for is invalid (not priced with
+    no dispatcher at all): the plan's group is one of DeepEP's sizes and the others are counted as pruned."""
+    limits = SearchLimits(time_limit_s=60, top_k=1, moe_dispatcher="flex")
+    plan = api.plan(api.build_request(model="deepseek-v3", topology="dgx-h100", gpus=2048, global_batch_size=8192,
+                                      seq_len=4096, framework="megatron-core", search=limits))
+    par = plan.parallelism
+    assert par.moe_dispatcher == "flex" and moe_comm.deepep_runs(par.ep * par.tp)  # no MoE fold: tp x ep
+    assert plan.pruned.get("moe_dispatcher_flex", 0) > 0

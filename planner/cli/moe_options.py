@@ -1,0 +1,24 @@
+"""The options `planner estimate` and `planner plan` share for how an MoE or long-context job communicates: the
+dispatcher, overlap and context-parallel flavour it runs (Parallelism fields, planner.cost.pins) and the expert load
+it plans for (MoESpec fields, planner.api.with_moe_fields). One spelling and one help text for both commands."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+MoeDispatcherOption = Annotated[Optional[str], typer.Option("--moe-dispatcher", help=(
+    "MoE token dispatcher the job runs: alltoall | flex (DeepEP) | allgather, Megatron-Core's "
+    "--moe-token-dispatcher-type (default: the fastest the framework runs)."))]
+MoeOverlapOption = Annotated[Optional[str], typer.Option("--moe-overlap", help=(
+    "MoE communication overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe; where the layout "
+    "allows it) | shared (--moe-shared-expert-overlap) | none (default: the best the framework runs)."))]
+CpCommTypeOption = Annotated[Optional[str], typer.Option("--cp-comm-type", help=(
+    "Context-parallel flavour the job runs, in the framework's spelling (Megatron-Core p2p | all_gather | a2a | "
+    "a2a+p2p; default: the fastest it runs)."))]
+RoutingSkewOption = Annotated[Optional[float], typer.Option("--routing-skew", help=(
+    "MoE load imbalance to plan for: the slowest expert-parallel rank receives (1 + skew) x the mean routed tokens "
+    "(default: the model's, 0 = balanced; `planner run` reports the skew a run saw)."))]
+CapacityFactorOption = Annotated[Optional[float], typer.Option("--capacity-factor", help=(
+    "MoE expert capacity factor: buffers padded to it, tokens past it dropped (default: the model's; dropless)."))]
