@@ -8,17 +8,23 @@ from typing import Annotated, Optional
 
 import typer
 
-MoeDispatcherOption = Annotated[Optional[str], typer.Option("--moe-dispatcher", help=(
+
+def _option(kind: type, flag: str, text: str):
+    """An optional typer option of `kind` (None: not stated)."""
+    return Annotated[Optional[kind], typer.Option(flag, help=text)]
+
+
+MoeDispatcherOption = _option(str, "--moe-dispatcher", (
     "MoE token dispatcher the job runs: alltoall | flex (DeepEP) | allgather, Megatron-Core's "
-    "--moe-token-dispatcher-type (default: the fastest the framework runs)."))]
-MoeOverlapOption = Annotated[Optional[str], typer.Option("--moe-overlap", help=(
+    "--moe-token-dispatcher-type (default: the fastest the framework runs)."))
+MoeOverlapOption = _option(str, "--moe-overlap", (
     "MoE communication overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe; where the layout "
-    "allows it) | shared (--moe-shared-expert-overlap) | none (default: the best the framework runs)."))]
-CpCommTypeOption = Annotated[Optional[str], typer.Option("--cp-comm-type", help=(
+    "allows it) | shared (--moe-shared-expert-overlap) | none (default: the best the framework runs)."))
+CpCommTypeOption = _option(str, "--cp-comm-type", (
     "Context-parallel flavour the job runs, in the framework's spelling (Megatron-Core p2p | all_gather | a2a | "
-    "a2a+p2p; default: the fastest it runs)."))]
-RoutingSkewOption = Annotated[Optional[float], typer.Option("--routing-skew", help=(
+    "a2a+p2p; default: the fastest it runs)."))
+RoutingSkewOption = _option(float, "--routing-skew", (
     "MoE load imbalance to plan for: the slowest expert-parallel rank receives (1 + skew) x the mean routed tokens "
-    "(default: the model's, 0 = balanced; `planner run` reports the skew a run saw)."))]
-CapacityFactorOption = Annotated[Optional[float], typer.Option("--capacity-factor", help=(
-    "MoE expert capacity factor: buffers padded to it, tokens past it dropped (default: the model's; dropless)."))]
+    "(default: the model's, 0 = balanced; `planner run` reports the skew a run saw)."))
+CapacityFactorOption = _option(float, "--capacity-factor", (
+    "MoE expert capacity factor: buffers padded to it, tokens past it dropped (default: the model's; dropless)."))
