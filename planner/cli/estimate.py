@@ -7,7 +7,6 @@ JSON. Exit codes: 0 fits, 1 does not fit or does not divide (the reason is print
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args
 
 import typer
 from pydantic import ValidationError
@@ -15,8 +14,8 @@ from rich import box
 from rich.table import Table
 
 from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
-from planner.cli.moe_options import (CapacityFactorOption, CpCommTypeOption, MoeDispatcherOption, MoeOverlapOption,
-                                       RoutingSkewOption)
+from planner.cli.moe_options import (MOE_CHOICES, CapacityFactorOption, CpCommTypeOption, MoeDispatcherOption,
+                                       MoeOverlapOption, RoutingSkewOption)
 from planner.errors import BadInputError
 from planner.io import format_validation_error
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
@@ -24,8 +23,7 @@ from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import V_PLACED
 from planner.schemas.compression import NONE, Compression
 from planner.schemas.dims import ParallelDims
-from planner.schemas.framework import MoeDispatcher
-from planner.schemas.plan import Configuration, LaunchPlan, MoeOverlap, Parallelism, PlanRequest
+from planner.schemas.plan import Configuration, LaunchPlan, Parallelism, PlanRequest
 from planner.units import GiB
 
 
@@ -117,8 +115,7 @@ CHOICES = {
     "tp_overlap": ("none", "domino"),
     "zero": (0, 1, 2, 3),
     "precision": ("bf16", "amp-bf16", "fp32", "fp8"),
-    "moe_dispatcher": get_args(MoeDispatcher),
-    "moe_overlap": get_args(MoeOverlap),
+    **MOE_CHOICES,
 }
 
 

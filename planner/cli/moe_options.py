@@ -4,9 +4,15 @@ it plans for (MoESpec fields, planner.api.with_moe_fields). One spelling and one
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_args
 
 import typer
+
+from planner.schemas.framework import MoeDispatcher
+from planner.schemas.plan import MoeOverlap
+
+# The values each stated choice takes (checked by both commands before any request is built).
+MOE_CHOICES = {"moe_dispatcher": get_args(MoeDispatcher), "moe_overlap": get_args(MoeOverlap)}
 
 
 def _option(kind: type, flag: str, text: str):

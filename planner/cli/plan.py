@@ -1,17 +1,15 @@
 """`planner plan`: search the plan space for the fastest configuration that fits and write the LaunchPlan."""
 
 from pathlib import Path
-from typing import Optional, get_args
+from typing import Optional
 
 import typer
 
 from planner.cli.common import emit_text, guarded, path_text, recompute_modules_of
-from planner.cli.moe_options import (CapacityFactorOption, CpCommTypeOption, MoeDispatcherOption, MoeOverlapOption,
-                                       RoutingSkewOption)
+from planner.cli.moe_options import (MOE_CHOICES, CapacityFactorOption, CpCommTypeOption, MoeDispatcherOption,
+                                       MoeOverlapOption, RoutingSkewOption)
 from planner.schedules import NAMES as SCHEDULE_NAMES
 from planner.schedules import schedule as schedule_of
-from planner.schemas.framework import MoeDispatcher
-from planner.schemas.plan import MoeOverlap
 
 HELP = """Find the fastest plan that fits: DP x TP x PP x EP x CP, ZeRO, SP, micro-batching, recompute, schedule.
 
@@ -144,15 +142,16 @@ def _limits(*, top_k: int, time_limit: float, stale: bool, zero, schedule, degre
     asked_stale = schedule in SCHEDULE_NAMES and schedule_of(schedule).stale_weights  # --schedule 2bw allows it
     fields: dict = dict(top_k=top_k, time_limit_s=time_limit, allow_stale_weights=stale or asked_stale,
                         prefer_practice=not fastest)
-    for name, allowed, key in (("recompute", ("none", "selective", "full"), "recompute_modes"),
-                               ("tp_overlap", ("none", "domino"), "tp_overlap"),
-                               ("moe_dispatcher", get_args(MoeDispatcher), None), ("moe_overlap", get_args(MoeOverlap), None)):
+    checked = {"recompute": (("none", "selective", "full"), "recompute_modes"), "tp_overlap": (("none", "domino"), "tp_overlap"),
+               **{name: (allowed, None) for name, allowed in MOE_CHOICES.items()}}  # key: the searched dimension
+    for name, (allowed, key) in checked.items():
         if fixed.get(name) is not None:
             if fixed[name] not in allowed:
                 raise BadInputError(f"--{name.replace('_', '-')}={fixed[name]!r}: choose one of {', '.join(allowed)}")
-            fields[key or name] = (fixed[name],) if key else fixed[name]
-    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate", "recompute_modules", "cp_comm_type")
-                   if fixed.get(k) is not None})
+            if key is not None:  # a searched dimension narrowed to the one value
+                fields[key] = (fixed[name],)
+    fields.update({k: fixed[k] for k in ("sp", "vpp", "microbatch_size", "dp_replicate", "recompute_modules", "cp_comm_type",
+                                         *MOE_CHOICES) if fixed.get(k) is not None})
     if zero is not None:
         fields["zero_stages"] = (zero,)
     if schedule is not None:

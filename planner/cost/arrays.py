@@ -56,12 +56,14 @@ def moe_batch_overlap(model: "CostModel", cand: "Candidate") -> bool:
     it (behaviour.overlap.moe_all_to_all) and the candidate meets the stack's conditions on it
     (moe_comm.batch_overlap_applies with behaviour.overlap.moe_all_to_all_needs). A partial full recompute breaks
     Megatron-Core's (no_full_recompute): the search adds none to a candidate for which this holds."""
-    o = model.options
-    return o.moe_overlap and moe_comm.batch_overlap_applies(o.moe_overlap_needs, pp=cand.pp, vpp=cand.vpp,
-                                                            recompute=cand.recompute, full_layers=False,
-                                                            precision=model.request.precision,
-                                                            modules=cand.recompute_modules,
-                                                            mtp_layers=model.spec.mtp_num_layers)
+    return model.options.moe_overlap and not moe_overlap_unmet(model, cand)
+
+
+def moe_overlap_unmet(model: "CostModel", cand: "Candidate") -> list[str]:
+    """The stack's conditions on its batch-level overlap the candidate breaks (moe_comm.unmet_needs)."""
+    return moe_comm.unmet_needs(model.options.moe_overlap_needs, pp=cand.pp, vpp=cand.vpp, recompute=cand.recompute,
+                                full_layers=False, precision=model.request.precision, modules=cand.recompute_modules,
+                                mtp_layers=model.spec.mtp_num_layers)
 
 
 def kind_costs(model: "CostModel", cand: "Candidate", links: Links, overlap: bool) -> dict[str, ModuleCost]:
@@ -141,6 +143,14 @@ def priced_choices(model: "CostModel", cand: "Candidate") -> tuple[str | None, s
     has_moe = cand.ep > 1 and bool(model.moe_mask.any())
     if not has_moe and cand.cp <= 1:
         return None, None, None
+    key = ("priced_choices", cand)  # read by the plan, the EP overlap's extra micro-batch and the dispatch buffers
+    if key not in model.memo:
+        model.memo[key] = _priced_choices(model, cand, has_moe)
+    return model.memo[key]
+
+
+def _priced_choices(model: "CostModel", cand: "Candidate", has_moe: bool) -> tuple[str | None, str | None, str | None]:
+    """priced_choices, computed from the candidate's module costs."""
     batch = moe_batch_overlap(model, cand)
     kinds = kind_costs(model, cand, model.links(cand), batch)
     dispatcher = overlap = None

@@ -83,6 +83,12 @@ class Shape:
         return self.ep * self.tp // self.etp
 
     @property
+    def tp_ep(self) -> int:
+        """Ranks of the expert tensor- x expert-parallel group (Megatron-Core's tp_ep group, over which its flex
+        dispatcher runs DeepEP: token_dispatcher.py _DeepepManager(group=self.tp_ep_group))."""
+        return self.expert_parallel * self.etp
+
+    @property
     def tokens(self) -> float:
         """Tokens of this GPU's sequence shard: b * s / cp."""
         return self.microbatch_size * self.seq_len / self.cp

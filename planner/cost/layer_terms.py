@@ -159,7 +159,7 @@ def ep_options(env: Env) -> dict[str, tuple[float, float]]:
     bf16 = moe_comm.dispatch_options(tokens, cfg, env.spec.hidden_size, **kwargs)
     dispatch = (moe_comm.dispatch_options(tokens, cfg, env.spec.hidden_size, value_bytes=FP8_DISPATCH_BYTES,
                                           **kwargs) if env.moe_dispatch_fp8 else bf16)
-    deepep_refuses = env.moe_deepep and not moe_comm.deepep_runs(env.shape.expert_parallel * env.shape.etp)
+    deepep_refuses = env.moe_deepep and not moe_comm.deepep_runs(env.shape.tp_ep)
     return {name: (bf16[name] + dispatch[name],) * 2 for name in bf16
             if (env.moe_dispatchers is None or name in env.moe_dispatchers) and not (name == "flex" and deepep_refuses)}
 

@@ -260,10 +260,8 @@ class CostModel:
         key = ("dispatch_buffer", cand)
         found = self.memo.get(key)
         if found is None:
-            shape = self.shape(cand)
             flex = priced_choices(self, cand)[0] == "flex"
-            found = self.memo[key] = moe_comm.deepep_buffer_bytes(
-                self.spec.hidden_size, shape.expert_parallel * shape.etp) if flex else 0.0
+            found = self.memo[key] = moe_comm.deepep_buffer_bytes(self.spec.hidden_size, self.shape(cand).tp_ep) if flex else 0.0
         return found
 
     def inflight_per_rank(self, cand: Candidate) -> np.ndarray:

@@ -16,7 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from planner.cost import moe_comm
-from planner.cost.arrays import moe_batch_overlap
+from planner.cost.arrays import moe_overlap_unmet
 from planner.cost.types import CostOptions
 from planner.errors import BadInputError
 from planner.schemas.model import ModelSpec
@@ -38,8 +38,8 @@ NEED_FIXES = {
 
 
 def dispatchers_run(options: CostOptions) -> tuple[str, ...]:
-    """The token dispatchers the stack runs (behaviour.overlap: alltoall always, flex with its per-node dispatch,
-    allgather where listed)."""
+    """The token dispatchers the stack runs, its capabilities.expert_parallel.flavours as options_for reads them
+    (alltoall always; flex, allgather where listed)."""
     return ("alltoall",) + (("flex",) if options.moe_hierarchical else ()) + (("allgather",) if options.moe_allgather else ())
 
 
@@ -112,10 +112,8 @@ def pin_reasons(model: "CostModel", cand: "Candidate", par: "Parallelism") -> li
     overlap (behaviour.overlap.moe_all_to_all_needs), the shared-expert overlap beside a recompute of the shared
     experts (Megatron-Core refuses both). A stated dispatcher the group cannot run is CostModel.validity_reasons'
     (dispatch_reasons), for an estimate and a search alike."""
-    if par.moe_overlap == "batch" and not moe_batch_overlap(model, cand):
-        unmet = moe_comm.unmet_needs(model.options.moe_overlap_needs, pp=cand.pp, vpp=cand.vpp, recompute=cand.recompute,
-                                     full_layers=False, precision=model.request.precision,
-                                     modules=cand.recompute_modules, mtp_layers=model.spec.mtp_num_layers)
+    unmet = moe_overlap_unmet(model, cand) if par.moe_overlap == "batch" else []
+    if unmet:  # narrowed has refused "batch" where the stack runs no such overlap
         return [f"moe_overlap='batch': {model.framework.name} runs it only with " + "; ".join(NEED_FIXES[n] for n in unmet)
                 + ": change the layout, or pass --moe-overlap none"]
     if par.moe_overlap == "shared" and "shared_experts" in cand.recompute_modules:
@@ -129,7 +127,6 @@ def dispatch_reasons(options: CostOptions, spec: ModelSpec, cand: "Candidate", s
     candidate: flex alone where DeepEP has no configuration for its tp x ep group (moe_comm.deepep_runs); () else."""
     if options.moe_dispatchers is None or spec.moe is None or cand.ep <= 1 or not options.moe_deepep:
         return ()
-    group = shape.expert_parallel * shape.etp
-    if set(options.moe_dispatchers) == {"flex"} and not moe_comm.deepep_runs(group):
-        return (moe_comm.flex_refusal(group),)
+    if set(options.moe_dispatchers) == {"flex"} and not moe_comm.deepep_runs(shape.tp_ep):
+        return (moe_comm.flex_refusal(shape.tp_ep),)
     return ()
