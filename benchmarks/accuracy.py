@@ -137,6 +137,7 @@ def render(result: dict, *, quiet: bool = False) -> str:
             c = r["cand"]
             every = f"+full/{r['full_every']}" if r.get("full_every") else ""
             desc = f"dp{c.dp} tp{c.tp} pp{c.pp} vpp{c.vpp} z{c.zero_stage} mbs{c.microbatch_size} {c.recompute}{every}{' sp' if c.sp else ''}"
+            desc += f" split {r['planned']}" if r.get("planned") else ""
             lines.append(f"{r['run'][:44]:44} {r['stack']:13} {r['basis'][:16]:16} {r['measured_s']:8.2f} {r['predicted_s']:8.2f} "
                          f"{r['error']:+7.1%} {r['loso_error']:+7.1%} {r['naive_error']:+7.1%} {'yes' if r['fits'] else 'NO':4}  {desc}")
     lines.append("")

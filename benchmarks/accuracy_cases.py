@@ -20,9 +20,13 @@ from planner.cost.evaluate import Evaluation
 from planner.cost.model import Candidate, CostModel
 from planner.cost.stack import options_for
 from planner.frameworks import load_framework
+from planner.frameworks_split import balanced_split, compact
 from planner.models import counting
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import PlanRequest
+from planner.search.partition import partition
+from planner.search.refine import stage_problem
+from planner.search.refine_uneven import candidate_splits
 
 RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
 
@@ -39,6 +43,7 @@ class Case:
     candidates: list[Candidate]
     overrides: dict = dataclasses.field(default_factory=dict)  # CostOptions fields replaced (an ablation)
     full_every: int | None = None  # every n-th decoder layer fully recomputed (published_runs.layer_checkpoint_every)
+    plan_split: bool = True  # an unsaid pipeline split is the planner's (reading rule split_unstated_is_planned)
     profile: FrameworkProfile | None = None  # the request's stack profile, read once per run
 
 
@@ -47,10 +52,11 @@ def read_runs(path: Path) -> list[dict]:
     return raw["runs"] if isinstance(raw, dict) else raw
 
 
-def evaluate(model: CostModel, case: Case, cand: Candidate):
-    """model.evaluate(cand), with every case.full_every-th layer of each virtual stage fully recomputed."""
+def evaluate(model: CostModel, case: Case, cand: Candidate, stage_layers: tuple[int, ...] | None = None):
+    """model.evaluate(cand) with the split given (None: balanced), every case.full_every-th layer of each virtual
+    stage fully recomputed."""
     if not case.full_every:
-        return model.evaluate(cand)
+        return model.evaluate(cand, stage_layers=stage_layers)
     stages = cand.pp * cand.vpp
     per_stage = case.request.model.num_layers // stages
     return model.evaluate(cand, full_recompute_layers=(per_stage // case.full_every,) * stages)
@@ -91,7 +97,8 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
     if eager is not None:
         fixed["eager_ops"] = eager
     return Case(run, stack, P.device_family(run), P.source_of(run), request, candidates,
-                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every, load_framework(request.framework))
+                {**fixed, **(overrides or {}).get(stack, {})}, s.full_every, "split_unstated_is_planned" not in off,
+                load_framework(request.framework))
 
 
 def options(case: Case, request: PlanRequest | None = None):
@@ -121,7 +128,35 @@ def choose(case: Case, ceiling: float | None = None, overhead: float | None = No
         key = (not ev.fits, ev.step_time_s)
         if best is None or key < best[0]:
             best = (key, cand, ev)
-    return (best[1], best[2]) if best else (None, None)
+    if best is None:
+        return None, None
+    return best[1], planned_split(model, case, best[1], best[2])
+
+
+def planned_split(model: CostModel, case: Case, cand: Candidate, ev):
+    """The reading rule for a pipeline split no source states (`split_unstated_is_planned`). Where the decoder
+    layers and MTP layers divide evenly over the pp x vpp stages, the even split every stack builds by default
+    (Megatron get_num_layers_to_build, num_layers // pp; torchtitan's equal stages; Megatron-DeepSpeed's GPTModelPipe
+    partition_method "type:transformer"), which the cost prices when given none. Otherwise a run had to choose an
+    uneven split and did not say which: the split the planner's search gives the chosen settings
+    (planner.search.refine_top: the stage-partition DP for vpp = 1, the stack's uneven first/last and embedding/loss
+    forms for vpp > 1), kept where it fits and is predicted faster, as the search keeps it. Layer-wise checkpointing
+    (case.full_every) keeps the balanced split."""
+    stages = cand.pp * cand.vpp
+    spec = case.request.model
+    if cand.pp == 1 or case.full_every or not case.plan_split or not (spec.num_layers + spec.mtp_num_layers) % stages:
+        return ev
+    if cand.vpp == 1:
+        found = partition(stage_problem(model, cand, model.layer_costs(cand)))
+        splits = [found.layers_per_stage] if found is not None else []
+    else:
+        splits = candidate_splits(case.profile, num_layers=case.request.model.num_layers, pp=cand.pp, vpp=cand.vpp)
+    best = ev
+    for split in splits:
+        other = model.evaluate(cand, stage_layers=tuple(split))
+        if other.fits and (not best.fits or other.step_time_s < best.step_time_s):
+            best = other
+    return best
 
 
 def measured(case: Case, cand: Candidate, ev) -> tuple[float, str] | None:
@@ -145,18 +180,25 @@ def evaluate_case(case: Case, ceiling: float | None = None, overhead: float | No
     if meas is None:
         return None
     step, basis = meas
-    return dict(run=case.run["id"], source=case.source, stack=case.stack, family=case.family, cand=cand, full_every=case.full_every,
+    return dict(run=case.run["id"], source=case.source, stack=case.stack, family=case.family, cand=cand,
+                split=ev.stage_layers, planned=planned_note(case, ev.stage_layers), full_every=case.full_every,
                 predicted_s=ev.step_time_s, measured_s=step, basis=basis, error=ev.step_time_s / step - 1, fits=ev.fits,
                 peak_gib=ev.peak_bytes / 2**30, why="; ".join(ev.reasons)[:160])
+
+
+def planned_note(case: Case, split: tuple[int, ...]) -> str:
+    """The split in --stage-layers spelling where it is not the balanced one the cost prices by default, else ""."""
+    balanced = balanced_split(case.request.model.num_layers, len(split), last_slots=case.request.model.mtp_num_layers)
+    return "" if tuple(split) == balanced else compact(split)
 
 
 def implied(case: Case, row: dict, overhead: float | None = None) -> float:
     """The GEMM ceiling at which the model (with the per-step loop overhead given, else the shipped one)
     reproduces the run's measured step time (its chosen settings)."""
-    cand = row["cand"]
+    cand, split = row["cand"], row["split"]
 
     def tflops(c: float) -> float:
-        return 1.0 / evaluate(cost_model(case, c, overhead), case, cand).step_time_s
+        return 1.0 / evaluate(cost_model(case, c, overhead), case, cand, split).step_time_s
 
     return implied_ceiling(tflops, 1.0 / row["measured_s"])
 

@@ -130,6 +130,10 @@ ABLATIONS = (
      "Megatron-Core multi_token_prediction.py)", "mtp_depth_stated", None),
     ("MTP layer counted as a last-stage slot of the default split (Megatron MR2795; off: on top of the last stage)",
      MTP_SLOT, None),
+    ("LM head, MoE router and delta rule at the bf16 rate under fp8 (Megatron-Core output_layer/router_gating_linear, "
+     "torchtitan filter_fqns)", "fp8_16bit_gemms", False),
+    ("an unsaid pipeline split as the planner's split (reading rule; stage-partition DP, the stack's uneven forms)",
+     "split_unstated_is_planned", None),
     ("an MoE run's stated token dispatcher and overlap priced as stated (reading rule; Megatron-Core flag names, "
      "DeepEP)", "moe_settings_stated", None),
     ("a Megatron-Core run without the MoE features its release lacked (reading rule; core_v0.10/0.12/0.14 tags)",

@@ -40,6 +40,10 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   Megatron-DeepSpeed default to 0.1 attention and hidden dropout; Megatron-Core's large-model recipes and the
   other stacks train without);
 - pipeline interleaving that a source calls "not stated" (or "no interleaving stated") with 1F1B is plain 1F1B;
+- a pipeline split no source states (`split_unstated_is_planned`, accuracy_cases.planned_split): the even split
+  where the decoder and MTP layers divide over the pp x vpp stages (every stack's default then); otherwise the run
+  chose some uneven split unsaid, read as the planner's split for its settings (the search's stage-partition DP,
+  the stack's uneven forms for vpp > 1), as Megatron-Bridge's DeepSeek-V3 layouts give the MTP stage fewer layers;
 - context parallelism's flavour, which no source names (`cp_flavour_of`): the stack's default;
 - an MoE run's token dispatcher and overlap (`moe_overrides_of`, benchmarks/published_moe.py): those its text
   states (Megatron-Core flag names, DeepEP), within those its Megatron-Core release had (a stated version, else the
@@ -202,7 +206,7 @@ READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe"
                  "ep_unstated_is_chosen",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
                  "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated",
-                 "moe_settings_stated", "megatron_core_version_features")  # accuracy.py can switch off
+                 "moe_settings_stated", "megatron_core_version_features", "split_unstated_is_planned")  # accuracy.py can switch off
 
 NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
 """Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance

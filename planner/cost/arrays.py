@@ -105,7 +105,8 @@ def kinds_with(model: "CostModel", cand: "Candidate", links: Links, overlap: boo
               # Megatron-Core refuses shared-expert recompute with the shared-expert overlap (transformer_config.py)
               moe_shared_overlap=shared_overlap(model, cand),
               moe_count_exchange=model.options.moe_count_exchange,
-              cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts)
+              cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts,
+              fp8_16bit_gemms=model.options.fp8_16bit_gemms)
     kinds = {"embedding": embedding_cost(env), "head": head_cost(env)}
     for name, (mixer, moe_layer, _) in layer_kinds(model).items():
         kinds[name] = (decoder_cost(env, moe_layer=moe_layer) if mixer == "attention"

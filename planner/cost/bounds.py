@@ -92,7 +92,8 @@ def _env(model: "CostModel", cand: "Candidate", tp: GroupLink, *, cp: GroupLink 
                  moe_dispatch_fp8=cand.compression.has("fp8-dispatch"),
                  moe_allgather=model.options.moe_allgather, moe_shared_overlap=model.options.moe_shared_overlap,
                  moe_count_exchange=model.options.moe_count_exchange,
-                 cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts)
+                 cp_flavours=model.options.cp_flavours, fp8_casts=model.options.fp8_casts,
+              fp8_16bit_gemms=model.options.fp8_16bit_gemms)
 
 
 def _least(options: tuple[GroupLink, ...], cost) -> GroupLink | None:

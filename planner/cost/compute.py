@@ -160,30 +160,13 @@ class Gemm:
     backward_factor: float = 2.0  # backward / forward FLOPs (grad of input and of weight); more where the backward
     # recomputes part of the forward (the chunked delta rule: planner.cost.mixers)
     io_elements: tuple[float, float] = (0.0, 0.0)  # (input, output) elements of a linear layer's matmul on this GPU:
-    # what an fp8 recipe casts (fp8_cast_bytes); 0 where the stack keeps the matmul in 16 bits (router, LM head)
+    # what an fp8 recipe casts (fp8_recipe.cast_bytes); 0 where the stack keeps the matmul in 16 bits (router, LM head)
+    fp8: bool = True  # runs in fp8 under an fp8 recipe; False where every stack keeps it in 16 bits (fp8_recipe)
 
 
 def _linear(name: str, tokens: float, k: float, n: float, **kwargs) -> Gemm:
     """A linear layer's forward matmul: `tokens` rows, `k` input and `n` output features on this GPU."""
     return Gemm(name, 2 * tokens * k * n, io_elements=(tokens * k, tokens * n), **kwargs)
-
-
-FP8_CAST_BYTES_PER_ELEMENT = 4
-"""HBM bytes an fp8 recipe moves per element it casts: read the 16-bit tensor (2), write it in fp8 (1) and its fp8
-transpose (1), one fused kernel. Transformer Engine's Linear does this to each matmul's input in forward
-(transformer_engine/pytorch/module/linear.py, _Linear.forward: `fp8_cast_transpose_fused(inputmat, ...)`, the
-transpose kept for the weight-gradient GEMM) and to each output gradient in backward
-(TransformerEngineBaseModule.grad_output_preprocess: fp8 cast-transpose of grad_output); torchao's float8 linear
-(torchtitan) casts the same tensors with a separate amax read, so at least these bytes. The weights are cast once
-per step (is_first_microbatch), not priced."""
-
-
-def fp8_cast_bytes(gemms: list[Gemm]) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of the fp8 casts of these matmuls: their inputs in forward, their output
-    gradients in backward (FP8_CAST_BYTES_PER_ELEMENT each)."""
-    inputs = sum(g.io_elements[0] for g in gemms)
-    outputs = sum(g.io_elements[1] for g in gemms)
-    return FP8_CAST_BYTES_PER_ELEMENT * inputs, FP8_CAST_BYTES_PER_ELEMENT * outputs
 
 
 def attention_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gemm]:
@@ -242,7 +225,7 @@ def mlp_gemms(spec: ModelSpec, shape: Shape, *, moe: MoEParams | None, full: boo
     local_experts = max(1, cfg.num_experts // (1 if full else shape.expert_parallel))
     routed = tokens if full else shape.moe_tokens
     gemms = [
-        Gemm("router", 2 * routed * spec.hidden_size * (cfg.num_experts + int(cfg.shared_expert_gate))),
+        Gemm("router", 2 * routed * spec.hidden_size * (cfg.num_experts + int(cfg.shared_expert_gate)), fp8=False),
         _ffn("experts", spec, tokens * cfg.top_k * padding, cfg.expert_ffn_hidden_size, t,
              calls=expert_launches(spec, shape.moe_expert_launches, local_experts)),
     ]
@@ -281,7 +264,7 @@ def head_gemms(spec: ModelSpec, shape: Shape, *, full: bool = False) -> list[Gem
     """LM head: 2 * T * h * V, vocabulary split by tp."""
     t, cp = (1, 1) if full else (shape.tp, shape.cp)
     tokens = shape.microbatch_size * shape.seq_len / cp
-    return [Gemm("lm_head", 2 * tokens * spec.hidden_size * spec.vocab_size / t)]
+    return [Gemm("lm_head", 2 * tokens * spec.hidden_size * spec.vocab_size / t, fp8=False)]
 
 
 def gemm_time_s(gemm: Gemm, *, peak_tflops: float, cal: DeviceCalibration, flash: bool) -> float:

@@ -59,6 +59,7 @@ class Env:
     moe_count_exchange: str = "none"  # the tokens-per-expert exchange before each dispatch (moe_layer.count_exchange_s)
     cp_flavours: tuple[str, ...] = ("p2p",)  # the stack's context-parallel flavours (context_parallel)
     fp8_casts: bool = True  # the fp8 recipe's casts are priced (CostOptions.fp8_casts)
+    fp8_16bit_gemms: bool = True  # the head, router and delta rule at the bf16 rate under fp8 (CostOptions)
 
 @dataclass(frozen=True, kw_only=True)
 class ModuleCost:
@@ -95,7 +96,8 @@ def gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float
     flash = env.shape.flash_attention
     fwd = bwd = core = 0.0
     for gemm in gemms:
-        t = compute.gemm_time_s(gemm, peak_tflops=attn_peak if gemm.attention_core else peak, cal=env.cal, flash=flash)
+        sixteen = gemm.attention_core or (not gemm.fp8 and env.fp8_16bit_gemms)  # fp8_recipe.SIXTEEN_BIT_GEMMS
+        t = compute.gemm_time_s(gemm, peak_tflops=attn_peak if sixteen else peak, cal=env.cal, flash=flash)
         fwd += t
         bwd += t * (compute.FLASH_BACKWARD_FACTOR if gemm.attention_core and flash else gemm.backward_factor)
         if gemm.attention_core:

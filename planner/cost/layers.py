@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from planner.cost import autocast, compute, eager, memory, moe_comm, sac, selective
+from planner.cost import autocast, compute, eager, fp8_recipe, memory, moe_comm, sac, selective
 from planner.cost import moe_layer as moe_layer_terms
 from planner.cost import executor as executor_cost
 from planner.cost.eager_layers import eager_decoder_cost, eager_phases, executor_decoder_cost, is_eager
@@ -37,8 +37,8 @@ def decoder_cost(env: Env, *, moe_layer: bool) -> ModuleCost:
     core_mem = compute.memory_bound_time_s(core_bytes, device=env.device, cal=env.cal)
     rest_mem = compute.memory_bound_time_s(rest_bytes, device=env.device, cal=env.cal)
     cast_fwd, cast_bwd = autocast_cast_s(env, layer_params_per_gpu(spec, shape, moe_layer))
-    if env.precision == "fp8" and env.fp8_casts:  # the fp8 recipe's activation and gradient casts (compute.FP8_CAST_BYTES_PER_ELEMENT)
-        fp8_fwd, fp8_bwd = compute.fp8_cast_bytes(gemms)
+    if env.precision == "fp8" and env.fp8_casts:  # the fp8 recipe's activation and gradient casts (fp8_recipe.FP8_CAST_BYTES_PER_ELEMENT)
+        fp8_fwd, fp8_bwd = fp8_recipe.cast_bytes(gemms)
         cast_fwd += compute.memory_bound_time_s(fp8_fwd, device=env.device, cal=env.cal)
         cast_bwd += compute.memory_bound_time_s(fp8_bwd, device=env.device, cal=env.cal)
     fwd = g_fwd + core_mem + rest_mem + cast_fwd

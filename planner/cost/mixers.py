@@ -66,7 +66,8 @@ def mixer_gemms(spec: ModelSpec, shape: Shape, mixer: str, *, full: bool = False
         key, value = gdn.num_key_heads * gdn.key_head_dim, gdn.num_value_heads * gdn.value_head_dim
         forward, recompute = delta_rule_flops_per_token(spec)
         return [Gemm("in_proj", 2 * tokens * h * (2 * key + 2 * value + 2 * gdn.num_value_heads) / t),
-                Gemm("delta_rule", tokens * forward / t, calls=5, backward_factor=2.0 + recompute / forward),
+                Gemm("delta_rule", tokens * forward / t, calls=5, backward_factor=2.0 + recompute / forward,
+                     fp8=False),
                 Gemm("out_proj", 2 * tokens * value * h / t)]
     m = spec.mamba
     return [Gemm("in_proj", 2 * tokens * h * 2 * m.d_inner / t),

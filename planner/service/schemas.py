@@ -48,6 +48,15 @@ class PlanBody(BaseModel):
         "tokens; None = the model's (`--routing-skew`)"))
     capacity_factor: float | None = Field(default=None, gt=0, le=L.MAX_CAPACITY_FACTOR, description=(
         "MoE expert capacity factor, tokens past it dropped; None = the model's (`--capacity-factor`)"))
+    moe_dispatcher: MoeDispatcher | None = Field(default=None, description=(
+        "the MoE token dispatcher the job runs (Megatron-Core --moe-token-dispatcher-type); None = the fastest the "
+        "framework runs; a plan prices only it"))
+    moe_overlap: MoeOverlap | None = Field(default=None, description=(
+        "the MoE overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe), shared "
+        "(--moe-shared-expert-overlap), none; None = the best the framework runs for the layout; a plan prices only it"))
+    cp_comm_type: str | None = Field(default=None, max_length=40, pattern=r"^[a-z0-9_+]+$", description=(
+        "the context-parallel flavour the job runs, in the framework's spelling; None = the fastest it runs; a plan "
+        "prices only it"))
     compression: str = Field(default="none", max_length=200, pattern=r"^[a-z0-9:,+ -]+$", description=(
         "communication compression, as `--compression` spells it: none | auto (plan only) | zeropp | a comma list of "
         "qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch"))
@@ -70,14 +79,6 @@ class EstimateBody(PlanBody):
     recompute_modules: tuple[RecomputeModule, ...] = Field(default=(), max_length=7, description=(
         "with recompute selective: what it reruns, Megatron-Core --recompute-modules names; () = the framework's own"))
     tp_overlap: TpOverlap = "none"
-    moe_dispatcher: MoeDispatcher | None = Field(default=None, description=(
-        "the MoE token dispatcher the job runs (Megatron-Core --moe-token-dispatcher-type); None = the fastest the "
-        "framework runs"))
-    moe_overlap: MoeOverlap | None = Field(default=None, description=(
-        "the MoE overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe), shared "
-        "(--moe-shared-expert-overlap), none; None = the best the framework runs for the layout"))
-    cp_comm_type: str | None = Field(default=None, max_length=40, pattern=r"^[a-z0-9_+]+$", description=(
-        "the context-parallel flavour the job runs, in the framework's spelling; None = the fastest it runs"))
     stage_layers: tuple[Annotated[int, Field(ge=0, le=L.MAX_LAYERS)], ...] | None = Field(
         default=None, max_length=L.MAX_LAYERS + 2,
         description="decoder layers per virtual stage (pp*vpp entries, stage = v*pp + r); None = balanced; a split the "

@@ -33,7 +33,8 @@ def _request(body: PlanBody, max_gpus: int):
         model=body.model, topology=body.topology, nodes=body.nodes, gpus=body.gpus,
         global_batch_size=body.global_batch_size, seq_len=body.seq_len, precision=body.precision,
         search=SearchLimits(time_limit_s=body.time_limit_s, top_k=body.top_k, allow_stale_weights=body.allow_stale_weights,
-                            prefer_practice=body.prefer_practice),
+                            prefer_practice=body.prefer_practice, moe_dispatcher=body.moe_dispatcher,
+                            moe_overlap=body.moe_overlap, cp_comm_type=body.cp_comm_type),
         framework=body.framework, moe=dict(routing_skew=body.routing_skew, capacity_factor=body.capacity_factor),
     )
     if request.gpus > max_gpus:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from planner.cost import comm, compute, memory
+from planner.cost import comm, compute, fp8_recipe, memory
 from planner.schedules import schedule
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.evaluate import balanced_split
@@ -176,7 +176,7 @@ def test_all_gather_across_nodes_pays_one_step_per_rank():
 
 def test_fp8_casts_every_linear_input_forward_and_output_gradient_backward():
     """Transformer Engine's Linear casts its input (forward) and grad_output (backward) to fp8 with a fused
-    cast-transpose: 2 bytes read, 1 + 1 written per element (compute.FP8_CAST_BYTES_PER_ELEMENT)."""
+    cast-transpose: 2 bytes read, 1 + 1 written per element (fp8_recipe.FP8_CAST_BYTES_PER_ELEMENT)."""
     spec = ModelSpec(name="l", num_layers=2, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                      num_kv_heads=8, vocab_size=128256, seq_len=4096, activation="swiglu")
     shape = compute.Shape(microbatch_size=1, seq_len=4096, tp=2, flash_attention=True)
@@ -184,11 +184,11 @@ def test_fp8_casts_every_linear_input_forward_and_output_gradient_backward():
     t, h, f, d = 4096, 4096, 14336, 128
     inputs = t * (h + 32 * d / 2) + t * (h + f / 2)  # qkv, attn_out; fc1, fc2
     outputs = t * (32 + 2 * 8) * d / 2 + t * h + t * (2 * f / 2 + h)
-    assert compute.fp8_cast_bytes(gemms) == pytest.approx((4 * inputs, 4 * outputs))
+    assert fp8_recipe.cast_bytes(gemms) == pytest.approx((4 * inputs, 4 * outputs))
     for g in gemms:  # the io elements are the matmul's own shape: 2 * tokens * k * n flops
         if not g.attention_core and g.name != "mlp":
             assert g.flops == pytest.approx(2 * g.io_elements[0] * g.io_elements[1] / t)
-    assert compute.fp8_cast_bytes(compute.head_gemms(spec, shape)) == (0.0, 0.0)  # the LM head stays in 16 bits
+    assert fp8_recipe.cast_bytes(compute.head_gemms(spec, shape)) == (0.0, 0.0)  # the LM head stays in 16 bits
 
 
 def test_all_to_all_bounded_by_the_slower_link():

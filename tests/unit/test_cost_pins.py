@@ -257,3 +257,20 @@ def test_a_search_stated_flex_keeps_to_deepeps_group_sizes():
     par = plan.parallelism
     assert par.moe_dispatcher == "flex" and moe_comm.deepep_runs(par.ep * par.tp)  # no MoE fold: tp x ep
     assert plan.pruned.get("moe_dispatcher_flex", 0) > 0
+
+
+def test_the_service_plan_takes_the_same_statements():
+    """POST /v1/plan: the body's dispatcher and overlap reach the search (SearchLimits), as `planner plan
+    --moe-dispatcher/--moe-overlap` do; a pin the stack does not run is a 422 with one line."""
+    from planner.service.worker import solve
+
+    body = dict(model="mixtral-8x7b", topology="dgx-h100", gpus=64, global_batch_size=128, seq_len=4096,
+                framework="megatron-core", time_limit_s=30, top_k=0, moe_dispatcher="alltoall", moe_overlap="none")
+    status, text = solve("plan", json.dumps(body), 64)
+    assert status == 200, text
+    par = json.loads(text)["parallelism"]
+    assert par["ep"] > 1 and (par["moe_dispatcher"], par["moe_overlap"]) == ("alltoall", "none")
+    status, text = solve("plan", json.dumps(dict(body, framework="torchtitan", moe_dispatcher="flex",
+                                                 moe_overlap=None)), 64)
+    detail = json.loads(text)["detail"]
+    assert status == 422 and "moe_dispatcher='flex'" in detail and "\n" not in detail

@@ -360,3 +360,29 @@ def test_an_moe_runs_dispatcher_and_overlap_as_its_release_and_text_say(framewor
 
 def test_a_dense_run_is_not_narrowed():
     assert P.moe_overrides_of(run(training__framework="Megatron-Core r0.8.0"), "megatron-core", "bf16") == {}
+
+
+def _evaluated(run_id: str, off: tuple[str, ...] = ()) -> dict:
+    import accuracy_cases as C
+
+    r = next(x for x in C.read_runs(C.RUNS_FILE) if x["id"] == run_id)
+    return C.evaluate_case(C.build_case(r, off=off))
+
+
+def test_an_unsaid_uneven_split_is_the_planners_split():
+    """DeepSeek-V3's 61 layers and 1 MTP layer do not divide over pp 16: the source ran some uneven split and does not
+    say which, so the reading is the planner's (the stage-partition DP). Like Megatron-Bridge's DeepSeek-V3 recipes
+    (perf_recipes/deepseek/*/deepseek_v3.py layouts "Et*4|(tttt|)*14tmL", "Et|(tt|)*30mL"), the last stage, which
+    holds the MTP layer, the LM head twice and the loss, gets fewer decoder layers than the middle ones."""
+    planned = _evaluated("deepseekv3_production_2048xH800")
+    balanced = _evaluated("deepseekv3_production_2048xH800", off=("split_unstated_is_planned",))
+    assert balanced["split"] == (3,) + (4,) * 14 + (2,) and not balanced["planned"]
+    assert sum(planned["split"]) == 61 and planned["split"][-1] < 4 and planned["planned"]
+    assert planned["fits"] and planned["predicted_s"] < 0.9 * balanced["predicted_s"]
+
+
+def test_an_unsaid_even_split_stays_even():
+    """80 layers over pp 8 divide evenly: every stack's default split (Megatron-LM get_num_layers: num_layers // pp)."""
+    row = _evaluated("megatron2021_t1_145.6B")
+    stages = row["cand"].pp * row["cand"].vpp
+    assert row["split"] == (80 // stages,) * stages and not row["planned"]
