@@ -1,7 +1,9 @@
 """The library façade: the CLI and the HTTP service both call these functions and nothing deeper.
 
 Each function validates its input, delegates to one module, and returns a typed object.
-Heavy modules (torch, pulp, fastapi) are imported inside the functions that need them.
+Heavy modules (torch, pulp, fastapi) are imported inside the functions that need them. The catalog of what ships
+(load_model, load_topology, load_framework, the preset lists, rows and reports) lives in planner.api_catalog and is
+offered here under the same names.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from planner.api_catalog import (list_frameworks, list_presets, list_topologies, load_framework,  # noqa: F401
+                                 load_model, load_topology, model_report, model_rows, model_types, topology_report,
+                                 topology_rows)
 from planner.errors import BadInputError
 
 if TYPE_CHECKING:  # the schemas (pydantic) load where a function needs them: `planner models list` stays light
@@ -23,82 +28,6 @@ DEFAULT_TOPOLOGY = "dgx-h100"
 DEFAULT_FRAMEWORK = "planner"  # our executor: a default plan is always runnable by `planner run`
 
 ProgressFn = Callable[[int, int], None]
-
-
-def load_model(ref: str) -> ModelSpec:
-    """A preset name, a HuggingFace config.json, or our own YAML/JSON model spec."""
-    from planner.models import load_model as _load
-
-    return _load(ref)
-
-
-def load_topology(ref: str, *, nodes: int | None = None, gpus: int | None = None) -> Topology:
-    """A preset name or a topology file, scaled to `nodes` nodes (or enough nodes for `gpus` GPUs)."""
-    from planner.topology import load_topology as _load
-
-    return _load(ref, nodes=nodes, gpus=gpus)
-
-
-def load_framework(ref: str):
-    """A framework profile (planner.schemas.framework.FrameworkProfile) by shipped name or file."""
-    from planner.frameworks import load_framework as _load
-
-    return _load(ref)
-
-
-def list_frameworks() -> list[str]:
-    from planner.frameworks import list_frameworks as _list
-
-    return _list()
-
-
-def list_presets() -> list[str]:
-    """The shipped model preset names (planner.models.list_presets)."""
-    from planner.models import list_presets as _list
-
-    return _list()
-
-
-def model_types() -> list[str]:
-    """The HuggingFace `model_type`s whose config.json the importers read (planner.models.hf)."""
-    from planner.models.hf import supported_model_types
-
-    return supported_model_types()
-
-
-def model_rows() -> list[dict]:
-    """One row per shipped preset: parameters, layers, hidden, heads, experts (planner.models.preset_index)."""
-    from planner.models.preset_index import preset_rows
-
-    return preset_rows()
-
-
-def model_report(ref: str) -> dict:
-    """The resolved model spec of `ref` and where its parameters are (planner.models.summary.model_report)."""
-    from planner.models.summary import model_report as _report
-
-    return _report(load_model(ref))
-
-
-def list_topologies() -> list[str]:
-    """The shipped topology preset names (planner.topology.list_topologies)."""
-    from planner.topology import list_topologies as _list
-
-    return _list()
-
-
-def topology_rows() -> list[dict]:
-    """One row per shipped topology preset: device, memory, peak, fabrics (planner.topology.summary.topology_row)."""
-    from planner.topology.summary import topology_row
-
-    return [topology_row(load_topology(name)) for name in list_topologies()]
-
-
-def topology_report(ref: str, *, nodes: int | None = None) -> dict:
-    """A topology and the bandwidth its TP/DP groups see (planner.topology.summary.topology_report)."""
-    from planner.topology.summary import topology_report as _report
-
-    return _report(load_topology(ref, nodes=nodes))
 
 
 def default_global_batch_size(seq_len: int) -> int:
