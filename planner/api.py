@@ -163,7 +163,7 @@ def plan(request: PlanRequest, *, progress: ProgressFn | None = None, trace_memo
     """Search the whole plan space for the fastest configuration that fits. `trace_memory`: verify the chosen plan
     and its alternatives by tracing the executor's step, replacing a plan that does not fit by trace
     (planner.memory_trace); None: only for the `planner` stack (what `planner plan` does by default)."""
-    from planner.search.driver import plan as _plan
+    from planner.search.entry import plan as _plan
 
     framework = load_framework(request.framework)  # the request's profile, read once and handed down
     result = _plan(request, progress=progress, framework=framework)
@@ -340,4 +340,4 @@ def comm_benchmark(**kwargs):
 
 def preload() -> None:
     """Import the search now (the service's workers do this before capping their memory and taking requests)."""
-    import planner.search.driver  # noqa: F401
+    import planner.search.entry  # noqa: F401

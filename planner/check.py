@@ -1,6 +1,6 @@
 """CI regression of committed plans: recompute each plan from the request inside it and compare.
 
-A plan of kind "plan" is re-searched (planner.search.driver.plan, as `api.plan`); a plan of kind "estimate" is
+A plan of kind "plan" is re-searched (planner.search.entry.plan, as `api.plan`); a plan of kind "estimate" is
 re-estimated for its own configuration (planner.estimate.estimate, as `api.estimate`). A plan fails the check when
 - the predicted step time got worse by more than `tolerance` (relative, default 2%),
 - it no longer fits (or is no longer feasible), or
@@ -88,7 +88,7 @@ def recompute_plan(plan: LaunchPlan) -> LaunchPlan:
     Calls the search and the cost model directly (what api.plan / api.estimate delegate to), not planner.api:
     api imports this module for `planner check`, and the façade sits above everything it fronts."""
     if plan.kind == "plan":
-        from planner.search.driver import plan as search_plan
+        from planner.search.entry import plan as search_plan
 
         if plan.memory.traced is None:
             return search_plan(plan.request)

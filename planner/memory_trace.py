@@ -115,7 +115,7 @@ def verify_plan(plan: LaunchPlan, *, wider: Callable[[float], LaunchPlan] | None
 
 
 def verify_searched(plan: LaunchPlan, search: Callable) -> LaunchPlan:
-    """verify_plan for a plan the search made: `search(request)` (planner.search.driver.plan) gives the wider
+    """verify_plan for a plan the search made: `search(request)` (planner.search.entry.plan) gives the wider
     rankings (the same request keeping the most alternatives; with less usable memory) a plan that does not fit by
     trace falls back on."""
     from planner.schemas import limits

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from planner.search.outcome import Scored, describe, distinct_key
-from planner.search.space import Options
+from planner.search.options import Options
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def calibration_name(cal) -> str:
 def choose(ranked: list[Scored], practice_ranked: list[Scored], *, band: float, opts: Options, num_layers: int,
            calibration: str, timed_out: bool = False) -> tuple[list[Scored], Preference]:
     """The ranked list with the practice rule applied (same length), and the decision; `practice_ranked` are the
-    plans of the search over the practice (planner.search.driver.prefer_practice), `timed_out` when it did not end."""
+    plans of the search over the practice (planner.search.entry.prefer_practice), `timed_out` when it did not end."""
     fastest = ranked[0]
     devs = deviations(fastest.cand, opts, num_layers)
     base = Preference(fastest=fastest, deviations=devs, band=band, calibration=calibration, framework=opts.profile.name,

@@ -294,7 +294,7 @@ def test_the_search_tries_the_stacks_module_sets_for_moe_models():
     recipe), each less the modules the model lacks, searched beside the stack's own selective; none for a dense model,
     a stack without sets, or a request that names its own modules."""
     from planner.frameworks import load_framework
-    from planner.search.driver import module_sets
+    from planner.search.entry import module_sets
 
     core = load_framework("megatron-core")
     dsv3 = api.build_request(**DSV3, framework="megatron-core")

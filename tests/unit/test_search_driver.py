@@ -12,7 +12,8 @@ from planner.schemas.model import ModelSpec, MoESpec
 from planner.schemas.plan import SearchLimits
 from planner.search import bounds
 from planner.search.driver import _Search, make_cost_model, search
-from planner.search.space import Options, Space
+from planner.search.options import Options
+from planner.search.space import Space
 
 SMALL = ModelSpec(name="small", num_layers=6, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8,
                   num_kv_heads=4, vocab_size=8000, seq_len=1024, activation="swiglu", norm="rmsnorm")
@@ -126,7 +127,7 @@ def test_runnable_excludes_what_the_executor_refuses():
 
 
 def test_nothing_fits_says_how_far_and_what_to_do():
-    from planner.search.driver import plan
+    from planner.search.entry import plan
 
     big = ModelSpec(name="big", num_layers=8, hidden_size=16384, ffn_hidden_size=65536, num_attention_heads=128,
                     vocab_size=32000, seq_len=4096)

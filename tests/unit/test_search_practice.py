@@ -10,8 +10,8 @@ from planner.api import build_request, explain, plan
 from planner.schemas.plan import SearchLimits
 from planner.search import practice
 from planner.search.driver import make_cost_model, search
+from planner.search.options import Options
 from planner.search.outcome import Scored
-from planner.search.space import Options
 
 LIMITS = SearchLimits(max_microbatch_size=2, top_k=3)
 
