@@ -51,7 +51,6 @@ from planner.schemas.plan import PlanRequest, SearchLimits
 from planner.search import compression_space
 from planner.search.costing import make_cost_model
 from planner.search.floors import Floors
-from planner.search.group_bounds import MARGIN_BYTES
 from planner.search.members import Members
 from planner.search.options import Options
 from planner.search.outcome import Ranking, Scored, rank_key
