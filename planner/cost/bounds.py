@@ -26,7 +26,8 @@ import numpy as np
 from planner.cost import autocast, comm, compute, mixers, p2p
 from planner.cost import moe_layer as moe_layer_terms
 from planner.cost import layer_terms as T
-from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table, rows_of, static_parts
+from planner.cost.arrays import MODULE_FIELDS, layer_costs_with, layer_kinds, module_params_of, module_table, rows_of
+from planner.cost.static_bytes import static_parts
 from planner.cost.evaluate import dp_exposed, dp_exposed_rows, dp_fits
 from planner.models import counting
 from planner.schedules import schedule as schedule_of

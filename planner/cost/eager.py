@@ -109,7 +109,7 @@ def activation(elements: float, *, gated: bool) -> OpCount:
 
 def supported(spec: ModelSpec, shape: Shape, *, moe_layer: bool) -> bool:
     """The count covers dense decoder layers with standard (GQA) attention through SDPA's fused kernel; MoE, MLA
-    and unfused attention keep the generic model (compute.KernelBytes)."""
+    and unfused attention keep the generic model (kernel_bytes.KernelBytes)."""
     return not moe_layer and spec.mla is None and shape.flash_attention
 
 

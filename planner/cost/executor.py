@@ -102,7 +102,7 @@ def recipe_for(precision: str, *, bf16_autocast: bool, zero_stage: int = 0, dp: 
 
 AUTOCAST_BYTES = Recipe(weight_bytes=4 + 2, grad_bytes=4, optimizer_bytes=8, grad_reduce_bytes=4, gather_bytes=2)
 """Bytes per parameter of the c162dfb executor's bf16 recipes (both ran fp32 parameters, behaviour.executor
-bf16_recipe autocast): fp32 weights + the bf16 autocast copies (zero 0/1; arrays.executor_uncast_bytes takes out the
+bf16_recipe autocast): fp32 weights + the bf16 autocast copies (zero 0/1; static_bytes.executor_uncast_bytes takes out the
 copies it does not hold), fp32 gradients, AdamW m and v; DDP and FSDP2 reduced in fp32, FSDP2 gathered bf16 (its
 parallelize.mp_policy). The executor now prices every precision from behaviour.memory.recipes (its amp-bf16 row is
 these bytes but for the gather: FSDP2 without a policy gathers fp32), the copies taken out the same way."""

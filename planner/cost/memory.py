@@ -99,7 +99,7 @@ def decoder_activation_bytes(spec: ModelSpec, shape: Shape, *, moe_layer: bool) 
     the combined rows by their scores in an eager fp32 multiply (torchtitan: compute.FP32_SCORE_MULTIPLY_BYTES), the
     fp32 copy it keeps, 4 bytes per element of the dispatch-side rows. Replicated regions (norms, FFN/QKV inputs, dropout masks) are
     divided by tp only with SP. CP splits the sequence. Eager kernels (Shape.fused_kernels False) save more per
-    norm and FFN element (compute.KernelBytes: HuggingFace's fp32 RMSNorm keeps 10 bytes per element, not 2).
+    norm and FFN element (kernel_bytes.KernelBytes: HuggingFace's fp32 RMSNorm keeps 10 bytes per element, not 2).
     Under the fp8 recipe (Shape.fp8_inputs) the inputs saved for the backward of the linear layers (QKV, out-proj,
     FFN and expert inputs, fc2 input) are the fp8 casts, 1 byte per element (Transformer Engine Linear keeps its
     fp8 input; DeepSeek-V3 report Sec. 3.3.3 caches the MoE inputs in fp8); attention inputs stay bf16.

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import get_args
 
-from planner.cost import compute, memory
+from planner.cost import compute, kernel_bytes, memory
 from planner.cost.layer_terms import Env, gemm_times
 from planner.models import counting
 from planner.schemas.plan import RecomputeModule
@@ -88,7 +88,7 @@ def _norms(env: Env) -> tuple[float, float]:
     spec, shape = env.spec, env.shape
     g = 1 if shape.fp8_inputs else 2
     region = shape.tokens * spec.hidden_size / shape.sp_div
-    return _mem_s(env, 2 * compute.norm_bytes(spec, shape.kernels) * region), 2 * g * region
+    return _mem_s(env, 2 * kernel_bytes.norm_bytes(spec, shape.kernels) * region), 2 * g * region
 
 
 def _mla_up_proj(env: Env, parts: LayerParts) -> tuple[float, float]:

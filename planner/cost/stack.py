@@ -8,8 +8,8 @@ pipeline sends are split over the TP ranks, the dtype gradients are reduced in, 
 
 Norm/activation kernel bytes follow the precision recipe (CostOptions.fused_kernels None), not `kernels.fused_norm`,
 except for the components a profile lists in `kernels.eager_ops` (the stack's code runs them as eager op sequences
-in bf16: torchtitan's SwiGLU and complex RoPE without compile), which get compute.EAGER's bytes for that component:
-the eager byte counts (compute.EAGER) are HuggingFace's kernels under torch.autocast with an fp32 residual stream,
+in bf16: torchtitan's SwiGLU and complex RoPE without compile), which get kernel_bytes.EAGER's bytes for that component:
+the eager byte counts (kernel_bytes.EAGER) are HuggingFace's kernels under torch.autocast with an fp32 residual stream,
 measured on the TinyLlama rows; stacks computing in bf16 save far less per unfused norm, and the published
 torchtitan Llama-2 13B run without recompute at micro-batch 2 (published_runs.json) fits in 80 GB only with the
 fused counts.

@@ -42,7 +42,7 @@ class CostOptions:
     flash_attention: fused attention that keeps no s^2 scores; None = on for bf16/amp-bf16/fp8, off for fp32.
     fused_kernels: fused norm/activation/RoPE kernels; None = on for bf16 and fp8 (the Megatron-LM/torchtitan
         recipes with bf16 parameters), off for amp-bf16 and fp32 (plain PyTorch with torch.autocast or none, as
-        HuggingFace transformers runs: eager fp32 norms, unfused SwiGLU and RoPE; compute.KernelBytes).
+        HuggingFace transformers runs: eager fp32 norms, unfused SwiGLU and RoPE; kernel_bytes.KernelBytes).
     dropout: dropout layers present (GPT-3-era models); adds masks to activations and memory traffic. Taken from
         the model spec when it says (ModelSpec.dropout), else the stack's default (behaviour.defaults.dropout).
     dp_overlap: gradient reduction overlapped with backward (Megatron --overlap-grad-reduce, FSDP, DeepSpeed
@@ -60,7 +60,7 @@ class CostOptions:
     moe_overlap_extra_microbatch: the stack's MoE batch-level overlap holds one more micro-batch in flight
         (behaviour.overlap.moe_all_to_all_extra_microbatch; pipelining_memory.ep_overlap_extra_microbatches).
     eager_ops: the components the stack runs as eager op sequences under a 16-bit recipe (behaviour.kernels.eager_ops:
-        activation, rope, norm), priced with compute.EAGER's bytes for them (compute.Shape.kernels).
+        activation, rope, norm), priced with kernel_bytes.EAGER's bytes for them (compute.Shape.kernels).
     grad16_buffer_bytes: the gradient buffer's bytes per parameter when a 16-bit gradient method (bf16-grads) runs
         where the stack's method sets the buffer's dtype (the profile's compression entry grad_buffer_bytes:
         Megatron's --grad-reduce-in-bf16); None: the recipe's gradient bytes.
@@ -109,7 +109,7 @@ class CostOptions:
     logits_live_in_backward: the fp32 logits stay allocated through the layers' backward (else the loss's phase and
         a layer's backward phase do not overlap: CostModel.stage_other_bytes).
     fsdp_grads_unsharded_across_microbatches: under FSDP2 (ZeRO-2/3) with more than one micro-batch a rank holds its
-        gradients unsharded through the step (behaviour.memory; planner.cost.arrays.static_parts).
+        gradients unsharded through the step (behaviour.memory; planner.cost.static_bytes.static_parts).
     split_backward_retains_graph, pp_recv_buffers_per_microbatch: what torch.distributed.pipelining holds beyond a
         schedule's textbook count (behaviour.memory; planner.cost.pipelining_memory).
     zero3_gather_unit, zero3_max_live_params, zero3_reduce_bucket_params, zero3_grads_fp32,

@@ -60,8 +60,8 @@ class Kernels(Schema):
     fused_activation: bool
     eager_ops: tuple[Literal["activation", "rope", "norm"], ...] = Field(default=(), description=(
         "components the stack's code runs as several eager PyTorch ops under its 16-bit recipe (fp32 upcasts, a "
-        "kernel per op), priced with planner.cost.compute.EAGER's bytes for that component; the others as one "
-        "fused kernel each (compute.FUSED)"))
+        "kernel per op), priced with planner.cost.kernel_bytes.EAGER's bytes for that component; the others as one "
+        "fused kernel each (kernel_bytes.FUSED)"))
     softmax_backward_in_place: bool = Field(default=False, description="without fused attention: the softmax "
                                             "backward overwrites its output gradient (Megatron's fused scaled-masked "
                                             "softmax) instead of writing a second s x s tensor")

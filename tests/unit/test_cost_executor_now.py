@@ -11,7 +11,7 @@ import pytest
 
 from planner import api
 from planner.cost import executor
-from planner.cost.arrays import executor_uncast_bytes
+from planner.cost.static_bytes import executor_uncast_bytes
 from planner.cost.model import CostModel
 from planner.cost.notes import candidate_of
 from planner.cost.stack import options_for

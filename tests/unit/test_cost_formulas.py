@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from planner.cost import comm, compute, fp8_recipe, memory
+from planner.cost import comm, compute, fp8_recipe, kernel_bytes, memory
 from planner.schedules import schedule
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.evaluate import balanced_split
@@ -275,7 +275,7 @@ def test_imported_layout_fields_reach_flops_bytes_and_params():
     two, four = ModelSpec(**fields), ModelSpec(**fields, norms_per_layer=4)
     _, rest_two = compute.layer_elementwise_bytes(two, shape, moe=None)
     _, rest_four = compute.layer_elementwise_bytes(four, shape, moe=None)
-    assert rest_four - rest_two == pytest.approx(2 * compute.norm_bytes(two, shape.kernels) * 16 * 64)
+    assert rest_four - rest_two == pytest.approx(2 * kernel_bytes.norm_bytes(two, shape.kernels) * 16 * 64)
     saved = [memory.decoder_activation_bytes(spec, shape, moe_layer=False).none for spec in (two, four)]
     assert saved[1] > saved[0]
     assert layer_params(four, 1) - layer_params(two, 1) == 2 * norm_params(two)
@@ -283,10 +283,10 @@ def test_imported_layout_fields_reach_flops_bytes_and_params():
 
 def test_eager_ops_take_eager_bytes_for_their_components_only():
     """A 16-bit stack whose code runs SwiGLU and RoPE as eager op sequences (torchtitan without compile:
-    feed_forward.py F.silu(w1(x)) * w3(x), rope.py view_as_complex(x.float())) pays compute.EAGER's bytes for those
+    feed_forward.py F.silu(w1(x)) * w3(x), rope.py view_as_complex(x.float())) pays kernel_bytes.EAGER's bytes for those
     and keeps the fused norm; an fp32/eager recipe keeps EAGER for everything."""
     mixed = _shape(fused_kernels=True, eager_ops=("activation", "rope")).kernels
-    assert (mixed.gated_act, mixed.saved_gated, mixed.rope) == (compute.EAGER.gated_act, compute.EAGER.saved_gated, compute.EAGER.rope)
-    assert (mixed.rmsnorm, mixed.saved_rmsnorm) == (compute.FUSED.rmsnorm, compute.FUSED.saved_rmsnorm)
-    assert _shape(fused_kernels=True).kernels is compute.FUSED
-    assert _shape(fused_kernels=False, eager_ops=("rope",)).kernels is compute.EAGER
+    assert (mixed.gated_act, mixed.saved_gated, mixed.rope) == (kernel_bytes.EAGER.gated_act, kernel_bytes.EAGER.saved_gated, kernel_bytes.EAGER.rope)
+    assert (mixed.rmsnorm, mixed.saved_rmsnorm) == (kernel_bytes.FUSED.rmsnorm, kernel_bytes.FUSED.saved_rmsnorm)
+    assert _shape(fused_kernels=True).kernels is kernel_bytes.FUSED
+    assert _shape(fused_kernels=False, eager_ops=("rope",)).kernels is kernel_bytes.EAGER
