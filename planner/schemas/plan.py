@@ -6,7 +6,7 @@ dicts serialised with sorted keys), explains itself (alternatives, pruned counts
 name the executor model's module FQNs: `tok_embeddings`, `layers.<i>`, `norm`, `output`).
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_serializer, model_validator
 
@@ -37,6 +37,18 @@ TpOverlap = Literal["none", "domino"]
 # --moe-shared-expert-overlap; the dispatchers' names are planner.schemas.framework.MoeDispatcher
 MoeOverlap = Literal["batch", "shared", "none"]
 AXES = LAYOUT_AXES  # the default rank layout, outermost first (planner.schemas.dims)
+
+# What a user states the job runs, in one spelling for `planner plan` (SearchLimits) and the service's bodies
+# (planner.service.schemas); None = the best the framework runs. Priced as stated by planner.cost.pins.
+StatedDispatcher = Annotated[MoeDispatcher | None, Field(description=(
+    "the MoE token dispatcher the job runs (Megatron-Core --moe-token-dispatcher-type; Parallelism.moe_dispatcher); "
+    "None = the fastest the framework runs"))]
+StatedMoeOverlap = Annotated[MoeOverlap | None, Field(description=(
+    "the MoE overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe; where the layout allows it), "
+    "shared (--moe-shared-expert-overlap), none (Parallelism.moe_overlap); None = the best the framework runs"))]
+StatedCpCommType = Annotated[str | None, Field(max_length=40, pattern=r"^[a-z0-9_+]+$", description=(
+    "the context-parallel flavour the job runs, in the framework's spelling (Parallelism.cp_comm_type); None = the "
+    "fastest it runs"))]
 
 
 class SearchLimits(InputSchema):
@@ -70,15 +82,9 @@ class SearchLimits(InputSchema):
     dp_replicate: int = Field(default=1, gt=0, le=L.MAX_GPUS, description=(
         "HSDP replicas fixed for every configuration (Parallelism.dp_replicate; ZeRO-2/3 only, dp a multiple of it); "
         "not searched. Written only when > 1"))
-    moe_dispatcher: MoeDispatcher | None = Field(default=None, description=(
-        "the MoE token dispatcher the job runs (Parallelism.moe_dispatcher); None = the fastest the framework runs. "
-        "Written only when set"))
-    moe_overlap: MoeOverlap | None = Field(default=None, description=(
-        "the MoE overlap the job may run: batch (where the layout allows it, else exposed), shared, none "
-        "(Parallelism.moe_overlap); None = the best the framework runs. Written only when set"))
-    cp_comm_type: str | None = Field(default=None, max_length=40, description=(
-        "the context-parallel flavour the job runs, in the framework's spelling (Parallelism.cp_comm_type); None = "
-        "the fastest it runs. Written only when set"))
+    moe_dispatcher: StatedDispatcher = None  # these three written only when set
+    moe_overlap: StatedMoeOverlap = None
+    cp_comm_type: StatedCpCommType = None
 
     @model_serializer(mode="wrap")
     def _omit_no_compression(self, handler):

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.schemas import limits as L
 from planner.schemas.model import ModelSpec
 from planner.schedules import DEFAULT as DEFAULT_SCHEDULE
-from planner.schemas.framework import MoeDispatcher
-from planner.schemas.plan import MoeOverlap, Precision, RecomputeMode, RecomputeModule, Schedule, TpOverlap
+from planner.schemas.plan import (Precision, RecomputeMode, RecomputeModule, Schedule, StatedCpCommType, StatedDispatcher,
+                                   StatedMoeOverlap, TpOverlap)
 from planner.schemas.topology import Topology
 
 
@@ -48,15 +48,9 @@ class PlanBody(BaseModel):
         "tokens; None = the model's (`--routing-skew`)"))
     capacity_factor: float | None = Field(default=None, gt=0, le=L.MAX_CAPACITY_FACTOR, description=(
         "MoE expert capacity factor, tokens past it dropped; None = the model's (`--capacity-factor`)"))
-    moe_dispatcher: MoeDispatcher | None = Field(default=None, description=(
-        "the MoE token dispatcher the job runs (Megatron-Core --moe-token-dispatcher-type); None = the fastest the "
-        "framework runs; a plan prices only it"))
-    moe_overlap: MoeOverlap | None = Field(default=None, description=(
-        "the MoE overlap the job runs: batch (--overlap-moe-expert-parallel-comm, DualPipe), shared "
-        "(--moe-shared-expert-overlap), none; None = the best the framework runs for the layout; a plan prices only it"))
-    cp_comm_type: str | None = Field(default=None, max_length=40, pattern=r"^[a-z0-9_+]+$", description=(
-        "the context-parallel flavour the job runs, in the framework's spelling; None = the fastest it runs; a plan "
-        "prices only it"))
+    moe_dispatcher: StatedDispatcher = None  # a plan prices only what is stated (SearchLimits)
+    moe_overlap: StatedMoeOverlap = None
+    cp_comm_type: StatedCpCommType = None
     compression: str = Field(default="none", max_length=200, pattern=r"^[a-z0-9:,+ -]+$", description=(
         "communication compression, as `--compression` spells it: none | auto (plan only) | zeropp | a comma list of "
         "qwz, hpz[:N], qgz, powersgd:RANK, bf16-grads, fp16-grads, fp8-dispatch"))
