@@ -8,7 +8,7 @@ The matrix: Llama-3 8B (seq 8192) and TinyLlama-1.1B (seq 2048) on dgx-h100; DDP
 GPipe, interleaved and zero-bubble at 4..32 micro-batches; recompute none / selective / full; tp 2. Each row is
 `planner estimate --trace-memory` (planner.api.estimate(trace_memory=True)). Minutes on a loaded 2-core box.
 benchmarks/results/executor_memory_vs_trace_before.txt is this report at 2a03908 (before the pipelining terms of
-planner.cost.pipelining_memory and arrays.static_parts), where zero-bubble with full recompute traced 4.2x its
+planner.cost.pipelining_memory and static_bytes.static_parts), where zero-bubble with full recompute traced 4.2x its
 formula (now refused by the planner profile: split_backward_with_full_recompute).
 
     PYTHONPATH=$PWD python benchmarks/executor_memory_vs_trace.py [--quick] [-o benchmarks/results/executor_memory_vs_trace.txt]
