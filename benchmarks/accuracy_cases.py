@@ -150,7 +150,7 @@ def planned_split(model: CostModel, case: Case, cand: Candidate, ev):
         found = partition(stage_problem(model, cand, model.layer_costs(cand)))
         splits = [found.layers_per_stage] if found is not None else []
     else:
-        splits = candidate_splits(case.profile, num_layers=case.request.model.num_layers, pp=cand.pp, vpp=cand.vpp)
+        splits = candidate_splits(case.profile, num_layers=spec.num_layers, pp=cand.pp, vpp=cand.vpp)
     best = ev
     for split in splits:
         other = model.evaluate(cand, stage_layers=tuple(split))

@@ -96,7 +96,7 @@ def gemm_times(env: Env, gemms: list[compute.Gemm]) -> tuple[float, float, float
     flash = env.shape.flash_attention
     fwd = bwd = core = 0.0
     for gemm in gemms:
-        sixteen = gemm.attention_core or (not gemm.fp8 and env.fp8_16bit_gemms)  # fp8_recipe.SIXTEEN_BIT_GEMMS
+        sixteen = gemm.attention_core or (not gemm.fp8 and env.fp8_16bit_gemms)  # 16-bit under fp8: fp8_recipe
         t = compute.gemm_time_s(gemm, peak_tflops=attn_peak if sixteen else peak, cal=env.cal, flash=flash)
         fwd += t
         bwd += t * (compute.FLASH_BACKWARD_FACTOR if gemm.attention_core and flash else gemm.backward_factor)

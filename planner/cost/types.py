@@ -68,7 +68,7 @@ class CostOptions:
         (compression.zero3_unit_latency_s); False: one collective's latency per pass (an ablation).
     fp8_casts: under fp8 each linear's input and output gradient are cast to fp8 (fp8_recipe.cast_bytes);
         False: the casts are free (an ablation).
-    fp8_16bit_gemms: under fp8 the matmuls every stack keeps in 16 bits (fp8_recipe.SIXTEEN_BIT_GEMMS: LM head, MoE
+    fp8_16bit_gemms: under fp8 the matmuls every stack keeps in 16 bits (planner.cost.fp8_recipe: LM head, MoE
         router, chunked delta rule) run at the bf16 rate; False: at the fp8 rate like the rest (an ablation).
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
         (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and

@@ -29,12 +29,14 @@ STATUS_OF_ERROR = ((BadInputError, 422), (InfeasibleError, 409), (SolverTimeoutE
 def _request(body: PlanBody, max_gpus: int):
     from planner import api
 
+    # a plan's search prices only what the body states; an estimate states it in its Parallelism (_configuration_of)
+    stated = {} if isinstance(body, EstimateBody) else dict(moe_dispatcher=body.moe_dispatcher,
+                                                            moe_overlap=body.moe_overlap, cp_comm_type=body.cp_comm_type)
     request = api.build_request(
         model=body.model, topology=body.topology, nodes=body.nodes, gpus=body.gpus,
         global_batch_size=body.global_batch_size, seq_len=body.seq_len, precision=body.precision,
         search=SearchLimits(time_limit_s=body.time_limit_s, top_k=body.top_k, allow_stale_weights=body.allow_stale_weights,
-                            prefer_practice=body.prefer_practice, moe_dispatcher=body.moe_dispatcher,
-                            moe_overlap=body.moe_overlap, cp_comm_type=body.cp_comm_type),
+                            prefer_practice=body.prefer_practice, **stated),
         framework=body.framework, moe=dict(routing_skew=body.routing_skew, capacity_factor=body.capacity_factor),
     )
     if request.gpus > max_gpus:

@@ -205,6 +205,7 @@ def test_the_service_estimate_takes_the_same_statements():
     assert status == 200, text
     plan = json.loads(text)
     assert plan["parallelism"]["moe_overlap"] == "none" and plan["request"]["model"]["moe"]["routing_skew"] == 0.2
+    assert "moe_dispatcher" not in plan["request"]["search"]  # an estimate states it in its Parallelism only
     status, text = solve("estimate", json.dumps(dict(body, framework="torchtitan", moe_dispatcher="flex", pp=1, vpp=1,
                                                      dp=64, zero_stage=3, schedule="1f1b", moe_overlap=None)), 64)
     detail = json.loads(text)["detail"]
