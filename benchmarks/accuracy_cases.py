@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import published_runs as P
+from published_grad_accumulation import grad_accumulation_of
 
 from planner.cost.calibration import device_calibration
 from planner.cost.compute import peak_tflops
@@ -93,6 +94,7 @@ def build_case(run: dict, overrides: dict | None = None, off: tuple[str, ...] = 
     if recipe is not None:
         fixed["recipe_bytes"] = recipe
     fixed.update(P.moe_overrides_of(run, stack, request.precision, off))
+    fixed.update(grad_accumulation_of(run, stack, off))
     eager = P.eager_ops_of(run, off)
     if eager is not None:
         fixed["eager_ops"] = eager

@@ -138,6 +138,10 @@ ABLATIONS = (
      "DeepEP)", "moe_settings_stated", None),
     ("a Megatron-Core run without the MoE features its release lacked (reading rule; core_v0.10/0.12/0.14 tags)",
      "megatron_core_version_features", None),
+    ("gradient accumulation outside the GEMMs (DeepSpeed BF16_Optimizer update_hp_grads, Megatron-LM v2.5 fp32 "
+     "main_grad hook, autograd .grad)", "grad_accum_paths", None),
+    ("a run's stated fp16, named BF16_Optimizer or Megatron-LM release on its accumulation path (reading rule)",
+     "grad_accumulation_stated", None),
 )
 
 

@@ -206,7 +206,8 @@ READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe"
                  "ep_unstated_is_chosen",
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
                  "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated",
-                 "moe_settings_stated", "megatron_core_version_features", "split_unstated_is_planned")  # accuracy.py can switch off
+                 "moe_settings_stated", "megatron_core_version_features", "split_unstated_is_planned",
+                 "grad_accumulation_stated")  # accuracy.py can switch off
 
 NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
 """Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import autocast, comm, compression, contention, pipelining_memory, zero3_legacy
+from planner.cost import autocast, comm, compression, contention, grad_accumulation, pipelining_memory, zero3_legacy
 from planner.cost.arrays import ROWS, layer_working_bytes
 from planner.cost.compute import peak_tflops
 from planner.cost.executor import MASTER_STEP_EXTRA_BYTES_TOUCHED
@@ -296,7 +296,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     ranks = schedule_of(cand.schedule).rank_sums(sums, pp=pp, vpp=cand.vpp)
     row = dict(zip(ROWS, ranks))
     row["wgrad"] = pipelining_memory.stage_weight_grad_bytes(model, cand, split) if fixed.wgrad_held.any() else 0.0
-    rank_time = row["fwd"] + row["bwd"] + row["rec"]
+    rank_time = row["fwd"] + row["bwd"] + row["rec"] + grad_accumulation.per_microbatch_s(model, cand, row)
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])
     bubble = schedule_of(cand.schedule).bubble_s(pp=pp, vpp=cand.vpp, rank_time_s=t_b)

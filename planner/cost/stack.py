@@ -59,6 +59,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
         executor_code=x is not None, bf16_autocast=x is not None and x.bf16_recipe == "autocast",
         moe_expert_impl=x.moe_expert_impl if x is not None else "grouped",
         adamw_impl=x.adamw_impl if x is not None else "fused", sdpa_gqa=x.sdpa_gqa if x is not None else "native",
+        grad_accum_paths=grad_accumulation_paths(b.grad_accumulation),
     )
 
 
@@ -70,6 +71,15 @@ def hf_eager_options(precision: str):
 
     return dataclasses.replace(options_for("planner", precision), executor_code=False, bf16_autocast=False,
                                moe_expert_impl="grouped", adamw_impl="fused")
+
+
+def grad_accumulation_paths(found, dtype: str = "bf16") -> tuple:
+    """CostOptions.grad_accum_paths of a profile's gradient accumulation for one weight dtype (bf16: the weights of
+    the planner's bf16 and fp8 recipes); () where the profile records none."""
+    if found is None:
+        return ()
+    return tuple((tuple(p.zero_stages), p.pipeline, p.bytes_per_element, p.every_microbatch)
+                 for p in found.paths if p.dtype == dtype)
 
 
 def _recipe_bytes(recipe):

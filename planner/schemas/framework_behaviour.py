@@ -204,10 +204,37 @@ class MoeExecution(Schema):
     source: str = Field(default="not stated: the cost model's defaults", min_length=1)
 
 
+class AccumulationPath(Schema):
+    """One way a stack sums a weight dtype's gradients over the micro-batches of a step, as HBM traffic."""
+
+    name: Literal["fused", "autograd", "fp32_main_grad_hook", "bf16_optimizer"] = Field(description="fused: into "
+        "the weight-gradient GEMM; autograd: torch's AccumulateGrad adds into .grad in place; fp32_main_grad_hook: a "
+        "hook adds .grad into an fp32 buffer; bf16_optimizer: DeepSpeed's BF16_Optimizer update_hp_grads")
+    dtype: Literal["bf16", "fp16"] = Field(description="the 16-bit weight dtype it is run for")
+    zero_stages: tuple[int, ...] = Field(description="ZeRO stages it runs at (ZeRO-2/3 reduce-scatter every "
+                                         "micro-batch into sharded gradients instead)")
+    pipeline: bool | None = Field(default=None, description="only with (True) or without (False) pipeline stages")
+    bytes_per_element: float = Field(ge=0, description="HBM bytes read and written per gradient element per "
+                                     "micro-batch beyond the weight-gradient GEMM's own output")
+    every_microbatch: bool = Field(description="the first micro-batch pays too (a copy into a separate buffer); "
+                                   "False: the first gradient is stored and the later ones added in place")
+
+
+class GradAccumulation(Schema):
+    """Gradient accumulation over micro-batches (planner.cost.grad_accumulation): the first path that matches a
+    candidate's dtype, ZeRO stage and pipeline is priced; bf16 is what the planner's bf16 and fp8 recipes run, fp16
+    is read for runs that state it (benchmarks/published_runs.grad_accumulation_of)."""
+
+    paths: tuple[AccumulationPath, ...]
+    source: str = Sourced
+
+
 class Behaviour(Schema):
     overlap: Overlap
     kernels: Kernels
     memory: MemoryHabits
+    grad_accumulation: GradAccumulation | None = Field(default=None, description="unfused gradient accumulation "
+                                                       "over micro-batches; None: none priced (fused or sharded)")
     defaults: TrainingDefaults = Field(default_factory=TrainingDefaults)
     moe: MoeExecution = Field(default_factory=MoeExecution)
     executor: ExecutorCode | None = Field(default=None, description="set for the planner's own executor only")

@@ -1,0 +1,61 @@
+"""Gradient accumulation over the micro-batches of a step, where the stack does it outside the weight-gradient GEMM.
+
+A step of m micro-batches sums m weight gradients per parameter. How a stack sums them is a fact of its code
+(behaviour.grad_accumulation in its profile), priced here as HBM traffic on every pipeline rank, serial with the
+backward on the compute stream:
+- fused (0 bytes): Megatron-Core and Megatron-LM since 83b1e42f30 (2022-02-13, "gradient accumulation fusion"):
+  the weight-gradient GEMM accumulates into the fp32 main_grad (beta = 1; megatron/core/tensor_parallel/layers.py
+  LinearWithGradAccumulationAndAsyncCommunication, Transformer Engine fuse_wgrad_accumulation); fp16 since
+  07916bf245 (2022-09-27).
+- autograd (2 + 2 + 2 = 6 bytes, micro-batches after the first): torch's AccumulateGrad stores the first gradient
+  as .grad and adds each later one in place (read .grad, read the new gradient, write .grad) in the 16-bit dtype:
+  DeepSpeed's FP16_Optimizer and ZeRO-1 before BF16_Optimizer, Megatron-LM 2021 in fp16 (no contiguous buffers).
+- an fp32 buffer fed by a hook (2 + 4 + 4 = 10 bytes, every micro-batch): Megatron-LM b4bc51b1e7 (2021-03-08,
+  "Bfloat with fp32 grad acc") megatron/model/distributed.py param_hook: param.main_grad.add_(param.grad.data),
+  then param.grad = None, so the first micro-batch adds into the zeroed buffer too.
+- DeepSpeed's BF16_Optimizer (2 + 4 + 4 + 4 + 4 = 18 bytes, every micro-batch): 56c522386 (2022-04-19)
+  bf16_optimizer.py update_hp_grads, called after every micro-batch's backward (pipe/engine.py
+  _exec_backward_pass; engine.backward via BF16_Optimizer.backward): hp_grad.add_(lp.grad.to(fp32)) reads the
+  bf16 gradient (2) and writes its fp32 copy (4), then reads that copy and the fp32 accumulator (4 + 4) and writes
+  the accumulator (4); clear_lp_grads sets lp.grad = None before the next backward.
+Which path a DeepSpeed job takes is its engine's choice (deepspeed/runtime/engine.py _do_optimizer_sanity_check):
+BF16_Optimizer for bf16 with pipeline stages and no ZeRO, or with ZeRO-1 where grad_accum_dtype is fp32; the ZeRO
+optimizer for ZeRO-1 otherwise (gradients reduced at the accumulation boundary only, zero/stage_1_and_2.py), plain
+.grad for bf16 without both. The planner's own executor is not priced here: planner.cost.executor counts its
+AccumulateGrad adds from its code (validation/h100_executor_runs.json measures it).
+The gradients summed are the parameters a rank holds whole: its stage's dense and expert parameters (ZeRO-0/1 keep
+the gradients unsharded); ZeRO-2/3 stacks reduce-scatter every micro-batch instead (priced as communication), so
+the paths name the ZeRO stages (and pipelines) they run at.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from planner.cost.model import CostModel
+    from planner.cost.types import Candidate
+
+
+def path_for(paths: tuple, cand: "Candidate") -> tuple[float, bool] | None:
+    """(bytes per element, every micro-batch) of the first of the stack's paths (CostOptions.grad_accum_paths) that
+    runs at the candidate's ZeRO stage and pipeline, or None."""
+    for zero_stages, pipeline, num_bytes, every in paths:
+        if cand.zero_stage in zero_stages and (pipeline is None or pipeline == (cand.pp > 1)):
+            return num_bytes, every
+    return None
+
+
+def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray | float:
+    """Seconds each pipeline rank spends per micro-batch (averaged over the step's m) summing its gradients outside
+    the GEMMs: bytes per element x the rank's parameters / achieved HBM bandwidth, x (m - 1) / m where the first
+    micro-batch's gradient is stored; 0.0 where the stack fuses it or shards the gradients."""
+    found = path_for(model.options.grad_accum_paths, cand)
+    if found is None or not found[0]:
+        return 0.0
+    num_bytes, every = found
+    m = cand.num_microbatches
+    share = 1.0 if every else (m - 1) / m
+    return share * num_bytes * (row["dense"] + row["expert"]) / model.hbm_rate_Bps
