@@ -25,9 +25,7 @@ from planner.frameworks_split import balanced_split, compact
 from planner.models import counting
 from planner.schemas.framework import FrameworkProfile
 from planner.schemas.plan import PlanRequest
-from planner.search.partition import partition
-from planner.search.refine import stage_problem
-from planner.search.refine_uneven import candidate_splits
+from planner.search.refine_uneven import tried_splits
 
 RUNS_FILE = Path(__file__).resolve().parents[1] / "validation" / "published_runs.json"
 
@@ -141,20 +139,16 @@ def planned_split(model: CostModel, case: Case, cand: Candidate, ev):
     (Megatron get_num_layers_to_build, num_layers // pp; torchtitan's equal stages; Megatron-DeepSpeed's GPTModelPipe
     partition_method "type:transformer"), which the cost prices when given none. Otherwise a run had to choose an
     uneven split and did not say which: the split the planner's search gives the chosen settings
-    (planner.search.refine_top: the stage-partition DP for vpp = 1, the stack's uneven first/last and embedding/loss
-    forms for vpp > 1), kept where it fits and is predicted faster, as the search keeps it. Layer-wise checkpointing
+    (planner.search.refine_uneven.tried_splits, the splits the search tries: the stage-partition DP for vpp = 1, the
+    stack's uneven first/last and embedding/loss forms for vpp > 1), kept where it fits and is predicted faster
+    (the search ranks by rank_key, which also weighs memory and the stack's practice; here only the step is read). Layer-wise checkpointing
     (case.full_every) keeps the balanced split."""
     stages = cand.pp * cand.vpp
     spec = case.request.model
     if cand.pp == 1 or case.full_every or not case.plan_split or not (spec.num_layers + spec.mtp_num_layers) % stages:
         return ev
-    if cand.vpp == 1:
-        found = partition(stage_problem(model, cand, model.layer_costs(cand)))
-        splits = [found.layers_per_stage] if found is not None else []
-    else:
-        splits = candidate_splits(case.profile, num_layers=spec.num_layers, pp=cand.pp, vpp=cand.vpp)
     best = ev
-    for split in splits:
+    for split in tried_splits(model, cand, case.profile):
         other = model.evaluate(cand, stage_layers=tuple(split))
         if other.fits and (not best.fits or other.step_time_s < best.step_time_s):
             best = other

@@ -18,7 +18,7 @@ from planner.units import GiB
 ZERO_SHARDS = {0: "nothing sharded", 1: "optimizer states sharded", 2: "optimizer states and gradients sharded",
                3: "optimizer states, gradients and parameters sharded"}
 TIME_PARTS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "pp_comm_s", "dp_comm_exposed_s", "ep_comm_s",
-              "cp_comm_s", "optimizer_s", "step_overhead_s")
+              "cp_comm_s", "optimizer_s", "step_overhead_s", "grad_accum_s")
 
 
 @dataclass(frozen=True)

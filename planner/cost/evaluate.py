@@ -296,16 +296,18 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     ranks = schedule_of(cand.schedule).rank_sums(sums, pp=pp, vpp=cand.vpp)
     row = dict(zip(ROWS, ranks))
     row["wgrad"] = pipelining_memory.stage_weight_grad_bytes(model, cand, split) if fixed.wgrad_held.any() else 0.0
-    rank_time = row["fwd"] + row["bwd"] + row["rec"] + grad_accumulation.per_microbatch_s(model, cand, row)
+    row["acc"] = grad_accumulation.per_microbatch_s(model, cand, row) + np.zeros(pp)  # per micro-batch, per rank
+    rank_time = row["fwd"] + row["bwd"] + row["rec"] + row["acc"]
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])
     bubble = schedule_of(cand.schedule).bubble_s(pp=pp, vpp=cand.vpp, rank_time_s=t_b)
     dp = dp_exposed(model, cand, fixed, row) + _zero3_sync_gathers_s(model, cand, detail, row)
     opt = row["dense"] * fixed.optimizer_per_param_s[0] + row["expert"] * fixed.optimizer_per_param_s[1]
     optimizer = float(opt.max())
-    tp_b, ep_b, cp_b, rec_b = (float(row[k][b]) for k in ("tp", "ep", "cp", "rec"))
+    tp_b, ep_b, cp_b, rec_b, acc_b = (float(row[k][b]) for k in ("tp", "ep", "cp", "rec", "acc"))
     breakdown = {
-        "compute_s": m * (t_b - rec_b - tp_b - ep_b - cp_b), "recompute_s": m * rec_b, "bubble_s": bubble,
+        "compute_s": m * (t_b - rec_b - tp_b - ep_b - cp_b - acc_b), "recompute_s": m * rec_b, "bubble_s": bubble,
+        "grad_accum_s": m * acc_b,
         "tp_comm_exposed_s": m * tp_b, "pp_comm_s": fixed.pp_comm_s, "dp_comm_exposed_s": dp,
         "ep_comm_s": m * ep_b, "cp_comm_s": m * cp_b, "optimizer_s": optimizer, "step_overhead_s": model.step_overhead_s,
     }
@@ -375,14 +377,9 @@ def _over_reason(rank: int, column: np.ndarray, inflight: float, usable: int, ot
 
 def _finish(model, cand, detail, fixed, row, sums, split, full, step, breakdown) -> Evaluation:
     memory_table, reasons = _memory(model, fixed, row, cand, full)
-    request = model.request
-    sequences = request.global_batch_size
-    rec_flops = float(sums[REC_FLOPS].sum())
-    model_flops = 3 * detail.model_fwd_total * sequences
-    hw_flops = (3 * detail.hw_fwd_total + rec_flops) * sequences
-    gpus = cand.world_size
-    model_tflops = model_flops / step / gpus / 1e12
-    hw_tflops = hw_flops / step / gpus / 1e12
+    request, sequences, gpus = model.request, model.request.global_batch_size, cand.world_size
+    model_tflops = 3 * detail.model_fwd_total * sequences / step / gpus / 1e12
+    hw_tflops = (3 * detail.hw_fwd_total + float(sums[REC_FLOPS].sum())) * sequences / step / gpus / 1e12
     return Evaluation(
         step_time_s=step, peak_bytes=int(memory_table[-1].max()), capacity_bytes=model.device_usable_bytes(),
         fits=not reasons, reasons=reasons, tokens_per_s=sequences * request.seq_len / step,

@@ -59,7 +59,7 @@ def options_for(framework: FrameworkProfile | str, precision: str) -> CostOption
         executor_code=x is not None, bf16_autocast=x is not None and x.bf16_recipe == "autocast",
         moe_expert_impl=x.moe_expert_impl if x is not None else "grouped",
         adamw_impl=x.adamw_impl if x is not None else "fused", sdpa_gqa=x.sdpa_gqa if x is not None else "native",
-        grad_accum_paths=grad_accumulation_paths(b.grad_accumulation),
+        grad_accum_paths=grad_accumulation_paths(b.grad_accumulation) if precision in SIXTEEN_BIT_WEIGHTS else (),
     )
 
 
@@ -71,6 +71,11 @@ def hf_eager_options(precision: str):
 
     return dataclasses.replace(options_for("planner", precision), executor_code=False, bf16_autocast=False,
                                moe_expert_impl="grouped", adamw_impl="fused")
+
+
+SIXTEEN_BIT_WEIGHTS = ("bf16", "fp8")
+"""The precision recipes whose weights and gradients are bf16, the dtype the profiles' accumulation paths are for;
+fp32 and amp-bf16 (fp32 parameters) accumulate 4-byte gradients, which no profile records, so none is priced."""
 
 
 def grad_accumulation_paths(found, dtype: str = "bf16") -> tuple:

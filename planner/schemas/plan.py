@@ -254,6 +254,8 @@ class Breakdown(Schema):
     cp_comm_s: float = 0.0
     optimizer_s: float = 0.0
     step_overhead_s: float = 0.0
+    grad_accum_s: float = Field(default=0.0, description="gradients summed over micro-batches outside the GEMMs "
+                                "(planner.cost.grad_accumulation), on the slowest pipeline rank")
 
 
 class Prediction(Schema):

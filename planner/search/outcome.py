@@ -29,6 +29,7 @@ BREAKDOWN_WORDS = {
     "cp_comm_s": "more CP communication",
     "optimizer_s": "slower optimizer step",
     "step_overhead_s": "larger per-step loop overhead",
+    "grad_accum_s": "more gradient accumulation outside the GEMMs",
 }
 
 

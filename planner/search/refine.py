@@ -21,7 +21,7 @@ from planner.errors import InfeasibleError
 from planner.frameworks_split import balanced_split
 from planner.schedules import DEFAULT, V_PLACED
 from planner.schedules import schedule as schedule_of
-from planner.search.partition import StageProblem
+from planner.search.partition import StageProblem, partition
 
 
 @dataclass
@@ -134,3 +134,10 @@ def split_for(num_layers: int, cand, last_slots: int = 0) -> tuple[int, ...]:
     """Balanced decoder layers per virtual stage (what the search passes when it does not partition; `last_slots`:
     the MTP layers, as the cost model's default split counts them)."""
     return balanced_split(num_layers, cand.pp * cand.vpp, last_slots=last_slots)
+
+
+def dp_split(problem: StageProblem) -> tuple[int, ...] | None:
+    """Decoder layers per stage of the stage-partition DP (planner.search.partition) for `problem`, or None when no
+    split fits."""
+    found = partition(problem)
+    return None if found is None else tuple(found.layers_per_stage)

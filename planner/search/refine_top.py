@@ -18,8 +18,7 @@ import time
 from planner.cost.arrays import moe_batch_overlap
 from planner.errors import InfeasibleError
 from planner.search.outcome import Scored, rank_key
-from planner.search.partition import partition
-from planner.search.refine import stage_problem
+from planner.search.refine import dp_split, stage_problem
 from planner.search.refine_uneven import refine_interleaved
 
 ILP_B_MAX_BINARIES = 400  # n_layers * pp; CBC's time grows quickly beyond (the DP covers the rest)
@@ -44,10 +43,10 @@ def _refine(state, item: Scored) -> Scored:
     lc = cost.layer_costs(cand)
     problem = stage_problem(cost, cand, lc)
     counters.dp_calls += 1
-    result = partition(problem)
+    found = dp_split(problem)
     best = item
-    if result is not None:
-        best = _better(best, _evaluate(state, cand, result.layers_per_stage, None))
+    if found is not None:
+        best = _better(best, _evaluate(state, cand, found, None))
     elif (state.partial_ok and cand.recompute != "full" and not moe_batch_overlap(cost, cand)
           and problem.num_layers * cand.pp <= ILP_B_MAX_BINARIES):  # a full recompute turns the MoE overlap off
         best = _better(best, _joint(state, cand, lc, problem))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from planner.frameworks_split import balanced_split, interleaved_forms, split_refusal
 from planner.schemas.framework import FrameworkProfile
 from planner.search.outcome import Scored, rank_key
+from planner.search.refine import dp_split, stage_problem
 
 MAX_FORMS = 64  # first/last pairs beyond this many are not tried (the search's time limit holds)
 
@@ -36,11 +37,24 @@ def candidate_splits(profile: FrameworkProfile, *, num_layers: int, pp: int, vpp
     return out[:MAX_FORMS]
 
 
+def tried_splits(cost, cand, profile: FrameworkProfile) -> list[tuple[int, ...]]:
+    """The splits the search tries for `cand` beyond the balanced one: the stage-partition DP's for vpp = 1
+    (planner.search.refine.dp_split; none when no split fits), the stack's uneven forms (candidate_splits) for
+    vpp > 1; none without a pipeline. The reading of an unsaid split (benchmarks/accuracy_cases.planned_split) takes
+    them from here; the search takes the same two, refine_interleaved through this and refine_top._refine through
+    dp_split directly (it keeps the DP's problem for its joint-assignment ILP where the DP finds no split)."""
+    if cand.pp == 1:
+        return []
+    if cand.vpp > 1:
+        return candidate_splits(profile, num_layers=cost.spec.num_layers, pp=cand.pp, vpp=cand.vpp)
+    found = dp_split(stage_problem(cost, cand, cost.layer_costs(cand)))
+    return [found] if found is not None else []
+
+
 def refine_interleaved(state, item: Scored) -> Scored:
     """`item` with the fastest fitting split among the stack's uneven forms (itself if none is better)."""
     cand, best = item.cand, item
-    forms = candidate_splits(state.opts.profile, num_layers=state.request.model.num_layers, pp=cand.pp, vpp=cand.vpp)
-    for counts in forms:
+    for counts in tried_splits(state.cost, cand, state.opts.profile):
         ev = state.cost.evaluate(cand, stage_layers=counts)
         state.counters.evaluations += 1
         if not ev.fits:

@@ -67,6 +67,9 @@ def test_the_step_pays_bytes_per_parameter_per_microbatch(framework, every, num_
     params = counting.total_params(model.spec)
     expected = (8 if every else 7) * num_bytes * params / model.hbm_rate_Bps
     assert with_it - without == pytest.approx(expected, rel=0.02)
+    parts = model.evaluate(cand).breakdown  # its own line of the breakdown, which still sums to the step
+    assert parts.grad_accum_s == pytest.approx(expected, rel=0.02)
+    assert sum(parts.model_dump().values()) == pytest.approx(with_it)
 
 
 def test_one_microbatch_stored_by_autograd_costs_nothing():
@@ -121,3 +124,9 @@ def test_every_path_is_sourced_in_its_profile():
     for name in ("deepspeed", "megatron-lm", "megatron-core", "legacy/deepspeed-2021"):
         found = load_framework(name).behaviour.grad_accumulation
         assert found is not None and found.source and {p.dtype for p in found.paths} == {"bf16", "fp16"}
+
+
+@pytest.mark.parametrize("precision, priced", [("bf16", True), ("fp8", True), ("fp32", False), ("amp-bf16", False)])
+def test_paths_are_for_sixteen_bit_gradients(precision, priced):
+    """The profiles record the bf16 and fp16 paths; fp32 parameters accumulate 4-byte gradients, priced by no path."""
+    assert bool(options_for("deepspeed", precision).grad_accum_paths) is priced
