@@ -8,7 +8,7 @@ as a Behaviour and is where a profile is read from; `Sourced` (every section's `
 modules share one definition.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -211,10 +211,10 @@ class AccumulationPath(Schema):
         "the weight-gradient GEMM; autograd: torch's AccumulateGrad adds into .grad in place; fp32_main_grad_hook: a "
         "hook adds .grad into an fp32 buffer; bf16_optimizer: DeepSpeed's BF16_Optimizer update_hp_grads")
     dtype: Literal["bf16", "fp16"] = Field(description="the 16-bit weight dtype it is run for")
-    zero_stages: tuple[int, ...] = Field(description="ZeRO stages it runs at (ZeRO-2/3 reduce-scatter every "
-                                         "micro-batch into sharded gradients instead)")
+    zero_stages: tuple[Annotated[int, Field(ge=0, le=3)], ...] = Field(description="ZeRO stages it runs at (ZeRO-2/3 "
+                                         "reduce-scatter every micro-batch into sharded gradients instead)")
     pipeline: bool | None = Field(default=None, description="only with (True) or without (False) pipeline stages")
-    bytes_per_element: float = Field(ge=0, description="HBM bytes read and written per gradient element per "
+    bytes_per_element: float = Field(ge=0, le=64, description="HBM bytes read and written per gradient element per "
                                      "micro-batch beyond the weight-gradient GEMM's own output")
     every_microbatch: bool = Field(description="the first micro-batch pays too (a copy into a separate buffer); "
                                    "False: the first gradient is stored and the later ones added in place")

@@ -130,3 +130,15 @@ def test_every_path_is_sourced_in_its_profile():
 def test_paths_are_for_sixteen_bit_gradients(precision, priced):
     """The profiles record the bf16 and fp16 paths; fp32 parameters accumulate 4-byte gradients, priced by no path."""
     assert bool(options_for("deepspeed", precision).grad_accum_paths) is priced
+
+
+@pytest.mark.parametrize("bad", [{"zero_stages": (7,)}, {"bytes_per_element": 1e300}, {"bytes_per_element": -1},
+                                 {"name": "sgd"}])
+def test_a_profile_path_out_of_range_is_refused(bad):
+    import pydantic
+
+    from planner.schemas.framework_behaviour import AccumulationPath
+
+    fields = {"name": "autograd", "dtype": "bf16", "zero_stages": (0,), "bytes_per_element": 6, "every_microbatch": False}
+    with pytest.raises(pydantic.ValidationError, match=next(iter(bad))):
+        AccumulationPath(**{**fields, **bad})
