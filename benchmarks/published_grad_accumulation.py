@@ -18,19 +18,13 @@ from __future__ import annotations
 
 import re
 
-from published_runs import profile_of
+from published_runs import profile_of, source_month
 
 from planner.cost.stack import grad_accumulation_paths
 from planner.frameworks import load_framework
 
 FP16 = re.compile(r"\bfp16\b|float16|\bhalf\b")
 MEGATRON_LM_FUSION = (2022, 2)  # NVIDIA/Megatron-LM 83b1e42f30 (2022-02-13): bf16 (fp32) accumulation fused
-
-
-def source_month(run: dict) -> tuple[int, int] | None:
-    """(year, month) of an arXiv source from its id's yymm; None for any other source."""
-    found = re.search(r"arxiv\.org/(?:abs|pdf)/(\d{2})(\d{2})\.", (run.get("source") or {}).get("url") or "")
-    return (2000 + int(found.group(1)), int(found.group(2))) if found else None
 
 
 def grad_accumulation_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> dict:

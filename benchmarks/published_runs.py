@@ -135,13 +135,19 @@ def profile_of(run: dict, stack: str) -> str:
     return legacy if legacy and (source_year(run) or year) < year else stack
 
 
+def source_month(run: dict) -> tuple[int, int] | None:
+    """(year, month) of an arXiv source from its id's yymm; None for any other source."""
+    found = re.search(r"arxiv\.org/(?:abs|pdf)/(\d{2})(\d{2})\.", (run.get("source") or {}).get("url") or "")
+    return (2000 + int(found.group(1)), int(found.group(2))) if found else None
+
+
 def source_year(run: dict) -> int | None:
-    """The year of the source: an arXiv id's yymm, else a 4-digit year in the title; None when neither says."""
-    src = run.get("source") or {}
-    found = re.search(r"arxiv\.org/(?:abs|pdf)/(\d{2})(\d{2})\.", src.get("url") or "")
-    if found:
-        return 2000 + int(found.group(1))
-    years = re.findall(r"\b(20\d{2})\b", src.get("title") or "")
+    """The year of the source: an arXiv id's yymm (source_month), else a 4-digit year in the title; None when
+    neither says."""
+    month = source_month(run)
+    if month:
+        return month[0]
+    years = re.findall(r"\b(20\d{2})\b", (run.get("source") or {}).get("title") or "")
     return int(years[-1]) if years else None
 
 

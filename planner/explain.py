@@ -12,13 +12,12 @@ from dataclasses import asdict, dataclass, field
 
 from planner.compression_whatif import compression_rows
 from planner.export.common import decoder_layers
-from planner.schemas.plan import Alternative, LaunchPlan, Parallelism
+from planner.schemas.plan import Alternative, Breakdown, LaunchPlan, Parallelism
 from planner.units import GiB
 
 ZERO_SHARDS = {0: "nothing sharded", 1: "optimizer states sharded", 2: "optimizer states and gradients sharded",
                3: "optimizer states, gradients and parameters sharded"}
-TIME_PARTS = ("compute_s", "recompute_s", "bubble_s", "tp_comm_exposed_s", "pp_comm_s", "dp_comm_exposed_s", "ep_comm_s",
-              "cp_comm_s", "optimizer_s", "step_overhead_s", "grad_accum_s")
+TIME_PARTS = tuple(Breakdown.model_fields)  # the breakdown's parts, in the schema's order
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,7 @@ def evaluate_candidate(model: "CostModel", cand: "Candidate", *, stage_layers: S
     ranks = schedule_of(cand.schedule).rank_sums(sums, pp=pp, vpp=cand.vpp)
     row = dict(zip(ROWS, ranks))
     row["wgrad"] = pipelining_memory.stage_weight_grad_bytes(model, cand, split) if fixed.wgrad_held.any() else 0.0
-    row["acc"] = grad_accumulation.per_microbatch_s(model, cand, row) + np.zeros(pp)  # per micro-batch, per rank
+    row["acc"] = grad_accumulation.per_microbatch_s(model, cand, row)  # per micro-batch, per rank
     rank_time = row["fwd"] + row["bwd"] + row["rec"] + row["acc"]
     b = int(np.argmax(rank_time))
     t_b = float(rank_time[b])

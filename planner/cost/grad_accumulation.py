@@ -48,14 +48,15 @@ def path_for(paths: tuple, cand: "Candidate") -> tuple[float, bool] | None:
     return None
 
 
-def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray | float:
+def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray:
     """Seconds each pipeline rank spends per micro-batch (averaged over the step's m) summing its gradients outside
     the GEMMs: bytes per element x the rank's parameters / achieved HBM bandwidth, x (m - 1) / m where the first
-    micro-batch's gradient is stored; 0.0 where the stack fuses it or shards the gradients."""
+    micro-batch's gradient is stored; zeros where the stack fuses it or shards the gradients."""
+    params = row["dense"] + row["expert"]
     found = path_for(model.options.grad_accum_paths, cand)
     if found is None or not found[0]:
-        return 0.0
+        return np.zeros_like(params)
     num_bytes, every = found
     m = cand.num_microbatches
     share = 1.0 if every else (m - 1) / m
-    return share * num_bytes * (row["dense"] + row["expert"]) / model.hbm_rate_Bps
+    return share * num_bytes * params / model.hbm_rate_Bps
