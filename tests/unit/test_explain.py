@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.explain import explain
+from planner.explain import TIME_PARTS, explain
 from planner.plot import plot_plan, rank_order, simulate
 from planner.schemas.plan import Alternative, Batch, Breakdown, Parallelism, StageTime
+from planner.search.outcome import BREAKDOWN_WORDS
 from test_export import make_plan
 
 
@@ -121,3 +122,10 @@ def test_real_estimate_timeline_matches_the_flush_formula():
     slowest = max(t.forward_s + t.backward_s for t in times)
     window = max(s.end_s for s in slots)
     assert m == 8 and m * slowest <= window <= (m + 4 - 1) * slowest + 1e-9
+
+
+def test_every_breakdown_part_is_shown_and_worded():
+    """explain's parts are the schema's fields, and why_not has words for each (search.outcome.BREAKDOWN_WORDS),
+    so a new part of the breakdown (grad_accum_s) cannot be left out of either."""
+    assert TIME_PARTS == tuple(Breakdown.model_fields)
+    assert set(BREAKDOWN_WORDS) == set(Breakdown.model_fields)
