@@ -142,6 +142,8 @@ ABLATIONS = (
      "main_grad hook, autograd .grad)", "grad_accum_paths", None),
     ("a run's stated fp16, named BF16_Optimizer or Megatron-LM release on its accumulation path (reading rule)",
      "grad_accumulation_stated", None),
+    ("a named model's attention (head width, q/k norms, biases, sliding windows, sinks) as its preset's (reading rule)",
+     "named_model_architecture", None),
 )
 
 

@@ -71,8 +71,12 @@ def model_spec(run: dict, off: tuple[str, ...] = ()) -> ModelSpec:
         norm="rmsnorm" if gated else "layernorm", position=position, tied_embeddings=bool(m.get("tied_embeddings")),
         dropout=False if gated else None,  # Llama convention: no dropout; GPT-3-style: the stack's default
     )
-    if m["hidden"] % m["num_heads"]:
-        fields["head_dim"] = m.get("head_dim") or m["hidden"] // m["num_heads"]
+    fields.update(named_architecture(run, off))
+    stated_head_dim = next((m[k] for k in HEAD_DIM_FIELDS if isinstance(m.get(k), int) and m[k] > 0), None)
+    if stated_head_dim:
+        fields["head_dim"] = stated_head_dim
+    elif m["hidden"] % m["num_heads"] and "head_dim" not in fields:
+        fields["head_dim"] = m["hidden"] // m["num_heads"]
     if m.get("moe"):
         fields["moe"] = _moe_spec(m["moe"])
     if m.get("mla"):
@@ -115,10 +119,16 @@ def mtp_of(run: dict, off: tuple[str, ...] = ()) -> int:
     return 1 if runs_nemo_recipe(run, off) and deepseek_v3 else 0
 
 
+NEMO_FRAMEWORK = re.compile(r"nemo|megatron[- ]bridge")
+
+
 def runs_nemo_recipe(run: dict, off: tuple[str, ...] = ()) -> bool:
-    """Rule nemo_performance_recipe: a run whose framework text names NeMo ran NeMo's performance recipe (its
-    bytes per parameter, published_runs.recipe_bytes_of; DeepSeek-V3's MTP layer, mtp_of); False with the rule off."""
-    return "nemo" in (run["training"].get("framework") or "").lower() and "nemo_performance_recipe" not in off
+    """Rule nemo_performance_recipe: a run whose framework text names NeMo or Megatron-Bridge (NeMo's Megatron-Core
+    trainer since NeMo 25.09, whose perf_recipes are NeMo's scripts/performance recipes: Megatron-Bridge
+    src/megatron/bridge/perf_recipes/_common.py `_perf_precision`, the same as scripts/performance/utils/precision.py)
+    ran NeMo's performance recipe (its bytes per parameter, published_runs.recipe_bytes_of; DeepSeek-V3's MTP layer,
+    mtp_of); False with the rule off."""
+    return bool(NEMO_FRAMEWORK.search((run["training"].get("framework") or "").lower())) and "nemo_performance_recipe" not in off
 
 
 NEGATED_FP8 = re.compile(r"\b(?:not|no|without|non)\b[\w\s-]{0,30}?fp8")
@@ -154,18 +164,45 @@ def implied_tflops(run: dict) -> float:
     return 6 * counting.active_params(model_spec(run)) * per_gpu / 1e12
 
 
-def seq_len_of(run: dict) -> int | None:
-    """The stated sequence length, else the named model's default (the shipped preset whose name the run's model
-    text contains: its seq_len is the model's max_position_embeddings), else None."""
+def named_preset(run: dict) -> ModelSpec | None:
+    """The shipped preset (planner/models/presets/<name>.yaml) whose name, letters and digits only, the run's model
+    text contains (its name, family and stated size), e.g. "Qwen3 30B-A3B" -> qwen3-30b-a3b; None where none does."""
     m = run["model"]
-    if m.get("seq_len"):
-        return int(m["seq_len"])
     text = re.sub(r"[^a-z0-9]", "", " ".join(str(m.get(k) or "") for k in ("name", "family")).lower()
                   + (f"{m['params_b']:g}b" if m.get("params_b") else ""))
     for name in list_presets():
         if re.sub(r"[^a-z0-9]", "", name) in text:
-            return int(load_preset(name).seq_len)
+            return load_preset(name)
     return None
+
+
+HEAD_DIM_FIELDS = ("head_dim", "kv_channels", "head_size")  # HF / Megatron (--kv-channels) / NeoX spellings
+NAMED_ARCHITECTURE_FIELDS = ("head_dim", "qk_norm", "qk_norm_scope", "qkv_bias", "out_bias", "layer_types",
+                             "sliding_window", "attention_sinks")
+
+
+def named_architecture(run: dict, off: tuple[str, ...] = ()) -> dict:
+    """Rule named_model_architecture: what the run format has no field for, or a source leaves unsaid, about the
+    attention of a model it names (the head width where it is not hidden / heads, as in Qwen3 and gpt-oss; q/k
+    norms; attention biases; sliding-window layers; attention sinks) is that model's own: its shipped preset's
+    (each preset is its HF config.json, tests/unit/test_models_presets.py), where the preset has the run's stated
+    depth, width and heads (a different shape is another model of the name). {} otherwise or with the rule off; a
+    stated head width still wins (model_spec)."""
+    m = run["model"]
+    preset = None if "named_model_architecture" in off else named_preset(run)
+    if preset is None or (preset.num_layers, preset.hidden_size, preset.num_attention_heads) != (
+            m.get("num_layers"), m.get("hidden"), m.get("num_heads")):
+        return {}
+    return {k: getattr(preset, k) for k in NAMED_ARCHITECTURE_FIELDS if getattr(preset, k) != ModelSpec.model_fields[k].default}
+
+
+def seq_len_of(run: dict) -> int | None:
+    """The stated sequence length, else the named model's default (named_preset: its seq_len is the model's
+    pre-training length), else None."""
+    if run["model"].get("seq_len"):
+        return int(run["model"]["seq_len"])
+    preset = named_preset(run)
+    return int(preset.seq_len) if preset is not None else None
 
 
 def global_batch(run: dict) -> int:

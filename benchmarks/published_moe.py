@@ -4,7 +4,8 @@
 - moe_settings_stated: a run whose text states its token dispatcher (Megatron-Core `--moe-token-dispatcher-type
   alltoall|flex|allgather` or `moe_token_dispatcher_type`, DeepEP = flex) or its overlap
   (`--overlap-moe-expert-parallel-comm` / `overlap_moe_expert_parallel_comm` / NeMo's `moe_a2a_overlap` = batch,
-  `--moe-shared-expert-overlap` = shared; negated: off) is priced with that one, as planner.cost.pins prices a
+  `--moe-shared-expert-overlap` = shared; negated before, or set false/off/0 after, as in a recipe's
+  `moe_a2a_overlap = False`: off) is priced with that one, as planner.cost.pins prices a
   user's statement; unsaid, the planner's choice among what the stack runs (the conversion's rule for unsaid
   settings).
 - megatron_core_version_features: a Megatron-Core run cannot have run a feature its release did not have. Each
@@ -28,6 +29,7 @@ FEATURE_SINCE = {"shared": ((0, 10), 2025), "flex": ((0, 12), 2025), "batch": ((
 CORE_VERSION = re.compile(r"(?:megatron[- ]core|mcore|core_[rv]|megatron-lm core)\s*[rv]?(\d+)\.(\d+)")
 DISPATCHER = re.compile(r"(?:--moe-token-dispatcher-type|moe_token_dispatcher_type)\W+(alltoall|flex|allgather)")
 NEGATION = r"\b(?:no|not|without|disabled?)\b[\w\s-]{0,25}?"
+SET_OFF = r"\s*(?:[:=]\s*|\s)\s*(?:false|off|disabled|0)\b"  # "moe_a2a_overlap false", "--flag=False", "flag: off"
 STATED_OVERLAP = {
     "batch": re.compile(r"overlap[-_]moe[-_]expert[-_]parallel[-_]comm|moe_a2a_overlap|ep a2a overlap"),
     "shared": re.compile(r"moe[-_]shared[-_]expert[-_]overlap|shared[- ]expert overlap"),
@@ -55,7 +57,7 @@ def stated(text: str) -> tuple[str | None, dict[str, bool]]:
     overlaps = {}
     for name, pattern in STATED_OVERLAP.items():
         if pattern.search(text):
-            overlaps[name] = not re.search(NEGATION + f"(?:{pattern.pattern})", text)
+            overlaps[name] = not re.search(NEGATION + f"(?:{pattern.pattern})|(?:{pattern.pattern}){SET_OFF}", text)
     return dispatcher, overlaps
 
 

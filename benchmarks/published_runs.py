@@ -8,13 +8,17 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   their usual spellings (published_model._moe_spec): an unsaid or zero capacity factor is dropless, an unsaid
   MoE frequency every layer, group-limited routing only where both the groups and the groups per token are given;
   multi-token prediction modules where a model field or the text states their depth, not negated
-  (published_model.mtp_of; a bare mention of MTP reads as none), on the last stage of the default split;
+  (published_model.mtp_of; a bare mention of MTP reads as none), on the last stage of the default split; a stated
+  head width (head_dim, kv_channels) is read whatever hidden / heads is; the attention of a model the text names
+  that the run's fields cannot say (head width, q/k norms, attention biases, sliding-window layers, sinks) is the
+  named model's own, its shipped preset's, where the preset has the run's depth, width and heads
+  (`named_model_architecture`, published_model.named_architecture);
 - cluster: the shipped node preset of the GPU (A100 40/80 GB, H100, H800, H200, B200, MI300X; V100 as the DGX-2
   node; the AWS node of the GPU where the interconnect is EFA) scaled to the run's GPUs, with the published GPUs
   per node, NICs per node and NIC line rate where stated (achieved = 92% of line rate, the preset's ratio); a
   stated node size with unsaid NICs keeps the preset's NICs per GPU;
 - stack: `stack_of` maps the run's `training.framework` text to a profile under frameworks/ (first pattern of
-  STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core and NeMo -> megatron-core, Megatron-LM
+  STACK_RULES outside parentheses, else anywhere, else DEFAULT_STACK): Megatron-Core, NeMo and Megatron-Bridge -> megatron-core, Megatron-LM
   -> megatron-lm (2021-22, before Megatron-Core) for sources before 2023 (arXiv id or title year), else
   megatron-core, torchtitan -> torchtitan, Composer/FairScale FSDP or any trainer named with FSDP ->
   pytorch-fsdp, DeepSpeed/GPT-NeoX/Megatron-DeepSpeed (and ZeRO-3 rows naming DeepSpeed) -> deepspeed, HAI-LLM ->
@@ -28,7 +32,7 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
   sustained clock, hence its peak, is stated nowhere), as is an H20 without a stated peak;
 - sequence length (`seq_len_of`): the stated one, else the named model's own default (the shipped preset
   planner/models/presets/<name>.yaml whose name the run's model text contains: its seq_len is the model's
-  max_position_embeddings), else the run is refused;
+  pre-training length), else the run is refused;
 - recompute unsaid (`recipe_recompute`): what the stack's own recipe runs for a model of that size: the recipe of
   the profile's behaviour.defaults.recompute_recipes (each cited in its recompute_source) nearest the run's model
   in log total parameters among recipes of the same kind (dense / MoE; any kind where none is), between recipes
@@ -51,7 +55,8 @@ No table of per-run settings. What a source leaves unsaid is resolved by stated 
 - a run whose text says it used torch.compile (not negated) ran its norms, activations and RoPE fused (inductor),
   whatever eager ops its stack's profile lists (`eager_ops_of`); unsaid, the profile's default (torchtitan: no
   compile);
-- a run made with NeMo (its framework text names NeMo; the stack is Megatron-Core) ran NeMo's performance recipe:
+- a run made with NeMo (its framework text names NeMo or Megatron-Bridge, whose perf_recipes are NeMo's; the stack
+  is Megatron-Core) ran NeMo's performance recipe:
   16-bit gradient buffers, and under fp8 fp8 parameters gathered in fp8 (`recipe_bytes_of`);
 - a recompute text naming Megatron-Core recompute modules (`recompute_modules_of`: one of core_attn, mla_up_proj,
   moe_act or shared_experts, or the words recompute_modules / recompute-modules, then every module name it
@@ -92,6 +97,8 @@ from planner.frameworks import load_framework
 STACK_RULES = (
     ("megatron-core", "megatron-core"),
     ("nemo", "megatron-core"),  # NeMo 2.x trains through Megatron-Core (nemo/lightning/megatron_parallel.py)
+    ("megatron-bridge", "megatron-core"),  # NeMo's Megatron-Core trainer (src/megatron/bridge/training/)
+    ("megatron bridge", "megatron-core"),
     ("hai-llm", "hai-llm"),
     ("torchtitan", "torchtitan"),
     ("composer", "pytorch-fsdp"),
@@ -213,7 +220,7 @@ READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe"
                  "selective_layer_is_every_other_layer", "cp_flavour_unstated_is_default",
                  "nemo_performance_recipe", "compiled_runs_fuse_pointwise_ops", "mtp_depth_stated",
                  "moe_settings_stated", "megatron_core_version_features", "split_unstated_is_planned",
-                 "grad_accumulation_stated")  # accuracy.py can switch off
+                 "grad_accumulation_stated", "named_model_architecture")  # accuracy.py can switch off
 
 NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
 """Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance

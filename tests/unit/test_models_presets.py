@@ -29,18 +29,26 @@ PUBLISHED_TOTAL = {
     "opt-175b": 175e9,  # Zhang et al. 2022 (arXiv:2205.01068) Table 1: 175B
     "mt-nlg-530b": 530e9,  # Smith et al. 2022 (arXiv:2201.11990): 530B
     "tinyllama-1.1b": 1_100_048_384,  # h100_hf_tinyllama.jsonl "params": 1100048384 (HF LlamaForCausalLM numel)
+    "qwen3-30b-a3b": 30.5e9,  # HF Qwen/Qwen3-30B-A3B model card: "30.5B in total and 3.3B activated"
+    "qwen3-235b-a22b": 235e9,  # HF Qwen/Qwen3-235B-A22B model card: "235B in total and 22B activated"
+    "gpt-oss-120b": 116.83e9,  # OpenAI gpt-oss model card Table 1: 116.83B total, 5.13B active
 }
 # Published active (per-token) parameter counts of the MoE presets.
 PUBLISHED_ACTIVE = {
     "mixtral-8x7b": 12.9e9,  # HF Mixtral model card / Jiang et al. 2024: 12.9B ("13B") active
     "mixtral-8x22b": 39e9,  # Mistral AI Mixtral 8x22B announcement: 39B active of 141B
     "deepseek-v3": 37e9,  # DeepSeek-V3 report abstract: 37B activated per token (two significant digits)
+    "qwen3-30b-a3b": 3.3e9,  # HF model card: 3.3B activated (two significant digits)
+    "qwen3-235b-a22b": 22e9,  # HF model card: 22B activated (two significant digits)
 }
+# gpt-oss counts its active parameters without the input embedding (116.83B total, 5.13B active: the embedding's
+# 201088 x 2880 = 0.58B is the difference between our per-token count, 5.71B, and theirs).
+PUBLISHED_ACTIVE_WITHOUT_EMBEDDING = {"gpt-oss-120b": 5.13e9}
 TOLERANCE = 0.01
 # GLM-130B: "130B" is a rounded figure; the architecture (70 x 12288, GeGLU 32768, vocab 150528, tied output as
 # in SwissArmyTransformer) counts 128.70B, 1.002% below it. DeepSeek-V3's "37B" active has two significant digits
 # (rounding alone allows +-1.35%); we count 37.55B including the embedding and output head.
-TOLERANCE_OVERRIDE = {("glm-130b", "total"): 0.011, ("deepseek-v3", "active"): 0.02}
+TOLERANCE_OVERRIDE = {("glm-130b", "total"): 0.011, ("deepseek-v3", "active"): 0.02, ("qwen3-30b-a3b", "active"): 0.02}
 
 
 def test_every_required_preset_is_shipped():
@@ -71,8 +79,16 @@ def test_moe_active_params_match_published(name):
     assert counted < total_params(spec)
 
 
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE_WITHOUT_EMBEDDING))
+def test_moe_active_params_without_embedding_match_published(name):
+    spec = load_preset(name)
+    counted = active_params(spec) - spec.vocab_size * spec.hidden_size
+    published = PUBLISHED_ACTIVE_WITHOUT_EMBEDDING[name]
+    assert abs(counted - published) / published <= TOLERANCE, f"{name}: active {counted:,} vs {published:,.0f}"
+
+
 def test_dense_presets_active_equals_total():
-    for name in set(PUBLISHED_TOTAL) - set(PUBLISHED_ACTIVE):
+    for name in set(PUBLISHED_TOTAL) - set(PUBLISHED_ACTIVE) - set(PUBLISHED_ACTIVE_WITHOUT_EMBEDDING):
         spec = load_preset(name)
         assert spec.moe is None and active_params(spec) == total_params(spec)
 
@@ -166,3 +182,32 @@ def test_a_stale_or_broken_index_is_not_used(tmp_path):
         assert preset_rows(presets, index_path) == computed_rows(presets)
     index_path.unlink()
     assert preset_rows(presets, index_path) == computed_rows(presets)
+
+
+HF_SAMPLES = Path(__file__).resolve().parents[1] / "data" / "hf"
+
+
+def _hf_sample(folder: str, **changes) -> dict:
+    return {**json.loads((HF_SAMPLES / folder / "config.json").read_text()), **changes}
+
+
+# Presets of models whose HF config.json the importer reads: the preset states what the config states (seq_len is
+# the pre-training length the preset's comment cites, not max_position_embeddings). gpt-oss-120b is the 20b sample
+# with the 120b's depth and experts (openai/gpt-oss-120b config.json: 36 layers, 128 local experts, the same widths)
+# and GptOssConfig's attention_dropout default, 0.0 (transformers configuration_gpt_oss.py), which the sample omits.
+PRESETS_FROM_HF = {
+    "qwen3-30b-a3b": lambda: _hf_sample("qwen3-30b-a3b"),
+    "qwen3-235b-a22b": lambda: _hf_sample("qwen3-30b-a3b", hidden_size=4096, intermediate_size=12288,
+                                          moe_intermediate_size=1536, num_hidden_layers=94, num_attention_heads=64),
+    "gpt-oss-120b": lambda: _hf_sample("gpt-oss-20b", num_hidden_layers=36, num_local_experts=128,
+                                       layer_types=["sliding_attention", "full_attention"] * 18, attention_dropout=0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS_FROM_HF))
+def test_preset_is_its_hf_config(name):
+    from planner.models.hf import spec_from_hf_config
+
+    preset = load_preset(name).model_dump(exclude={"name", "source", "seq_len"})
+    imported = spec_from_hf_config(PRESETS_FROM_HF[name]()).model_dump(exclude={"name", "source", "seq_len"})
+    assert {k: v for k, v in preset.items() if imported[k] != v} == {}

@@ -349,6 +349,11 @@ def _moe_run(framework: str, title: str = "A source (2025)", **changes) -> dict:
      {"moe_dispatchers": ("flex",), "moe_shared_overlap": False}),
     ("Megatron-Core 0.16, no DeepEP, --moe-shared-expert-overlap", "A source (2026)",
      {"moe_dispatchers": ("alltoall",), "moe_overlap": False}),
+    # a flag set off after its name, as a recipe writes it (Megatron-Bridge qwen3_moe.py: moe_a2a_overlap = False)
+    ("Megatron-Bridge: moe_a2a_overlap false", "A source (2026)", {"moe_overlap": False}),
+    ("Megatron-Core 0.16 --overlap-moe-expert-parallel-comm=False", "A source (2026)", {"moe_overlap": False}),
+    ("Megatron-Bridge: moe_a2a_overlap: true", "A source (2026)",
+     {"moe_dispatchers": ("alltoall", "flex"), "moe_shared_overlap": False}),
     # a stack without these settings is not narrowed by text naming them
     ("torchtitan with DeepEP", "A source (2025)", {}),
 ])
@@ -386,3 +391,66 @@ def test_an_unsaid_even_split_stays_even():
     row = _evaluated("megatron2021_t1_145.6B")
     stages = row["cand"].pp * row["cand"].vpp
     assert row["split"] == (80 // stages,) * stages and not row["planned"]
+
+
+@pytest.mark.parametrize("framework", ["Megatron-Bridge (NeMo 26.04 container)", "Megatron Bridge 0.4", "megatron-bridge"])
+def test_megatron_bridge_runs_are_nemo_performance_recipe_on_megatron_core(framework):
+    """Megatron-Bridge is NeMo's Megatron-Core trainer and its perf recipes are NeMo's (perf_recipes/_common.py
+    `_perf_precision`: grad_reduce_in_fp32 False; mixed_precision.py bf16_with_fp8_*: fp8_param_gather True)."""
+    bridge = run(training__framework=framework, training__precision="FP8")
+    assert P.stack_of(bridge) == "megatron-core"
+    assert P.recipe_bytes_of(bridge, "fp8") == P.NEMO_RECIPE_BYTES["fp8"]
+    assert P.recipe_bytes_of(bridge, "fp8", off=("nemo_performance_recipe",)) is None
+
+
+QWEN3_30B = {"family": "Qwen3 30B-A3B", "params_b": 30.5, "num_layers": 48, "hidden": 2048, "ffn_hidden": None,
+             "num_heads": 32, "num_kv_heads": 4, "vocab": 151936, "seq_len": 4096, "activation": "SwiGLU",
+             "moe": {"num_experts": 128, "top_k": 8, "expert_ffn_hidden": 768}}
+
+
+def test_a_stated_head_width_is_read_even_where_hidden_divides_by_heads():
+    """Qwen3-30B-A3B: hidden 2048 over 32 heads is 64, its heads are 128 wide (config.json head_dim)."""
+    stated = P.model_spec(run(model__family="some MoE", model__num_layers=48, model__hidden=2048, model__num_heads=32,
+                              model__head_dim=128))
+    assert stated.head_dim == 128
+    assert P.model_spec(run(model__kv_channels=64, model__num_heads=32)).head_dim == 64  # Megatron's --kv-channels
+
+
+def test_a_named_models_attention_is_its_presets():
+    """Rule named_model_architecture: the preset's head width and q/k norms for a run naming Qwen3-30B-A3B with the
+    preset's shape; its sliding-window layers and sinks for gpt-oss-120b; nothing for a shape the preset does not
+    have, or with the rule off."""
+    qwen = copy.deepcopy(BASE)
+    qwen["model"] = copy.deepcopy(QWEN3_30B)
+    spec = P.model_spec(qwen)
+    assert (spec.head_dim, spec.qk_norm) == (128, True)
+    assert P.model_spec(qwen, off=("named_model_architecture",)).dim_per_head == 64  # hidden / heads
+    other = copy.deepcopy(qwen)
+    other["model"]["num_layers"] = 24
+    assert P.model_spec(other).dim_per_head == 64
+    oss = copy.deepcopy(BASE)
+    oss["model"] = {"family": "GPT-OSS 120B", "params_b": 116.8, "num_layers": 36, "hidden": 2880, "num_heads": 64,
+                    "num_kv_heads": 8, "vocab": 201088, "seq_len": 4096, "activation": "SwiGLU",
+                    "moe": {"num_experts": 128, "top_k": 4, "expert_ffn_hidden": 2880}}
+    spec = P.model_spec(oss)
+    assert (spec.head_dim, spec.sliding_window, spec.attention_sinks) == (64, 128, True)
+    assert spec.layer_types[:2] == ("sliding", "full") and len(spec.layer_types) == 36
+    assert P.model_spec(oss, off=("named_model_architecture",)).dim_per_head == 45  # 2880 / 64: the generic reading
+
+
+def test_megatron_bridge_h100_rows_convert_and_fit():
+    """benchmarks/bridge_h100_check.py: every DGX-H100 row of Megatron-Bridge's performance summary converts to a
+    valid candidate at its published layout and fits (each ran), priced with NeMo's performance recipe (16-bit
+    gradient buffers; fp8 parameters under fp8) and with what its recipe states about the MoE overlap."""
+    import accuracy_cases as C
+    import bridge_h100_check as B
+
+    for row in B.ROWS:
+        run_ = B.run_of(row)
+        cand, ev = C.choose(C.build_case(run_))
+        assert cand is not None and ev.fits, run_["id"]
+        assert (cand.tp, cand.pp, cand.cp, cand.ep) == (run_["parallel"]["tp"], run_["parallel"]["pp"],
+                                                       run_["parallel"]["cp"], run_["parallel"]["ep"])
+        assert C.build_case(run_).overrides["recipe_bytes"] == P.NEMO_RECIPE_BYTES[P.precision_of(run_)]
+    qwen = C.build_case(B.run_of(next(row for row in B.ROWS if "qwen3_30b" in row[0])))
+    assert qwen.overrides["moe_overlap"] is False  # qwen3_moe.py fp8cs: moe_a2a_overlap = False
