@@ -144,6 +144,8 @@ ABLATIONS = (
      "grad_accumulation_stated", None),
     ("a named model's attention (head width, q/k norms, biases, sliding windows, sinks) as its preset's (reading rule)",
      "named_model_architecture", None),
+    ("gradient copies each accumulation path's optimizer holds (DeepSpeed BF16_Optimizer 4 + 2, ZeRO/FP16 optimizers "
+     "2 and the ZeRO-1 bucket; off: the recipe's 4)", "grad_accum_memory", False),
 )
 
 

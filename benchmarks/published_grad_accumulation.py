@@ -20,7 +20,7 @@ import re
 
 from published_runs import profile_of, source_month
 
-from planner.cost.stack import grad_accumulation_paths
+from planner.cost.stack import grad_accumulation_paths, path_entry
 from planner.frameworks import load_framework
 
 FP16 = re.compile(r"\bfp16\b|float16|\bhalf\b")
@@ -39,7 +39,7 @@ def grad_accumulation_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> di
     named = [p for p in found.paths if p.dtype == dtype and p.name in text]
     if named:
         path = named[0]
-        paths = (((0, 1), None, path.bytes_per_element, path.every_microbatch),)
+        paths = (path_entry(path, (0, 1), None),)
     elif stack == "megatron-lm" and dtype == "bf16" and (source_month(run) or (0, 0)) >= MEGATRON_LM_FUSION:
         paths = ()
     else:

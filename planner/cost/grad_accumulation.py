@@ -17,12 +17,18 @@ backward on the compute stream:
   bf16_optimizer.py update_hp_grads, called after every micro-batch's backward (pipe/engine.py
   _exec_backward_pass; engine.backward via BF16_Optimizer.backward): hp_grad.add_(lp.grad.to(fp32)) reads the
   bf16 gradient (2) and writes its fp32 copy (4), then reads that copy and the fp32 accumulator (4 + 4) and writes
-  the accumulator (4); clear_lp_grads sets lp.grad = None before the next backward.
+  the accumulator (4); clear_lp_grads sets lp.grad = None before the next backward (56c522386; DeepSpeed HEAD
+  zeroes it in place instead, which adds a 2-byte zeroing and autograd's in-place add per micro-batch: not priced).
 Which path a DeepSpeed job takes is its engine's choice (deepspeed/runtime/engine.py _do_optimizer_sanity_check):
 BF16_Optimizer for bf16 with pipeline stages and no ZeRO, or with ZeRO-1 where grad_accum_dtype is fp32; the ZeRO
 optimizer for ZeRO-1 otherwise (gradients reduced at the accumulation boundary only, zero/stage_1_and_2.py), plain
 .grad for bf16 without both. The planner's own executor is not priced here: planner.cost.executor counts its
 AccumulateGrad adds from its code (validation/h100_executor_runs.json measures it).
+Memory (held_bytes): each path also says which gradient copies its optimizer keeps through the backward, in place of
+the recipe's 4-byte main gradients at ZeRO-0/1 (BF16_Optimizer: its full-size fp32 accumulator and the bf16 lp
+grads, 6; DeepSpeed's ZeRO and FP16 optimizers and Megatron-LM's fp16 optimizer: the 16-bit .grad, 2, the fp32 ones
+made in the step), and the contiguous gradient bucket its optimizer allocates for each backward (DeepSpeed ZeRO-1:
+reduce_bucket_size 16-bit elements), counted with the rank's other bytes.
 The gradients summed are the parameters a rank holds whole: its stage's dense and expert parameters (ZeRO-0/1 keep
 the gradients unsharded); ZeRO-2/3 stacks reduce-scatter every micro-batch instead (priced as communication), so
 the paths name the ZeRO stages (and pipelines) they run at.
@@ -34,18 +40,31 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.cost import memory
+
 if TYPE_CHECKING:
     from planner.cost.model import CostModel
     from planner.cost.types import Candidate
 
 
-def path_for(paths: tuple, cand: "Candidate") -> tuple[float, bool] | None:
-    """(bytes per element, every micro-batch) of the first of the stack's paths (CostOptions.grad_accum_paths) that
-    runs at the candidate's ZeRO stage and pipeline, or None."""
-    for zero_stages, pipeline, num_bytes, every in paths:
+def path_for(paths: tuple, cand: "Candidate") -> tuple | None:
+    """The first of the stack's paths (CostOptions.grad_accum_paths, stack.path_entry) that runs at the candidate's
+    ZeRO stage and pipeline, or None."""
+    for path in paths:
+        zero_stages, pipeline = path[:2]
         if cand.zero_stage in zero_stages and (pipeline is None or pipeline == (cand.pp > 1)):
-            return num_bytes, every
+            return path
     return None
+
+
+def held_bytes(model: "CostModel", cand: "Candidate") -> tuple[float | None, float]:
+    """(gradient bytes per parameter, bucket bytes) the candidate's path holds through the backward: its optimizer's
+    copies in place of the recipe's gradient bytes (None: the recipe's) and its contiguous 16-bit bucket
+    (memory.reduce_bucket_bytes); (None, 0) where no path runs or with options.grad_accum_memory off."""
+    found = path_for(model.options.grad_accum_paths, cand) if model.options.grad_accum_memory else None
+    if found is None:
+        return None, 0.0
+    return found[4], memory.reduce_bucket_bytes(found[5])
 
 
 def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray:
@@ -56,7 +75,7 @@ def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.nda
     found = path_for(model.options.grad_accum_paths, cand)
     if found is None or not found[0]:
         return np.zeros_like(params)
-    num_bytes, every = found
+    num_bytes, every = found[2:4]
     m = cand.num_microbatches
     share = 1.0 if every else (m - 1) / m
     return share * num_bytes * params / model.hbm_rate_Bps

@@ -17,7 +17,7 @@ import numpy as np
 
 from planner.cost import layers as L
 from planner.cost.layer_terms import Links
-from planner.cost import compression, executor, memory, moe_comm, pipelining_memory
+from planner.cost import compression, executor, grad_accumulation, memory, moe_comm, pipelining_memory
 from planner.cost.arrays import (build_detail, layer_costs_with, layer_working_bytes, moe_batch_overlap, priced_choices,
                                  zero3_working_bytes)
 from planner.cost.calibration import (DeviceCalibration, attention_rate_for, device_calibration,
@@ -249,6 +249,7 @@ class CostModel:
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
         if cand.zero_stage >= 3:
             other += zero3_working_bytes(self, cand)
+        other += grad_accumulation.held_bytes(self, cand)[1]  # the ZeRO-1 optimizer's gradient bucket
         return int(other + self.dispatch_buffer_bytes(cand))
 
     def dispatch_buffer_bytes(self, cand: Candidate) -> float:
@@ -284,7 +285,7 @@ class CostModel:
     def other_per_rank(self, cand: Candidate) -> np.ndarray:
         """stage_other_bytes of every pipeline rank (memoised on the fields it reads; only the last rank's
         differs, so the others are copies of rank 0's)."""
-        key = ("other", cand.pp, cand.zero_stage >= 3, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.dp, cand.cp, cand.sp,
+        key = ("other", cand.pp, cand.zero_stage, self.executor_recipe_for(cand), cand.tp, cand.ep, cand.dp, cand.cp, cand.sp,
                cand.microbatch_size, cand.recompute, cand.recompute_modules, cand.tp_overlap, schedule_of(cand.schedule).v_placed,
                cand.vpp, cand.num_microbatches)
         found = self.memo.get(key)

@@ -83,8 +83,15 @@ def grad_accumulation_paths(found, dtype: str = "bf16") -> tuple:
     the planner's bf16 and fp8 recipes); () where the profile records none."""
     if found is None:
         return ()
-    return tuple((tuple(p.zero_stages), p.pipeline, p.bytes_per_element, p.every_microbatch)
-                 for p in found.paths if p.dtype == dtype)
+    return tuple(path_entry(p) for p in found.paths if p.dtype == dtype)
+
+
+def path_entry(path, zero_stages: tuple[int, ...] | None = None, pipeline: bool | None = None) -> tuple:
+    """One AccumulationPath as CostOptions.grad_accum_paths holds it: (ZeRO stages, pipeline, bytes per element,
+    every micro-batch, gradient bytes held, bucket elements); `zero_stages` and `pipeline` replace the path's."""
+    stages = tuple(path.zero_stages) if zero_stages is None else zero_stages
+    pipe = path.pipeline if zero_stages is None else pipeline
+    return stages, pipe, path.bytes_per_element, path.every_microbatch, path.grad_bytes, path.bucket_params
 
 
 def _recipe_bytes(recipe):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.cost import memory
+from planner.cost import grad_accumulation, memory
 from planner.schedules import schedule as schedule_of
 
 if TYPE_CHECKING:
@@ -30,10 +30,15 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     A stack whose ZeRO-3 gradient partition is 16-bit (options.zero3_grads_fp32 False) holds 2 bytes per
     parameter there; its optimizer step's fp32 copies are checked by evaluate (the step peak). A 16-bit gradient
     method whose stack keeps its gradient buffer in that dtype (options.grad16_buffer_bytes: Megatron's
-    --grad-reduce-in-bf16) holds that many bytes per parameter."""
+    --grad-reduce-in-bf16) holds that many bytes per parameter. At ZeRO-0/1 the stack's gradient accumulation path
+    (behaviour.grad_accumulation) says what its optimizer holds (grad_accumulation.held_bytes): DeepSpeed's
+    BF16_Optimizer 2 + 4, its ZeRO optimizer and FP16_Optimizer the 16-bit .grad only."""
     recipe, zero = model.recipe, cand.zero_stage
     if zero >= 3 and not model.options.zero3_grads_fp32:  # the 16-bit gradient partition (DeepSpeed stage 3)
         recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, recipe.gather_bytes))
+    held, _ = grad_accumulation.held_bytes(model, cand)
+    if held is not None and zero < 2:  # the accumulation path's own gradient copies (planner.cost.grad_accumulation)
+        recipe = dataclasses.replace(recipe, grad_bytes=held)
     buffer16 = model.options.grad16_buffer_bytes
     if buffer16 and (cand.compression.has("bf16-grads") or cand.compression.has("fp16-grads")):
         recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, buffer16))  # --grad-reduce-in-bf16

@@ -72,7 +72,11 @@ class CostOptions:
         router, chunked delta rule) run at the bf16 rate; False: at the fp8 rate like the rest (an ablation).
     grad_accum_paths: the stack's gradient accumulation over micro-batches outside the weight-gradient GEMM
         (behaviour.grad_accumulation's bf16 paths; planner.cost.grad_accumulation), each (ZeRO stages, pipeline: True,
-        False or None for either, HBM bytes per gradient element per micro-batch, whether the first micro-batch pays).
+        False or None for either, HBM bytes per gradient element per micro-batch, whether the first micro-batch pays,
+        the gradient bytes per parameter it holds in place of the recipe's or None, the elements of the gradient
+        bucket its optimizer allocates for each backward).
+    grad_accum_memory: the memory of those paths (their gradient bytes and buckets) is counted; False: the
+        recipe's gradient bytes, no bucket (an ablation).
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
         (Megatron/DeepSpeed: 2 + 4 + 12 bytes per parameter); False: the stack's parameters are the fp32 master and
         bf16 exists only as the gathered/cast compute copy (FSDP mixed precision: 4 + 4 + 8, memory.FP32_MASTER_PARAMS_BF16).
@@ -179,7 +183,8 @@ class CostOptions:
     zero3_layer_collectives: bool = True
     fp8_casts: bool = True
     fp8_16bit_gemms: bool = True
-    grad_accum_paths: tuple[tuple[tuple[int, ...], bool | None, float, bool], ...] = ()
+    grad_accum_paths: tuple[tuple[tuple[int, ...], bool | None, float, bool, float | None, float], ...] = ()
+    grad_accum_memory: bool = True
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,11 @@ class AccumulationPath(Schema):
                                      "micro-batch beyond the weight-gradient GEMM's own output")
     every_microbatch: bool = Field(description="the first micro-batch pays too (a copy into a separate buffer); "
                                    "False: the first gradient is stored and the later ones added in place")
+    grad_bytes: float | None = Field(default=None, ge=0, le=64, description="bytes per parameter of the gradients "
+                                     "this path holds through the backward (every copy it keeps, unsharded), in place "
+                                     "of the recipe's; None: the recipe's")
+    bucket_params: float = Field(default=0, ge=0, le=1e12, description="elements of the contiguous 16-bit gradient "
+                                 "bucket the path's optimizer allocates for each backward (DeepSpeed reduce_bucket_size)")
 
 
 class GradAccumulation(Schema):

@@ -33,18 +33,24 @@ def _cand(**kw) -> Candidate:
     return Candidate(**{"dp": 1, "tp": 1, "pp": 1, "microbatch_size": 1, "num_microbatches": 4, "zero_stage": 0, **kw})
 
 
+BF16_OPTIMIZER_HELD = 4 + 2  # its full-size fp32 accumulator beside the bf16 lp grads (bf16_optimizer.py)
+ZERO_BUCKET = 2 * 5e8  # stage_1_and_2.py setup_buckets: two reduce_bucket_size buffers under overlap_comm
+
+
 @pytest.mark.parametrize("profile, cand, expected", [
-    ("deepspeed", _cand(pp=2), (BF16_OPTIMIZER_BYTES, True)),  # bf16 + pipeline + no ZeRO: BFLOAT16 wrapper
-    ("deepspeed", _cand(pp=2, zero_stage=1), (AUTOGRAD_BYTES, False)),  # bf16 + ZeRO-1: the ZeRO optimizer
-    ("deepspeed", _cand(), (AUTOGRAD_BYTES, False)),  # bf16 without pipeline: DDP_BFLOAT16
+    # bf16 + pipeline + no ZeRO: the BFLOAT16 wrapper
+    ("deepspeed", _cand(pp=2), (BF16_OPTIMIZER_BYTES, True, BF16_OPTIMIZER_HELD, 0.0)),
+    ("deepspeed", _cand(pp=2, zero_stage=1), (AUTOGRAD_BYTES, False, 2.0, ZERO_BUCKET)),  # bf16 + ZeRO-1: the ZeRO optimizer
+    ("deepspeed", _cand(), (AUTOGRAD_BYTES, False, 2.0, 0.0)),  # bf16 without pipeline: DDP_BFLOAT16
     ("deepspeed", _cand(dp=2, zero_stage=2), None),  # ZeRO-2 reduce-scatters every micro-batch
-    ("legacy/deepspeed-2021", _cand(pp=2), (AUTOGRAD_BYTES, False)),  # before BF16_Optimizer
-    ("megatron-lm", _cand(pp=2), (MAIN_GRAD_HOOK_BYTES, True)),
-    ("megatron-core", _cand(pp=2, zero_stage=1), (0.0, False)),
+    ("legacy/deepspeed-2021", _cand(pp=2), (AUTOGRAD_BYTES, False, 2.0, 0.0)),  # before BF16_Optimizer
+    ("megatron-lm", _cand(pp=2), (MAIN_GRAD_HOOK_BYTES, True, None, 0.0)),  # the recipe's fp32 main_grad
+    ("megatron-core", _cand(pp=2, zero_stage=1), (0.0, False, None, 0.0)),
     ("torchtitan", _cand(), None),
 ])
 def test_each_stack_runs_its_own_path(profile, cand, expected):
-    assert grad_accumulation.path_for(options_for(profile, "bf16").grad_accum_paths, cand) == expected
+    found = grad_accumulation.path_for(options_for(profile, "bf16").grad_accum_paths, cand)
+    assert (found if found is None else found[2:]) == expected
 
 
 def _step(framework: str, cand: Candidate, paths=None) -> float:
@@ -99,13 +105,13 @@ def _run(framework: str, precision: str, url: str = "") -> dict:
 
 def test_a_stated_fp16_run_takes_the_fp16_path():
     assert grad_accumulation_of(_run("GPT-NeoX (Megatron + DeepSpeed)", "FP16 (dynamic loss scaling)"), "deepspeed") == {
-        "grad_accum_paths": (((0, 1), None, AUTOGRAD_BYTES, False),)}
+        "grad_accum_paths": (((1,), None, AUTOGRAD_BYTES, False, 2.0, ZERO_BUCKET), ((0,), None, AUTOGRAD_BYTES, False, 2.0, 0.0))}
     assert grad_accumulation_of(_run("Megatron-DeepSpeed", "BF16"), "deepspeed") == {}  # the profile's own
 
 
 def test_a_named_bf16_optimizer_runs_at_zero_stage_one_too():
     found = grad_accumulation_of(_run("Megatron-DeepSpeed (BF16_Optimizer = ZeRO-1 equivalent)", "BF16"), "deepspeed")
-    assert found == {"grad_accum_paths": (((0, 1), None, BF16_OPTIMIZER_BYTES, True),)}
+    assert found == {"grad_accum_paths": (((0, 1), None, BF16_OPTIMIZER_BYTES, True, BF16_OPTIMIZER_HELD, 0.0),)}
     assert grad_accumulation_of(_run("Megatron-DeepSpeed (BF16_Optimizer)", "BF16"), "deepspeed",
                                 off=("grad_accumulation_stated",)) == {}
 
@@ -117,7 +123,7 @@ def test_megatron_lm_sources_from_february_2022_ran_the_fusion():
     assert grad_accumulation_of(_run("Megatron-LM", "mixed precision (16-bit)", "https://arxiv.org/abs/2104.04473"),
                                 "megatron-lm") == {}  # the v2.5 hook, the profile's own
     fp16 = grad_accumulation_of(_run("Megatron-LM", "fp16", "https://arxiv.org/abs/2205.05198"), "megatron-lm")
-    assert fp16 == {"grad_accum_paths": (((0,), None, AUTOGRAD_BYTES, False),)}  # fp16 fusion only from 2022-09
+    assert fp16 == {"grad_accum_paths": (((0,), None, AUTOGRAD_BYTES, False, 2.0, 0.0),)}  # fp16 fusion only from 2022-09
 
 
 def test_every_path_is_sourced_in_its_profile():
@@ -133,7 +139,7 @@ def test_paths_are_for_sixteen_bit_gradients(precision, priced):
 
 
 @pytest.mark.parametrize("bad", [{"zero_stages": (7,)}, {"bytes_per_element": 1e300}, {"bytes_per_element": -1},
-                                 {"name": "sgd"}])
+                                 {"name": "sgd"}, {"grad_bytes": 65}, {"grad_bytes": -2}, {"bucket_params": 1e13}])
 def test_a_profile_path_out_of_range_is_refused(bad):
     import pydantic
 
@@ -142,3 +148,22 @@ def test_a_profile_path_out_of_range_is_refused(bad):
     fields = {"name": "autograd", "dtype": "bf16", "zero_stages": (0,), "bytes_per_element": 6, "every_microbatch": False}
     with pytest.raises(pydantic.ValidationError, match=next(iter(bad))):
         AccumulationPath(**{**fields, **bad})
+
+
+@pytest.mark.parametrize("cand, grad_bytes, bucket", [
+    (_cand(pp=2), BF16_OPTIMIZER_HELD, 0.0),  # BF16_Optimizer: fp32 accumulator (whole group) + bf16 lp grads
+    (_cand(dp=2, pp=2, zero_stage=1), 2.0, ZERO_BUCKET),  # the ZeRO optimizer: the bf16 .grad and its bucket
+])
+def test_deepspeed_holds_its_optimizers_gradients(cand, grad_bytes, bucket):
+    """A rank's gradient bytes are what its DeepSpeed optimizer keeps through the backward (bf16_optimizer.py
+    fp32_groups_gradients_flat, stage_1_and_2.py setup_buckets), not the recipe's fp32 main gradients (4 bytes per
+    parameter); with options.grad_accum_memory off (the ablation) the recipe's again."""
+    _, model = _step("deepspeed", cand)
+    ablated = CostModel(model.request, options=dataclasses.replace(model.options, grad_accum_memory=False))
+    ev, off = model.evaluate(cand), ablated.evaluate(cand)
+    params = ev.raw_stage_memory[0] / model.recipe.weight_bytes  # weights row: 2 bytes per parameter held
+    assert ev.raw_stage_memory[1] == pytest.approx(grad_bytes * params)
+    assert off.raw_stage_memory[1] == pytest.approx(4 * params)
+    allowance = 1 + model.mem_cal.fragmentation_fraction  # the peak row is allocated bytes x (1 + fraction) + fixed
+    held = (grad_bytes - 4) * params + 2 * bucket  # the bucket: 16-bit elements (memory.reduce_bucket_bytes)
+    assert ev.raw_stage_memory[-1] - off.raw_stage_memory[-1] == pytest.approx(held * allowance, rel=1e-6)

@@ -454,3 +454,7 @@ def test_megatron_bridge_h100_rows_convert_and_fit():
         assert C.build_case(run_).overrides["recipe_bytes"] == P.NEMO_RECIPE_BYTES[P.precision_of(run_)]
     qwen = C.build_case(B.run_of(next(row for row in B.ROWS if "qwen3_30b" in row[0])))
     assert qwen.overrides["moe_overlap"] is False  # qwen3_moe.py fp8cs: moe_a2a_overlap = False
+    # read as generic Megatron-Core (fp32 gradient buffers, bf16 weights beside their fp8 copies) Llama 3.1 405B at
+    # its published TP8 PP8 CP2 VP8 would be a false OOM
+    llama405 = B.run_of(next(row for row in B.ROWS if "405b" in row[0]))
+    assert not C.choose(C.build_case(llama405, off=("nemo_performance_recipe",)))[1].fits
