@@ -1,6 +1,7 @@
 """The model a published run trained and the numbers its source states (benchmarks/published_runs.py, its rules
 `architecture`, `precision` and `sequence length`): the ModelSpec, the precision (negation, fp8 implied by a
-throughput above the bf16 peak), the TFLOP/s a stated throughput implies, the sequence length and global batch.
+throughput above the bf16 peak), the TFLOP/s a stated throughput implies, the sequence length and global batch,
+and the bytes per parameter of NeMo's performance recipe (rule `nemo_performance_recipe`).
 """
 
 from __future__ import annotations
@@ -129,6 +130,27 @@ def runs_nemo_recipe(run: dict, off: tuple[str, ...] = ()) -> bool:
     ran NeMo's performance recipe (its bytes per parameter, published_runs.recipe_bytes_of; DeepSeek-V3's MTP layer,
     mtp_of); False with the rule off."""
     return bool(NEMO_FRAMEWORK.search((run["training"].get("framework") or "").lower())) and "nemo_performance_recipe" not in off
+
+
+NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
+"""Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance
+recipes on Megatron-Core: 16-bit gradient buffers reduced in 16 bits for every precision
+(NVIDIA/NeMo scripts/performance/helpers.py set_precision_configs: `recipe.trainer.plugins.grad_reduce_in_fp32 =
+False`, for fp8 only before the 25.07 refactor ab020f6, for every dtype since; Megatron-Core then keeps the DDP
+buffer in the parameter dtype, distributed_data_parallel.py grad_dtype; NeMo 1.x's Apex DistributedFusedAdam
+synced gradients in the parameter dtype too); fp32 master weights and Adam moments in the distributed optimizer
+(12); under fp8 the parameters themselves are fp8 with their fp8 transpose (1 + 1) and gathered in fp8 (1)
+(nemo/collections/llm/recipes/precision/mixed_precision.py bf16_with_fp8_mixed: fp8_param_gather = True). Megatron-Bridge's
+perf recipes set the same (src/megatron/bridge/perf_recipes/_common.py _perf_precision: grad_reduce_in_fp32 = False;
+training/mixed_precision.py bf16_with_fp8_*: fp8_param_gather = True)."""
+
+
+def recipe_bytes_of(run: dict, precision: str, off: tuple[str, ...] = ()) -> tuple[float, ...] | None:
+    """The bytes-per-parameter recipe a run is priced with where its stack's launch sets one the profile does not:
+    a run whose framework text names NeMo or Megatron-Bridge (runs_nemo_recipe) ran NeMo's performance recipe of its
+    precision (NEMO_RECIPE_BYTES); None
+    (the profile's recipe) otherwise or with the rule `off`."""
+    return NEMO_RECIPE_BYTES.get(precision) if runs_nemo_recipe(run, off) else None
 
 
 NEGATED_FP8 = re.compile(r"\b(?:not|no|without|non)\b[\w\s-]{0,30}?fp8")

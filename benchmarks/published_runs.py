@@ -86,7 +86,8 @@ from published_hardware import (  # noqa: F401 - read off this module by accurac
     device_family, device_of, topology, topology_preset, variant_refusal)
 from published_moe import moe_options
 from published_model import (  # noqa: F401 - idem
-    activation_of, global_batch, implied_tflops, model_spec, mtp_of, precision_of, runs_nemo_recipe, seq_len_of)
+    NEMO_RECIPE_BYTES, activation_of, global_batch, implied_tflops, model_spec, mtp_of, precision_of, recipe_bytes_of,
+    runs_nemo_recipe, seq_len_of)
 
 from planner.cost.pins import dispatchers_run
 from planner.cost.selective import MODULES
@@ -222,17 +223,6 @@ READING_RULES = ("interleaving_unstated_is_1f1b", "recompute_unstated_is_recipe"
                  "moe_settings_stated", "megatron_core_version_features", "split_unstated_is_planned",
                  "grad_accumulation_stated", "named_model_architecture")  # accuracy.py can switch off
 
-NEMO_RECIPE_BYTES = {"bf16": (2.0, 2.0, 12.0, 2.0, 2.0), "fp8": (2.0, 2.0, 12.0, 2.0, 1.0)}
-"""Bytes per parameter (weights, gradients, optimizer, gradient reduction, weight gather) of NeMo's performance
-recipes on Megatron-Core: 16-bit gradient buffers reduced in 16 bits for every precision
-(NVIDIA/NeMo scripts/performance/helpers.py set_precision_configs: `recipe.trainer.plugins.grad_reduce_in_fp32 =
-False`, for fp8 only before the 25.07 refactor ab020f6, for every dtype since; Megatron-Core then keeps the DDP
-buffer in the parameter dtype, distributed_data_parallel.py grad_dtype; NeMo 1.x's Apex DistributedFusedAdam
-synced gradients in the parameter dtype too); fp32 master weights and Adam moments in the distributed optimizer
-(12); under fp8 the parameters themselves are fp8 with their fp8 transpose (1 + 1) and gathered in fp8 (1)
-(nemo/collections/llm/recipes/precision/mixed_precision.py bf16_with_fp8_mixed: fp8_param_gather = True)."""
-
-
 COMPILED = re.compile(r"torch\.compile|\bcompiled?\b")
 NOT_COMPILED = re.compile(r"\b(?:no|not|without)\b[\w\s.-]{0,20}?compile|compile\s*[:=]?\s*(?:false|off|disabled)")
 
@@ -247,13 +237,6 @@ def eager_ops_of(run: dict, off: tuple[str, ...] = ()) -> tuple[str, ...] | None
     if "compiled_runs_fuse_pointwise_ops" in off or not COMPILED.search(text) or NOT_COMPILED.search(text):
         return None
     return ()
-
-
-def recipe_bytes_of(run: dict, precision: str, off: tuple[str, ...] = ()) -> tuple[float, ...] | None:
-    """The bytes-per-parameter recipe a run is priced with where its stack's launch sets one the profile does not:
-    a run whose framework text names NeMo ran NeMo's performance recipe of its precision (NEMO_RECIPE_BYTES); None
-    (the profile's recipe) otherwise or with the rule `off`."""
-    return NEMO_RECIPE_BYTES.get(precision) if runs_nemo_recipe(run, off) else None
 
 
 def cp_flavour_of(run: dict, stack: str, off: tuple[str, ...] = ()) -> tuple[str, ...] | None:

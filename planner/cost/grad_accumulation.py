@@ -27,8 +27,9 @@ AccumulateGrad adds from its code (validation/h100_executor_runs.json measures i
 Memory (held_bytes): each path also says which gradient copies its optimizer keeps through the backward, in place of
 the recipe's 4-byte main gradients at ZeRO-0/1 (BF16_Optimizer: its full-size fp32 accumulator and the bf16 lp
 grads, 6; DeepSpeed's ZeRO and FP16 optimizers and Megatron-LM's fp16 optimizer: the 16-bit .grad, 2, the fp32 ones
-made in the step), and the contiguous gradient bucket its optimizer allocates for each backward (DeepSpeed ZeRO-1:
-reduce_bucket_size 16-bit elements), counted with the rank's other bytes.
+made in the step), the contiguous gradient bucket its optimizer allocates for each backward (DeepSpeed ZeRO-1:
+reduce_bucket_size 16-bit elements), counted with the rank's other bytes, and whether it partitions the fp32 master
+weights and moments over the data-parallel ranks even at ZeRO-0 (BF16_Optimizer: fp32_groups_flat_partition).
 The gradients summed are the parameters a rank holds whole: its stage's dense and expert parameters (ZeRO-0/1 keep
 the gradients unsharded); ZeRO-2/3 stacks reduce-scatter every micro-batch instead (priced as communication), so
 the paths name the ZeRO stages (and pipelines) they run at.
@@ -36,6 +37,7 @@ the paths name the ZeRO stages (and pipelines) they run at.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,14 +59,22 @@ def path_for(paths: tuple, cand: "Candidate") -> tuple | None:
     return None
 
 
-def held_bytes(model: "CostModel", cand: "Candidate") -> tuple[float | None, float]:
-    """(gradient bytes per parameter, bucket bytes) the candidate's path holds through the backward: its optimizer's
-    copies in place of the recipe's gradient bytes (None: the recipe's) and its contiguous 16-bit bucket
-    (memory.reduce_bucket_bytes); (None, 0) where no path runs or with options.grad_accum_memory off."""
+@dataclass(frozen=True)
+class Held:
+    """What the candidate's path's optimizer holds (held_bytes)."""
+
+    grad_bytes: float | None = None  # gradient bytes per parameter in place of the recipe's; None: the recipe's
+    bucket_bytes: float = 0.0  # its contiguous 16-bit gradient bucket(s), memory.reduce_bucket_bytes
+    shards_optimizer: bool = False  # fp32 master weights and moments over the dp ranks even at ZeRO-0
+
+
+def held_bytes(model: "CostModel", cand: "Candidate") -> Held:
+    """What the candidate's accumulation path holds through the backward (Held); Held() where no path runs or with
+    options.grad_accum_memory off."""
     found = path_for(model.options.grad_accum_paths, cand) if model.options.grad_accum_memory else None
     if found is None:
-        return None, 0.0
-    return found[4], memory.reduce_bucket_bytes(found[5])
+        return Held()
+    return Held(grad_bytes=found[4], bucket_bytes=memory.reduce_bucket_bytes(found[5]), shards_optimizer=found[6])
 
 
 def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray:

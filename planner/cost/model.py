@@ -249,7 +249,7 @@ class CostModel:
             other = other + logits if self.options.logits_live_in_backward else max(other, logits)
         if cand.zero_stage >= 3:
             other += zero3_working_bytes(self, cand)
-        other += grad_accumulation.held_bytes(self, cand)[1]  # the ZeRO-1 optimizer's gradient bucket
+        other += grad_accumulation.held_bytes(self, cand).bucket_bytes  # the ZeRO-1 optimizer's gradient bucket
         return int(other + self.dispatch_buffer_bytes(cand))
 
     def dispatch_buffer_bytes(self, cand: Candidate) -> float:

@@ -32,18 +32,20 @@ def static_parts(model: "CostModel", cand: "Candidate", dense: np.ndarray, exper
     method whose stack keeps its gradient buffer in that dtype (options.grad16_buffer_bytes: Megatron's
     --grad-reduce-in-bf16) holds that many bytes per parameter. At ZeRO-0/1 the stack's gradient accumulation path
     (behaviour.grad_accumulation) says what its optimizer holds (grad_accumulation.held_bytes): DeepSpeed's
-    BF16_Optimizer 2 + 4, its ZeRO optimizer and FP16_Optimizer the 16-bit .grad only."""
+    BF16_Optimizer 2 + 4 (and its fp32 states partitioned over dp even at ZeRO-0), its ZeRO optimizer and
+    FP16_Optimizer the 16-bit .grad only."""
     recipe, zero = model.recipe, cand.zero_stage
     if zero >= 3 and not model.options.zero3_grads_fp32:  # the 16-bit gradient partition (DeepSpeed stage 3)
         recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, recipe.gather_bytes))
-    held, _ = grad_accumulation.held_bytes(model, cand)
-    if held is not None and zero < 2:  # the accumulation path's own gradient copies (planner.cost.grad_accumulation)
-        recipe = dataclasses.replace(recipe, grad_bytes=held)
+    held = grad_accumulation.held_bytes(model, cand)
+    if held.grad_bytes is not None and zero < 2:  # the accumulation path's own gradient copies
+        recipe = dataclasses.replace(recipe, grad_bytes=held.grad_bytes)
     buffer16 = model.options.grad16_buffer_bytes
     if buffer16 and (cand.compression.has("bf16-grads") or cand.compression.has("fp16-grads")):
         recipe = dataclasses.replace(recipe, grad_bytes=min(recipe.grad_bytes, buffer16))  # --grad-reduce-in-bf16
-    d = memory.static_split(dense, recipe, zero_stage=zero, dp=cand.zero_shard)
-    e = memory.static_split(expert, recipe, zero_stage=zero, dp=cand.expert_shard)
+    split_zero = max(zero, 1) if held.shards_optimizer else zero  # ZeRO-0 and 1 differ only in the optimizer's share
+    d = memory.static_split(dense, recipe, zero_stage=split_zero, dp=cand.zero_shard)
+    e = memory.static_split(expert, recipe, zero_stage=split_zero, dp=cand.expert_shard)
     weights, grads, optim = (d[i] + e[i] for i in range(3))
     if model.executor_recipe is not None and model.executor_recipe.autocast:
         weights = weights - executor_uncast_bytes(dense, expert, recompute=cand.recompute, zero_stage=zero, dp=cand.zero_shard,

@@ -74,7 +74,7 @@ class CostOptions:
         (behaviour.grad_accumulation's bf16 paths; planner.cost.grad_accumulation), each (ZeRO stages, pipeline: True,
         False or None for either, HBM bytes per gradient element per micro-batch, whether the first micro-batch pays,
         the gradient bytes per parameter it holds in place of the recipe's or None, the elements of the gradient
-        bucket its optimizer allocates for each backward).
+        bucket its optimizer allocates for each backward, whether its optimizer shards the fp32 states at ZeRO-0).
     grad_accum_memory: the memory of those paths (their gradient bytes and buckets) is counted; False: the
         recipe's gradient bytes, no bucket (an ablation).
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
@@ -183,7 +183,7 @@ class CostOptions:
     zero3_layer_collectives: bool = True
     fp8_casts: bool = True
     fp8_16bit_gemms: bool = True
-    grad_accum_paths: tuple[tuple[tuple[int, ...], bool | None, float, bool, float | None, float], ...] = ()
+    grad_accum_paths: tuple[tuple[tuple[int, ...], bool | None, float, bool, float | None, float, bool], ...] = ()
     grad_accum_memory: bool = True
 
 

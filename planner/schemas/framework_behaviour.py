@@ -223,6 +223,8 @@ class AccumulationPath(Schema):
                                      "of the recipe's; None: the recipe's")
     bucket_params: float = Field(default=0, ge=0, le=1e12, description="elements of the contiguous 16-bit gradient "
                                  "bucket the path's optimizer allocates for each backward (DeepSpeed reduce_bucket_size)")
+    shards_optimizer: bool = Field(default=False, description="its optimizer partitions the fp32 master weights and "
+                                   "moments over the data-parallel ranks even at ZeRO-0 (DeepSpeed BF16_Optimizer)")
 
 
 class GradAccumulation(Schema):

@@ -39,13 +39,13 @@ ZERO_BUCKET = 2 * 5e8  # stage_1_and_2.py setup_buckets: two reduce_bucket_size 
 
 @pytest.mark.parametrize("profile, cand, expected", [
     # bf16 + pipeline + no ZeRO: the BFLOAT16 wrapper
-    ("deepspeed", _cand(pp=2), (BF16_OPTIMIZER_BYTES, True, BF16_OPTIMIZER_HELD, 0.0)),
-    ("deepspeed", _cand(pp=2, zero_stage=1), (AUTOGRAD_BYTES, False, 2.0, ZERO_BUCKET)),  # bf16 + ZeRO-1: the ZeRO optimizer
-    ("deepspeed", _cand(), (AUTOGRAD_BYTES, False, 2.0, 0.0)),  # bf16 without pipeline: DDP_BFLOAT16
+    ("deepspeed", _cand(pp=2), (BF16_OPTIMIZER_BYTES, True, BF16_OPTIMIZER_HELD, 0.0, True)),
+    ("deepspeed", _cand(pp=2, zero_stage=1), (AUTOGRAD_BYTES, False, 2.0, ZERO_BUCKET, False)),  # bf16 + ZeRO-1: the ZeRO optimizer
+    ("deepspeed", _cand(), (AUTOGRAD_BYTES, False, 2.0, 0.0, False)),  # bf16 without pipeline: DDP_BFLOAT16
     ("deepspeed", _cand(dp=2, zero_stage=2), None),  # ZeRO-2 reduce-scatters every micro-batch
-    ("legacy/deepspeed-2021", _cand(pp=2), (AUTOGRAD_BYTES, False, 2.0, 0.0)),  # before BF16_Optimizer
-    ("megatron-lm", _cand(pp=2), (MAIN_GRAD_HOOK_BYTES, True, None, 0.0)),  # the recipe's fp32 main_grad
-    ("megatron-core", _cand(pp=2, zero_stage=1), (0.0, False, None, 0.0)),
+    ("legacy/deepspeed-2021", _cand(pp=2), (AUTOGRAD_BYTES, False, 2.0, 0.0, False)),  # before BF16_Optimizer
+    ("megatron-lm", _cand(pp=2), (MAIN_GRAD_HOOK_BYTES, True, None, 0.0, False)),  # the recipe's fp32 main_grad
+    ("megatron-core", _cand(pp=2, zero_stage=1), (0.0, False, None, 0.0, False)),
     ("torchtitan", _cand(), None),
 ])
 def test_each_stack_runs_its_own_path(profile, cand, expected):
@@ -105,13 +105,14 @@ def _run(framework: str, precision: str, url: str = "") -> dict:
 
 def test_a_stated_fp16_run_takes_the_fp16_path():
     assert grad_accumulation_of(_run("GPT-NeoX (Megatron + DeepSpeed)", "FP16 (dynamic loss scaling)"), "deepspeed") == {
-        "grad_accum_paths": (((1,), None, AUTOGRAD_BYTES, False, 2.0, ZERO_BUCKET), ((0,), None, AUTOGRAD_BYTES, False, 2.0, 0.0))}
+        "grad_accum_paths": (((1,), None, AUTOGRAD_BYTES, False, 2.0, ZERO_BUCKET, False),
+                             ((0,), None, AUTOGRAD_BYTES, False, 2.0, 0.0, False))}
     assert grad_accumulation_of(_run("Megatron-DeepSpeed", "BF16"), "deepspeed") == {}  # the profile's own
 
 
 def test_a_named_bf16_optimizer_runs_at_zero_stage_one_too():
     found = grad_accumulation_of(_run("Megatron-DeepSpeed (BF16_Optimizer = ZeRO-1 equivalent)", "BF16"), "deepspeed")
-    assert found == {"grad_accum_paths": (((0, 1), None, BF16_OPTIMIZER_BYTES, True, BF16_OPTIMIZER_HELD, 0.0),)}
+    assert found == {"grad_accum_paths": (((0, 1), None, BF16_OPTIMIZER_BYTES, True, BF16_OPTIMIZER_HELD, 0.0, True),)}
     assert grad_accumulation_of(_run("Megatron-DeepSpeed (BF16_Optimizer)", "BF16"), "deepspeed",
                                 off=("grad_accumulation_stated",)) == {}
 
@@ -123,7 +124,7 @@ def test_megatron_lm_sources_from_february_2022_ran_the_fusion():
     assert grad_accumulation_of(_run("Megatron-LM", "mixed precision (16-bit)", "https://arxiv.org/abs/2104.04473"),
                                 "megatron-lm") == {}  # the v2.5 hook, the profile's own
     fp16 = grad_accumulation_of(_run("Megatron-LM", "fp16", "https://arxiv.org/abs/2205.05198"), "megatron-lm")
-    assert fp16 == {"grad_accum_paths": (((0,), None, AUTOGRAD_BYTES, False, 2.0, 0.0),)}  # fp16 fusion only from 2022-09
+    assert fp16 == {"grad_accum_paths": (((0,), None, AUTOGRAD_BYTES, False, 2.0, 0.0, False),)}  # fp16 fusion only from 2022-09
 
 
 def test_every_path_is_sourced_in_its_profile():
@@ -151,19 +152,23 @@ def test_a_profile_path_out_of_range_is_refused(bad):
 
 
 @pytest.mark.parametrize("cand, grad_bytes, bucket", [
-    (_cand(pp=2), BF16_OPTIMIZER_HELD, 0.0),  # BF16_Optimizer: fp32 accumulator (whole group) + bf16 lp grads
+    (_cand(dp=2, pp=2), BF16_OPTIMIZER_HELD, 0.0),  # BF16_Optimizer: fp32 accumulator (whole group) + bf16 lp grads
     (_cand(dp=2, pp=2, zero_stage=1), 2.0, ZERO_BUCKET),  # the ZeRO optimizer: the bf16 .grad and its bucket
 ])
 def test_deepspeed_holds_its_optimizers_gradients(cand, grad_bytes, bucket):
     """A rank's gradient bytes are what its DeepSpeed optimizer keeps through the backward (bf16_optimizer.py
     fp32_groups_gradients_flat, stage_1_and_2.py setup_buckets), not the recipe's fp32 main gradients (4 bytes per
-    parameter); with options.grad_accum_memory off (the ablation) the recipe's again."""
+    parameter), and both keep their fp32 states on a 1/dp share, BF16_Optimizer at ZeRO-0 too
+    (fp32_groups_flat_partition); with options.grad_accum_memory off (the ablation) the recipe's again."""
     _, model = _step("deepspeed", cand)
     ablated = CostModel(model.request, options=dataclasses.replace(model.options, grad_accum_memory=False))
     ev, off = model.evaluate(cand), ablated.evaluate(cand)
     params = ev.raw_stage_memory[0] / model.recipe.weight_bytes  # weights row: 2 bytes per parameter held
     assert ev.raw_stage_memory[1] == pytest.approx(grad_bytes * params)
     assert off.raw_stage_memory[1] == pytest.approx(4 * params)
+    assert ev.raw_stage_memory[2] == pytest.approx(12 * params / cand.dp)  # fp32 master, m, v on a 1/dp share
+    sharded = 12 * params / (cand.dp if cand.zero_stage else 1)  # off: ZeRO-0 keeps them whole
+    assert off.raw_stage_memory[2] == pytest.approx(sharded)
     allowance = 1 + model.mem_cal.fragmentation_fraction  # the peak row is allocated bytes x (1 + fraction) + fixed
-    held = (grad_bytes - 4) * params + 2 * bucket  # the bucket: 16-bit elements (memory.reduce_bucket_bytes)
+    held = (grad_bytes - 4) * params + 2 * bucket + ev.raw_stage_memory[2] - off.raw_stage_memory[2]  # bucket: 16-bit
     assert ev.raw_stage_memory[-1] - off.raw_stage_memory[-1] == pytest.approx(held * allowance, rel=1e-6)
