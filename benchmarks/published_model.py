@@ -148,8 +148,7 @@ training/mixed_precision.py bf16_with_fp8_*: fp8_param_gather = True)."""
 def recipe_bytes_of(run: dict, precision: str, off: tuple[str, ...] = ()) -> tuple[float, ...] | None:
     """The bytes-per-parameter recipe a run is priced with where its stack's launch sets one the profile does not:
     a run whose framework text names NeMo or Megatron-Bridge (runs_nemo_recipe) ran NeMo's performance recipe of its
-    precision (NEMO_RECIPE_BYTES); None
-    (the profile's recipe) otherwise or with the rule `off`."""
+    precision (NEMO_RECIPE_BYTES); None (the profile's recipe) otherwise or with the rule `off`."""
     return NEMO_RECIPE_BYTES.get(precision) if runs_nemo_recipe(run, off) else None
 
 

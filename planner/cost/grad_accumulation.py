@@ -46,15 +46,14 @@ from planner.cost import memory
 
 if TYPE_CHECKING:
     from planner.cost.model import CostModel
-    from planner.cost.types import Candidate
+    from planner.cost.types import AccumulationEntry, Candidate
 
 
-def path_for(paths: tuple, cand: "Candidate") -> tuple | None:
-    """The first of the stack's paths (CostOptions.grad_accum_paths, stack.path_entry) that runs at the candidate's
-    ZeRO stage and pipeline, or None."""
+def path_for(paths: tuple["AccumulationEntry", ...], cand: "Candidate") -> "AccumulationEntry | None":
+    """The first of the stack's paths (CostOptions.grad_accum_paths) that runs at the candidate's ZeRO stage and
+    pipeline, or None."""
     for path in paths:
-        zero_stages, pipeline = path[:2]
-        if cand.zero_stage in zero_stages and (pipeline is None or pipeline == (cand.pp > 1)):
+        if cand.zero_stage in path.zero_stages and (path.pipeline is None or path.pipeline == (cand.pp > 1)):
             return path
     return None
 
@@ -74,7 +73,8 @@ def held_bytes(model: "CostModel", cand: "Candidate") -> Held:
     found = path_for(model.options.grad_accum_paths, cand) if model.options.grad_accum_memory else None
     if found is None:
         return Held()
-    return Held(grad_bytes=found[4], bucket_bytes=memory.reduce_bucket_bytes(found[5]), shards_optimizer=found[6])
+    return Held(grad_bytes=found.grad_bytes, bucket_bytes=memory.reduce_bucket_bytes(found.bucket_params),
+                shards_optimizer=found.shards_optimizer)
 
 
 def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.ndarray:
@@ -83,9 +83,8 @@ def per_microbatch_s(model: "CostModel", cand: "Candidate", row: dict) -> np.nda
     micro-batch's gradient is stored; zeros where the stack fuses it or shards the gradients."""
     params = row["dense"] + row["expert"]
     found = path_for(model.options.grad_accum_paths, cand)
-    if found is None or not found[0]:
+    if found is None or not found.bytes_per_element:
         return np.zeros_like(params)
-    num_bytes, every = found[2:4]
     m = cand.num_microbatches
-    share = 1.0 if every else (m - 1) / m
-    return share * num_bytes * params / model.hbm_rate_Bps
+    share = 1.0 if found.every_microbatch else (m - 1) / m
+    return share * found.bytes_per_element * params / model.hbm_rate_Bps

@@ -17,7 +17,7 @@ fused counts.
 
 from __future__ import annotations
 
-from planner.cost.types import CostOptions
+from planner.cost.types import AccumulationEntry, CostOptions
 from planner.frameworks import load_framework
 from planner.schemas.framework import FrameworkProfile
 
@@ -86,14 +86,13 @@ def grad_accumulation_paths(found, dtype: str = "bf16") -> tuple:
     return tuple(path_entry(p) for p in found.paths if p.dtype == dtype)
 
 
-def path_entry(path, zero_stages: tuple[int, ...] | None = None, pipeline: bool | None = None) -> tuple:
-    """One AccumulationPath as CostOptions.grad_accum_paths holds it: (ZeRO stages, pipeline, bytes per element,
-    every micro-batch, gradient bytes held, bucket elements, shards the optimizer); `zero_stages` and `pipeline`
-    replace the path's."""
+def path_entry(path, zero_stages: tuple[int, ...] | None = None, pipeline: bool | None = None) -> AccumulationEntry:
+    """One AccumulationPath as CostOptions.grad_accum_paths holds it; `zero_stages` and `pipeline` replace the
+    path's."""
     stages = tuple(path.zero_stages) if zero_stages is None else zero_stages
     pipe = path.pipeline if zero_stages is None else pipeline
-    return (stages, pipe, path.bytes_per_element, path.every_microbatch, path.grad_bytes, path.bucket_params,
-            path.shards_optimizer)
+    return AccumulationEntry(stages, pipe, path.bytes_per_element, path.every_microbatch, path.grad_bytes,
+                             path.bucket_params, path.shards_optimizer)
 
 
 def _recipe_bytes(recipe):

@@ -9,6 +9,7 @@ it and not on each other's private names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +34,19 @@ class Candidate(ParallelDims):
     recompute_modules: tuple[str, ...] = ()  # what selective reruns (planner.cost.selective); () = the stack's mode
     axis_order: tuple[str, ...] = LAYOUT_AXES  # outermost -> innermost
     compression: Compression = NONE  # communication compression (planner.cost.compression)
+
+
+class AccumulationEntry(NamedTuple):
+    """One gradient accumulation path as CostOptions holds it (a profile's AccumulationPath, planner.cost.stack
+    path_entry): hashable and comparable like the plain tuple it is."""
+
+    zero_stages: tuple[int, ...]  # ZeRO stages it runs at
+    pipeline: bool | None  # only with (True) or without (False) pipeline stages; None: either
+    bytes_per_element: float  # HBM bytes per gradient element per micro-batch
+    every_microbatch: bool  # the first micro-batch pays too
+    grad_bytes: float | None  # gradient bytes per parameter its optimizer holds in place of the recipe's; None: those
+    bucket_params: float  # elements of the 16-bit gradient bucket(s) its optimizer allocates for each backward
+    shards_optimizer: bool  # its optimizer keeps the fp32 states on a 1/dp share even at ZeRO-0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,10 +85,7 @@ class CostOptions:
     fp8_16bit_gemms: under fp8 the matmuls every stack keeps in 16 bits (planner.cost.fp8_recipe: LM head, MoE
         router, chunked delta rule) run at the bf16 rate; False: at the fp8 rate like the rest (an ablation).
     grad_accum_paths: the stack's gradient accumulation over micro-batches outside the weight-gradient GEMM
-        (behaviour.grad_accumulation's bf16 paths; planner.cost.grad_accumulation), each (ZeRO stages, pipeline: True,
-        False or None for either, HBM bytes per gradient element per micro-batch, whether the first micro-batch pays,
-        the gradient bytes per parameter it holds in place of the recipe's or None, the elements of the gradient
-        bucket its optimizer allocates for each backward, whether its optimizer shards the fp32 states at ZeRO-0).
+        (behaviour.grad_accumulation's bf16 paths; planner.cost.grad_accumulation), each an AccumulationEntry.
     grad_accum_memory: the memory of those paths (their gradient bytes and buckets) is counted; False: the
         recipe's gradient bytes, no bucket (an ablation).
     main_grads_fp32: bf16 weights with an fp32 main-gradient buffer and an fp32 master copy in the optimizer
@@ -183,7 +194,7 @@ class CostOptions:
     zero3_layer_collectives: bool = True
     fp8_casts: bool = True
     fp8_16bit_gemms: bool = True
-    grad_accum_paths: tuple[tuple[tuple[int, ...], bool | None, float, bool, float | None, float, bool], ...] = ()
+    grad_accum_paths: tuple[AccumulationEntry, ...] = ()
     grad_accum_memory: bool = True
 
 

@@ -205,7 +205,8 @@ class MoeExecution(Schema):
 
 
 class AccumulationPath(Schema):
-    """One way a stack sums a weight dtype's gradients over the micro-batches of a step, as HBM traffic."""
+    """One way a stack sums a weight dtype's gradients over the micro-batches of a step: its HBM traffic and what
+    its optimizer holds meanwhile (planner.cost.grad_accumulation)."""
 
     name: Literal["fused", "autograd", "fp32_main_grad_hook", "bf16_optimizer"] = Field(description="fused: into "
         "the weight-gradient GEMM; autograd: torch's AccumulateGrad adds into .grad in place; fp32_main_grad_hook: a "
@@ -230,7 +231,7 @@ class AccumulationPath(Schema):
 class GradAccumulation(Schema):
     """Gradient accumulation over micro-batches (planner.cost.grad_accumulation): the first path that matches a
     candidate's dtype, ZeRO stage and pipeline is priced; bf16 is what the planner's bf16 and fp8 recipes run, fp16
-    is read for runs that state it (benchmarks/published_runs.grad_accumulation_of)."""
+    is read for runs that state it (benchmarks/published_grad_accumulation.grad_accumulation_of)."""
 
     paths: tuple[AccumulationPath, ...]
     source: str = Sourced
